@@ -1,0 +1,216 @@
+"""``GSCForImageClassification``: any ``transformers`` image classifier with Gradient Short-Circuit.
+
+Data flow (paper Algorithm 1)::
+
+    pixel_values -> backbone up to the split point (no gradient) -> F -> head(F) = logits y
+    g = d y_c / dF                  one backward through the head only, c = argmax y
+    mask = top-k |g|, F' = S(F, g)  (hf_gsc.shortcircuit)
+    gsc_logits = y + J(F' - F) | y_c + g.(F' - F) | head(F')
+    ood_score = score(gsc_logits)   higher = more in-distribution; is_ood = ood_score < threshold
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoModelForImageClassification, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .config import CONFIG_NAME, GSCConfig
+from .scores import ood_score
+from .shortcircuit import first_order_logits, predicted_logit_update, short_circuit, short_circuit_mask
+from .split_points import SplitPoint, resolve_split_point
+
+
+@dataclass
+class GSCOutput(ModelOutput):
+    """Output of :class:`GSCForImageClassification`.
+
+    Attributes:
+        logits: ``(B, K)`` the base model's logits, unchanged.
+        gsc_logits: ``(B, K)`` logits after the short-circuit.
+        ood_score: ``(B,)`` score of ``gsc_logits``; higher = more in-distribution.
+        is_ood: ``(B,)`` bool, ``ood_score < threshold``; ``None`` while no threshold is set.
+        predicted_class: ``(B,)`` ``argmax logits``, the class whose gradient selects the mask.
+        features: ``(B, *feature_shape)`` ``F`` (only with ``output_short_circuit=True``).
+        gradient: ``(B, *feature_shape)`` ``g = d y_c / dF`` (only with ``output_short_circuit=True``).
+        mask: ``(B, *feature_shape)`` bool, short-circuited coordinates (only with ``output_short_circuit=True``).
+    """
+
+    logits: torch.Tensor | None = None
+    gsc_logits: torch.Tensor | None = None
+    ood_score: torch.Tensor | None = None
+    is_ood: torch.Tensor | None = None
+    predicted_class: torch.Tensor | None = None
+    features: torch.Tensor | None = None
+    gradient: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+
+
+def _split_overrides(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Separate ``GSCConfig`` fields from the keyword arguments meant for the base model loader."""
+    names = GSCConfig.field_names()
+    return {k: v for k, v in kwargs.items() if k in names}, {k: v for k, v in kwargs.items() if k not in names}
+
+
+class GSCForImageClassification(nn.Module):
+    """Wraps (and owns) a base image classifier; adds GSC logits and OOD scores to its forward.
+
+    The base model is kept in eval mode, its parameters are frozen (``requires_grad=False``) and never
+    receive ``.grad``; gradients are taken with respect to ``F`` only, through the head only.
+
+    Args:
+        model: a ``*ForImageClassification`` model returning ``.logits``.
+        config: the GSC settings; ``None`` means defaults.
+        **overrides: ``GSCConfig`` fields replacing those of ``config`` (e.g. ``mask_ratio=0.1``).
+    """
+
+    def __init__(self, model: PreTrainedModel, config: GSCConfig | None = None, **overrides: Any) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module image classifier, got {type(model).__name__}")
+        config = config or GSCConfig()
+        if overrides:
+            config = dataclasses.replace(config, **overrides)
+        if config.base_model_name_or_path is None:
+            config.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        self.model = model
+        self.config = config
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.split_point: SplitPoint = resolve_split_point(model, config.split_point)
+        if (
+            config.approximation == "first_order"
+            and config.split_point not in ("final_encoder_output", "penultimate")
+            and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
+        ):
+            # A head made of encoder blocks contains attention, and torch has no forward-mode AD for
+            # its fused SDPA kernels; eager attention computes the same function and supports jvp.
+            model.set_attn_implementation("eager")
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls, pretrained_model_name_or_path: str | os.PathLike, config: GSCConfig | None = None, **kwargs: Any
+    ) -> "GSCForImageClassification":
+        """Load a saved detector (a folder with ``gsc_config.json``) or wrap any image classifier.
+
+        ``GSCConfig`` fields among ``kwargs`` (``mask_ratio=0.05``, ...) override the config; the rest
+        (``revision``, ``dtype``, ...) go to ``AutoModelForImageClassification.from_pretrained``.
+        """
+        overrides, model_kwargs = _split_overrides(kwargs)
+        path = os.fspath(pretrained_model_name_or_path)
+        saved_config = os.path.join(path, CONFIG_NAME)
+        if config is None and os.path.isfile(saved_config):
+            config = GSCConfig.from_json_file(saved_config)
+            # Saved with its base weights, or holding only a reference to them.
+            base = path if os.path.isfile(os.path.join(path, "config.json")) else config.base_model_name_or_path
+            if base is None:
+                raise ValueError(f"{saved_config} names no base model and {path} holds no base weights")
+            model_kwargs.setdefault("revision", config.base_model_revision)
+        else:
+            base = path
+            config = config or GSCConfig()
+            overrides.setdefault("base_model_name_or_path", path)
+            overrides.setdefault("base_model_revision", model_kwargs.get("revision"))
+        model = AutoModelForImageClassification.from_pretrained(base, **model_kwargs)
+        return cls(model, config, **overrides)
+
+    def train(self, mode: bool = True) -> "GSCForImageClassification":
+        """The wrapper may be put in train mode; the base model always stays in eval mode."""
+        super().train(mode)
+        self.model.eval()
+        return self
+
+    # ------------------------------------------------------------------ inference
+    def _check_pixel_values(self, pixel_values: Any) -> torch.Tensor:
+        if not isinstance(pixel_values, torch.Tensor):
+            raise TypeError(f"pixel_values must be a torch.Tensor of shape (B, C, H, W), got {type(pixel_values).__name__}")
+        if pixel_values.ndim != 4:
+            raise ValueError(f"pixel_values must have shape (B, C, H, W), got shape {tuple(pixel_values.shape)}")
+        if pixel_values.shape[0] == 0:
+            raise ValueError("pixel_values is an empty batch (B=0); pass at least one image")
+        if not pixel_values.is_floating_point():
+            raise ValueError(f"pixel_values must be floating point (the image processor's output), got {pixel_values.dtype}")
+        base_config = getattr(self.model, "config", None)
+        channels = getattr(base_config, "num_channels", None)
+        if channels is not None and pixel_values.shape[1] != channels:
+            raise ValueError(
+                f"pixel_values has {pixel_values.shape[1]} channels but the base model expects {channels}; "
+                "convert the images (e.g. grayscale to RGB) with the model's image processor"
+            )
+        image_size = getattr(base_config, "image_size", None)
+        if image_size is not None:
+            expected = tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
+            if tuple(pixel_values.shape[2:]) != expected:
+                raise ValueError(
+                    f"pixel_values has spatial size {tuple(pixel_values.shape[2:])} but the base model expects "
+                    f"{expected}; resize with the model's image processor"
+                )
+        if not torch.isfinite(pixel_values).all():
+            bad = (~torch.isfinite(pixel_values)).flatten(1).any(dim=1).nonzero().flatten().tolist()
+            raise ValueError(f"pixel_values contains NaN or infinite values in batch rows {bad}")
+        dtype = next(self.model.parameters()).dtype
+        return pixel_values.to(dtype)
+
+    def forward(self, pixel_values: torch.Tensor, output_short_circuit: bool = False) -> GSCOutput:
+        """Score a batch.
+
+        Args:
+            pixel_values: ``(B, C, H, W)`` from the base model's image processor.
+            output_short_circuit: also return ``features``, ``gradient`` and ``mask``.
+        Returns:
+            :class:`GSCOutput`. Works inside ``torch.no_grad()`` and ``torch.inference_mode()``.
+        """
+        pixel_values = self._check_pixel_values(pixel_values)
+        config = self.config
+        split = self.split_point
+        # The gradient w.r.t. F is part of inference, so autograd is switched back on locally.
+        with torch.inference_mode(False), torch.enable_grad():
+            # clone(): tensors made under inference mode cannot be saved for backward.
+            pixel_values = pixel_values.clone()
+            features = split.features(pixel_values).detach().clone().requires_grad_(True)
+            logits = split.head(features, pixel_values)
+            predicted_class = logits.argmax(dim=-1)
+            # Heads are batch-separable, so one backward of sum_i y[i, c_i] gives every per-sample g.
+            (gradient,) = torch.autograd.grad(logits.gather(1, predicted_class[:, None]).sum(), features)
+            features = features.detach()
+            logits = logits.detach()
+
+            flat_features, flat_gradient = features.flatten(1), gradient.flatten(1)
+            generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
+            mask = short_circuit_mask(flat_gradient, config.mask_ratio, config.selection, generator=generator)
+            shorted = short_circuit(
+                flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
+            )
+            delta = shorted - flat_features
+
+            if config.approximation == "first_order":
+                gsc_logits = first_order_logits(
+                    lambda f: split.head(f, pixel_values), features, delta.view_as(features)
+                ).detach()
+            elif config.approximation == "predicted_logit":
+                gsc_logits = predicted_logit_update(logits, predicted_class, flat_gradient, delta)
+            else:
+                with torch.no_grad():
+                    gsc_logits = split.head(shorted.view_as(features), pixel_values)
+
+        scores = ood_score(gsc_logits, config.score, config.temperature)
+        is_ood = None if config.threshold is None else scores < config.threshold
+        extra = {}
+        if output_short_circuit:
+            extra = dict(features=features, gradient=gradient.detach(), mask=mask.view_as(features))
+        return GSCOutput(
+            logits=logits,
+            gsc_logits=gsc_logits,
+            ood_score=scores,
+            is_ood=is_ood,
+            predicted_class=predicted_class,
+            **extra,
+        )

@@ -1,0 +1,156 @@
+"""Pure tensor math of Gradient Short-Circuit: masks, short-circuit operations, logit updates.
+
+Nothing here knows about models, files or data. Every function works on flattened features:
+``F`` and ``g`` have shape ``(B, d)``, a batch of ``B`` samples with ``d`` feature coordinates each.
+Each sample is handled on its own: no output row depends on another row of the batch.
+
+The mask ratio counts the coordinates the head actually reads, i.e. those with a nonzero gradient.
+For a ViT split before the final LayerNorm only the CLS token reaches the classifier, so
+``n = hidden_size`` and not ``num_tokens * hidden_size``; for a ResNet split before pooling every
+coordinate is read (``g = W[c] / (H*W)``), so ``n = C*H*W``. Per sample ``k = ceil(mask_ratio * n)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal
+
+import torch
+
+Operation = Literal["zero", "perturb", "project", "clip", "scale"]
+Selection = Literal["gradient", "random", "reverse"]
+Approximation = Literal["first_order", "predicted_logit", "exact"]
+
+OPERATIONS: tuple[str, ...] = ("zero", "perturb", "project", "clip", "scale")
+SELECTIONS: tuple[str, ...] = ("gradient", "random", "reverse")
+APPROXIMATIONS: tuple[str, ...] = ("first_order", "predicted_logit", "exact")
+
+
+def num_masked(gradient: torch.Tensor, mask_ratio: float) -> torch.Tensor:
+    """Per-sample mask size ``k = ceil(mask_ratio * n)``, ``n`` = number of nonzero gradient coordinates.
+
+    Args:
+        gradient: ``(B, d)``.
+        mask_ratio: fraction in ``[0, 1]``.
+    Returns:
+        ``(B,)`` int64.
+    """
+    n = (gradient != 0).sum(dim=1)
+    # The small epsilon keeps ceil(0.05 * 100) at 5 despite float rounding (0.05 * 100 = 5.000000000000001).
+    return torch.ceil(n.double() * mask_ratio - 1e-9).clamp(min=0).long()
+
+
+def _mask_from_priority(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Mask of the ``k[i]`` highest-priority coordinates per row; ties go to the lower index."""
+    order = torch.argsort(priority, dim=1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(priority.shape[1], device=priority.device).expand_as(order))
+    return ranks < k.unsqueeze(1)
+
+
+def short_circuit_mask(
+    gradient: torch.Tensor,
+    mask_ratio: float,
+    selection: Selection = "gradient",
+    weights: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Boolean mask of the coordinates to short-circuit.
+
+    Args:
+        gradient: ``g``, ``(B, d)``.
+        mask_ratio: fraction of the read (nonzero-gradient) coordinates to select.
+        selection: ``gradient`` = largest ``|g|`` (the paper); ``reverse`` = smallest nonzero ``|g|``;
+            ``random`` = uniformly among the read coordinates (ablation controls).
+        weights: optional ``(d,)`` nonnegative per-coordinate divisor of ``|g|`` for the ``gradient``
+            selection (Fisher-weighted selection ranks by ``|g_i| / sqrt(lambda_i)``).
+        generator: random source for ``selection="random"``.
+    Returns:
+        ``(B, d)`` bool.
+    """
+    k = num_masked(gradient, mask_ratio)
+    magnitude = gradient.abs()
+    read = gradient != 0
+    if selection == "gradient":
+        priority = magnitude if weights is None else magnitude / weights
+    elif selection == "reverse":
+        priority = torch.where(read, -magnitude, torch.full_like(magnitude, -math.inf))
+    elif selection == "random":
+        noise = torch.rand(gradient.shape, generator=generator, device="cpu").to(gradient.device)
+        priority = torch.where(read, noise, torch.full_like(noise, -1.0))
+    else:
+        raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+    return _mask_from_priority(priority, k)
+
+
+def short_circuit(
+    features: torch.Tensor,
+    gradient: torch.Tensor,
+    mask: torch.Tensor,
+    operation: Operation = "zero",
+    alpha: float = 0.1,
+    clip_bound: float = 1.0,
+    beta: float = 0.5,
+) -> torch.Tensor:
+    """``F' = S(F, g)`` on the masked coordinates; unmasked coordinates are returned unchanged.
+
+    Operations (paper Sec. 3.2, plus clip and scale):
+        zero:    ``F'_i = 0``
+        perturb: ``F'_i = F_i - alpha * sign(g_i)``
+        project: remove the component of ``F`` along ``g`` restricted to the mask,
+                 ``F' = F - <F_m, g_m> g_m / |g_m|^2`` (with ``mask_ratio=1`` this is the paper's projection)
+        clip:    ``F'_i = clamp(F_i, -clip_bound, clip_bound)``
+        scale:   ``F'_i = beta * F_i``
+
+    Args:
+        features: ``F``, ``(B, d)``. gradient: ``g``, ``(B, d)``. mask: ``(B, d)`` bool.
+    Returns:
+        ``F'``, ``(B, d)``, same dtype as ``features``.
+    """
+    if operation == "zero":
+        return torch.where(mask, torch.zeros_like(features), features)
+    if operation == "perturb":
+        return features - alpha * torch.sign(gradient) * mask
+    if operation == "project":
+        g_masked = gradient * mask
+        norm_sq = (g_masked * g_masked).sum(dim=1, keepdim=True)
+        coefficient = (features * g_masked).sum(dim=1, keepdim=True) / norm_sq.clamp_min(torch.finfo(norm_sq.dtype).tiny)
+        return features - coefficient * g_masked
+    if operation == "clip":
+        return torch.where(mask, features.clamp(-clip_bound, clip_bound), features)
+    if operation == "scale":
+        return torch.where(mask, beta * features, features)
+    raise ValueError(f"operation must be one of {OPERATIONS}, got {operation!r}")
+
+
+def first_order_logits(
+    head: Callable[[torch.Tensor], torch.Tensor], features: torch.Tensor, delta: torch.Tensor
+) -> torch.Tensor:
+    """``y + J (F' - F)`` for all ``K`` logits: one forward-mode product through the head.
+
+    The head must be batch-separable (row ``i`` of its output depends on row ``i`` of its input only),
+    so the batched Jacobian-vector product is the per-sample one.
+
+    Args:
+        head: maps features ``(B, *feature_shape)`` to logits ``(B, K)``.
+        features: ``F``, ``(B, *feature_shape)``; delta: ``F' - F``, same shape.
+    Returns:
+        ``(B, K)``.
+    """
+    logits, tangent = torch.func.jvp(head, (features,), (delta,))
+    return logits + tangent
+
+
+def predicted_logit_update(
+    logits: torch.Tensor, predicted_class: torch.Tensor, gradient: torch.Tensor, delta: torch.Tensor
+) -> torch.Tensor:
+    """The paper's O(d) update: only ``y_c`` moves, by ``g . (F' - F)``; other logits stay.
+
+    Args:
+        logits: ``(B, K)``; predicted_class: ``(B,)``; gradient, delta: ``(B, d)``.
+    Returns:
+        ``(B, K)``.
+    """
+    step = (gradient * delta).sum(dim=1)
+    update = torch.zeros_like(logits).scatter(1, predicted_class.unsqueeze(1), step.unsqueeze(1).to(logits.dtype))
+    return logits + update

@@ -1,0 +1,263 @@
+"""Where the feature ``F`` is taken and what the remaining head ``f_{>L}`` is, per architecture.
+
+All per-architecture knowledge lives in :data:`ARCHITECTURES`. A split point is one of
+
+* ``"final_encoder_output"`` (default): the output of the last encoder block, *before* the final
+  LayerNorm / pooler. The head is then nonlinear for ViT, DeiT, Swin and ConvNeXt (LayerNorm), so the
+  gradient ``g`` depends on the input. For ResNet the head is average pooling + linear, so
+  ``g = W[c] / (H*W)`` is the same for every input and the first-order Taylor step is exact.
+* ``"penultimate"``: the input of the last ``nn.Linear`` (the classifier). The head is linear for every
+  architecture: ``g = W[c]`` does not depend on the input, and first order equals exact.
+* a dotted module path inside the base model (``"vit.layers.2"``, negative indices allowed), whose
+  output (first element when it returns a tuple) is ``F``. Paths are resolved by attribute lookup only.
+
+Backward and forward-mode products run through the head only: the backbone runs once, without
+gradient, and stops at the split point.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+HeadFunction = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+def _vit_like_head(prefix: str) -> HeadFunction:
+    """Final LayerNorm, CLS token, classifier: ``(B, N, D) -> (B, K)``."""
+
+    def head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+        backbone = getattr(model, prefix)
+        return model.classifier(backbone.layernorm(features)[:, 0])
+
+    return head
+
+
+def _swin_head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """Final LayerNorm, mean over tokens, classifier: ``(B, L, C) -> (B, K)``."""
+    return model.classifier(model.swin.layernorm(features).mean(dim=1))
+
+
+def _resnet_head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """Global average pool, flatten, linear: ``(B, C, H, W) -> (B, K)``; affine in ``F``."""
+    return model.classifier(model.resnet.pooler(features))
+
+
+def _convnext_head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """Mean over space, final LayerNorm, classifier: ``(B, C, H, W) -> (B, K)``."""
+    return model.classifier(model.convnext.layernorm(features.mean(dim=(-2, -1))))
+
+
+def _call_block(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    output = block(hidden)
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """How one family of ``*ForImageClassification`` models is split.
+
+    Attributes:
+        blocks: dotted path of the ``nn.ModuleList`` of encoder blocks; the last one's output is the
+            final encoder output ``F``.
+        head: ``head(model, F) -> logits`` from the final encoder output.
+        head_is_linear: whether ``head`` is affine in ``F`` (then ``g`` is input independent).
+        blocks_take_hidden_only: whether ``block(hidden)`` alone runs a block, so a split at an
+            earlier block can run the remaining blocks directly instead of replaying the model.
+    """
+
+    blocks: str
+    head: HeadFunction
+    head_is_linear: bool
+    blocks_take_hidden_only: bool
+
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    "vit": ArchitectureSpec("vit.layers", _vit_like_head("vit"), head_is_linear=False, blocks_take_hidden_only=True),
+    "deit": ArchitectureSpec("deit.layers", _vit_like_head("deit"), head_is_linear=False, blocks_take_hidden_only=True),
+    "swin": ArchitectureSpec("swin.encoder.layers", _swin_head, head_is_linear=False, blocks_take_hidden_only=False),
+    "resnet": ArchitectureSpec("resnet.encoder.stages", _resnet_head, head_is_linear=True, blocks_take_hidden_only=True),
+    "convnext": ArchitectureSpec(
+        "convnext.encoder.stages", _convnext_head, head_is_linear=False, blocks_take_hidden_only=True
+    ),
+}
+
+NAMED_SPLIT_POINTS = ("final_encoder_output", "penultimate")
+_PATH_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|-?[0-9]+))*$")
+
+
+def validate_split_point_name(split_point: str) -> None:
+    """Raise ``ValueError`` unless ``split_point`` is a named split point or a well-formed dotted path."""
+    if not isinstance(split_point, str) or not (
+        split_point in NAMED_SPLIT_POINTS or _PATH_PATTERN.match(split_point)
+    ):
+        raise ValueError(
+            f"split_point must be one of {NAMED_SPLIT_POINTS} or a dotted module path such as "
+            f"'vit.layers.-2' (names and integer indices only), got {split_point!r}"
+        )
+
+
+def _normalise_path(model: nn.Module, path: str) -> str:
+    """Resolve negative indices by attribute lookup; error names the failing component."""
+    module: Any = model
+    parts: list[str] = []
+    for part in path.split("."):
+        if re.fullmatch(r"-?[0-9]+", part):
+            if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+                raise ValueError(f"split point {path!r}: {'.'.join(parts) or 'model'} is not indexable")
+            index = int(part)
+            if not -len(module) <= index < len(module):
+                raise ValueError(f"split point {path!r}: index {index} out of range for {len(module)} blocks")
+            index %= len(module)
+            module, part = module[index], str(index)
+        else:
+            child = module._modules.get(part) if isinstance(module, nn.Module) else None
+            if child is None:
+                raise ValueError(
+                    f"split point {path!r}: {'.'.join(parts) or 'the model'} has no submodule {part!r}"
+                )
+            module = child
+        parts.append(part)
+    return ".".join(parts)
+
+
+class _SplitReached(Exception):
+    """Raised by the capture hook to stop the backbone forward once ``F`` is known."""
+
+
+def _first_tensor(output: Any) -> torch.Tensor:
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
+def _replace_first(output: Any, replacement: torch.Tensor) -> Any:
+    if isinstance(output, torch.Tensor):
+        return replacement
+    if isinstance(output, tuple):
+        return (replacement, *output[1:])
+    raise TypeError(f"cannot replace the output of type {type(output).__name__} at the split point")
+
+
+@dataclass
+class SplitPoint:
+    """A resolved split point of one model: ``features(x) = F`` and ``head(F, x) = logits``.
+
+    Attributes:
+        name: the configured split point (``"final_encoder_output"``, ``"penultimate"`` or a path).
+        module_path: the resolved module whose output (or, for ``penultimate``, input) is ``F``.
+        head_is_linear: whether the head is affine in ``F``.
+    """
+
+    model: nn.Module
+    name: str
+    module_path: str
+    capture_input: bool
+    head_is_linear: bool
+    _direct_head: Callable[[torch.Tensor], torch.Tensor] | None
+
+    @property
+    def module(self) -> nn.Module:
+        return self.model.get_submodule(self.module_path)
+
+    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Run the backbone up to the split point, without gradient. ``(B, C, H, W) -> (B, *feature_shape)``."""
+        captured: list[torch.Tensor] = []
+
+        def capture(_module: nn.Module, args: Any, output: Any = None) -> None:
+            captured.append(args[0] if self.capture_input else _first_tensor(output))
+            raise _SplitReached
+
+        if self.capture_input:
+            handle = self.module.register_forward_pre_hook(capture)
+        else:
+            handle = self.module.register_forward_hook(capture)
+        try:
+            with torch.no_grad():
+                self.model(pixel_values=pixel_values)
+        except _SplitReached:
+            pass
+        finally:
+            handle.remove()
+        if not captured:
+            raise RuntimeError(f"the forward pass never reached the split point {self.module_path!r}")
+        return captured[0]
+
+    def head(self, features: torch.Tensor, pixel_values: torch.Tensor | None = None) -> torch.Tensor:
+        """``f_{>L}(F)``: logits ``(B, K)`` from features ``(B, *feature_shape)``.
+
+        ``pixel_values`` is needed only for split points without a registered head, where the head is
+        the model's forward with the split module's output replaced by ``F`` (the prefix recomputes
+        without gradient because the base parameters do not require it).
+        """
+        if self._direct_head is not None:
+            return self._direct_head(features)
+        if pixel_values is None:
+            raise ValueError(f"split point {self.name!r} has no direct head: pass pixel_values to replay the model")
+
+        def replace(_module: nn.Module, _args: Any, output: Any) -> Any:
+            return _replace_first(output, features)
+
+        handle = self.module.register_forward_hook(replace)
+        try:
+            return self.model(pixel_values=pixel_values).logits
+        finally:
+            handle.remove()
+
+
+def _last_linear_path(model: nn.Module) -> str:
+    paths = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if not paths:
+        raise ValueError("split_point='penultimate' needs an nn.Linear classifier; the model has none")
+    return paths[-1]
+
+
+def supported_model_types() -> list[str]:
+    return sorted(ARCHITECTURES)
+
+
+def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_output") -> SplitPoint:
+    """Resolve ``split_point`` on ``model`` (a ``*ForImageClassification`` from transformers).
+
+    Raises:
+        ValueError: unknown architecture for ``final_encoder_output`` (the message lists the supported
+            model types and how to pass a module path), or a path that does not exist.
+    """
+    validate_split_point_name(split_point)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    spec = ARCHITECTURES.get(model_type) if model_type else None
+
+    if split_point == "penultimate":
+        path = _last_linear_path(model)
+        linear = model.get_submodule(path)
+        return SplitPoint(model, split_point, path, capture_input=True, head_is_linear=True, _direct_head=linear)
+
+    if split_point == "final_encoder_output":
+        if spec is None:
+            raise ValueError(
+                f"split_point='final_encoder_output' is not registered for model type {model_type!r}. "
+                f"Supported model types: {', '.join(supported_model_types())}. For another architecture pass "
+                "split_point='penultimate' or a dotted module path inside the base model (for example "
+                "'encoder.layers.-1'), or register it in hf_gsc.split_points.ARCHITECTURES."
+            )
+        path = _normalise_path(model, spec.blocks + ".-1")
+        return SplitPoint(
+            model, split_point, path, False, spec.head_is_linear, _direct_head=lambda f: spec.head(model, f)
+        )
+
+    path = _normalise_path(model, split_point)
+    direct_head = None
+    if spec is not None and spec.blocks_take_hidden_only and path.startswith(spec.blocks + "."):
+        # A block of the registered encoder: run the remaining blocks, then the registered head.
+        index = int(path[len(spec.blocks) + 1 :].split(".")[0])
+        if path == f"{spec.blocks}.{index}":
+            remaining = list(model.get_submodule(spec.blocks))[index + 1 :]
+
+            def direct_head(features: torch.Tensor) -> torch.Tensor:
+                for block in remaining:
+                    features = _call_block(block, features)
+                return spec.head(model, features)
+
+    return SplitPoint(model, split_point, path, False, head_is_linear=False, _direct_head=direct_head)
