@@ -1,0 +1,255 @@
+"""OOD-detection metrics: FPR@95%TPR, AUROC, AUPR-In and AUPR-Out.
+
+Conventions
+-----------
+* **Scores** are ``ood_score`` values where *higher means more in-distribution*
+  (the sign a detector's confidence has). Nothing here assumes a range: logits,
+  energies, 1e30 or 1e-30 are all fine, because every metric depends only on the
+  order of the scores (and on exact ties).
+* **In-distribution (ID) is the positive class**, as in the Gradient
+  Short-Circuit paper and most of the OOD literature since Hendrycks & Gimpel
+  (2017) and Liang et al. (2018, ODIN).
+* All metrics are fractions in ``[0, 1]`` returned as plain Python ``float``
+  (not percentages, not numpy scalars), so they serialise to JSON unchanged.
+
+FPR@95%TPR and ties
+-------------------
+The decision rule is "accept as ID if ``score >= t``". For a target TPR ``p``
+(0.95 by default), :func:`threshold_at_tpr` returns
+
+    t* = the largest t such that  #{i : id_i >= t} / n_id  >= p,
+
+which is the k-th largest ID score with k the smallest integer such that
+``k / n_id >= p`` (both sides compared as floats, exactly as ``np.mean`` would
+compute the fraction). :func:`fpr_at_tpr` is then the fraction of OOD scores
+with ``score >= t*``. Consequences, by design:
+
+* A tie is never split. If several ID scores equal ``t*`` they are all
+  accepted, so the achieved TPR can be *above* ``p`` (it is never below).
+* Every OOD sample whose score is ``>= t*`` is a false positive, including
+  OOD samples tied with ``t*``. With constant scores the FPR is therefore 1.
+* There is no interpolation between ROC points. The value equals
+  ``fpr[argmax(tpr >= p)]`` on ``sklearn.metrics.roc_curve(is_id, scores)``,
+  which the tests check.
+
+The same :func:`threshold_at_tpr` is meant for detector calibration on ID
+validation data, so a calibrated threshold and the reported FPR95 follow one
+rule.
+
+Difference from OpenOOD
+-----------------------
+OpenOOD v1.5 (``openood/evaluators/metrics.py``, ``auc_and_fpr_recall``) treats
+**OOD as the positive class** and ranks by the negated confidence: it calls
+``roc_curve(is_ood, -conf)`` and reports the FPR at the first point where 95%
+of the *OOD* samples are detected. Its "FPR@95" is therefore the fraction of
+**ID** samples rejected when 95% of OOD samples are caught. Ours (and the
+paper's) is the fraction of **OOD** samples accepted when 95% of ID samples are
+kept. The two numbers are different quantities and in general differ; do not
+compare them across the two code bases. AUROC is the same under both
+conventions (swapping the positive class and negating the scores leaves it
+unchanged). OpenOOD also computes AUPR as the trapezoidal area under the
+precision-recall curve (``metrics.auc``), whereas we use average precision
+(``average_precision_score``, a step-wise sum without interpolation), which can
+differ slightly.
+
+Validation
+----------
+Every function accepts a 1-D numpy array, a 1-D torch tensor (detached and
+moved to the CPU here) or a sequence of numbers. Scores are converted to
+float64: float32 would merge distinct scores such as ``1e8 + 1e-6`` and
+``1e8 + 2e-6`` into ties and change the metrics. A ``ValueError`` naming the
+argument is raised for empty input, input that is not 1-D, NaN or infinite
+scores, and ``tpr`` outside ``(0, 1]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+if TYPE_CHECKING:  # imported for annotations only: torch and evaluate are slow to import
+    import evaluate
+    import torch
+
+ScoresLike = Union[np.ndarray, "torch.Tensor", Sequence[float]]
+
+#: Folder of the ``evaluate`` metric module shipped with the package.
+OOD_METRIC_PATH: Path = Path(__file__).resolve().parent / "ood_detection_metric"
+
+#: Keys of :func:`ood_metrics`, in the order they are reported.
+METRIC_NAMES: tuple[str, ...] = ("fpr95", "auroc", "aupr_in", "aupr_out")
+
+
+def _as_scores(scores: ScoresLike, name: str) -> np.ndarray:
+    """Return ``scores`` as a finite, non-empty, 1-D float64 numpy array.
+
+    ``name`` is the caller's argument name, so that the error says which of the
+    two score arrays is wrong.
+    """
+    if hasattr(scores, "detach") and hasattr(scores, "cpu"):
+        # torch tensor: detach so requires_grad tensors convert, move off the GPU,
+        # and upcast before numpy (numpy has no bfloat16).
+        scores = scores.detach().cpu().double().numpy()
+    try:
+        arr = np.asarray(scores)
+    except (TypeError, ValueError) as err:  # ragged nested lists, for example
+        raise ValueError(f"{name} must be a 1-D array of real scores; could not convert it: {err}") from err
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be a 1-D array of real scores; got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of scores; got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name} must be non-empty; got an empty array")
+    arr = arr.astype(np.float64, copy=False)
+    finite = np.isfinite(arr)
+    if not finite.all():
+        bad = arr[~finite]
+        raise ValueError(
+            f"{name} must contain only finite scores; got {bad.size} NaN/inf value(s), e.g. {bad[0]!r}"
+        )
+    return arr
+
+
+def _check_tpr(tpr: float) -> float:
+    """Return ``tpr`` as a float after checking it lies in ``(0, 1]``."""
+    try:
+        value = float(tpr)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"tpr must be a number in (0, 1]; got {tpr!r}") from err
+    # ``not (0 < value <= 1)`` also rejects NaN.
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"tpr must be in (0, 1]; got {tpr!r}")
+    return value
+
+
+def _labelled(id_scores: np.ndarray, ood_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate validated scores with ``is_id`` labels (1 = ID, 0 = OOD) for scikit-learn."""
+    scores = np.concatenate([id_scores, ood_scores])
+    is_id = np.concatenate([np.ones(id_scores.size, dtype=np.int64), np.zeros(ood_scores.size, dtype=np.int64)])
+    return is_id, scores
+
+
+def threshold_at_tpr(id_scores: ScoresLike, tpr: float = 0.95) -> float:
+    """Largest threshold ``t`` such that the fraction of ``id_scores >= t`` is at least ``tpr``.
+
+    This is the operating point used for FPR@``tpr`` and for calibrating a
+    detector on ID validation data (accept as ID iff ``score >= t``). The result
+    is always one of the ``id_scores``: the k-th largest, with ``k`` the smallest
+    integer such that ``k / n >= tpr``. Ties at the threshold are all kept, so
+    the achieved TPR is ``>= tpr`` (see the module docstring).
+
+    Args:
+        id_scores: 1-D scores of in-distribution samples, higher = more ID.
+        tpr: target true-positive rate (fraction of ID kept), in ``(0, 1]``.
+
+    Returns:
+        The threshold as a Python float.
+
+    Raises:
+        ValueError: on empty, non-1-D or non-finite ``id_scores`` or on ``tpr``
+            outside ``(0, 1]``.
+    """
+    scores = _as_scores(id_scores, "id_scores")
+    target = _check_tpr(tpr)
+    n = scores.size
+    # Smallest k with k / n >= target. ceil(target * n) can be off by one from
+    # rounding (0.7 * 10 == 7.000000000000001), so settle it with the same float
+    # comparison that "fraction of ID kept >= tpr" means.
+    k = min(max(math.ceil(target * n), 1), n)
+    while k > 1 and (k - 1) / n >= target:
+        k -= 1
+    while k < n and k / n < target:
+        k += 1
+    # k-th largest == element n - k of the ascending order; partition is O(n).
+    return float(np.partition(scores, n - k)[n - k])
+
+
+def fpr_at_tpr(id_scores: ScoresLike, ood_scores: ScoresLike, tpr: float = 0.95) -> float:
+    """Fraction of OOD samples accepted as ID at the threshold that keeps ``tpr`` of ID.
+
+    Computed as ``mean(ood_scores >= threshold_at_tpr(id_scores, tpr))``: OOD
+    scores tied with the threshold count as false positives.
+
+    Args:
+        id_scores: 1-D scores of in-distribution samples, higher = more ID.
+        ood_scores: 1-D scores of out-of-distribution samples, same convention.
+        tpr: target true-positive rate, in ``(0, 1]``; 0.95 gives FPR95.
+
+    Returns:
+        The false-positive rate in ``[0, 1]`` as a Python float.
+    """
+    ood = _as_scores(ood_scores, "ood_scores")
+    threshold = threshold_at_tpr(id_scores, tpr)
+    return float(np.count_nonzero(ood >= threshold) / ood.size)
+
+
+def auroc(id_scores: ScoresLike, ood_scores: ScoresLike) -> float:
+    """Area under the ROC curve with ID as the positive class (``roc_auc_score``).
+
+    Equals the probability that a random ID sample scores above a random OOD
+    sample, ties counting one half. 1.0 = perfect separation, 0.5 = chance.
+    """
+    is_id, scores = _labelled(_as_scores(id_scores, "id_scores"), _as_scores(ood_scores, "ood_scores"))
+    return float(roc_auc_score(is_id, scores))
+
+
+def aupr_in(id_scores: ScoresLike, ood_scores: ScoresLike) -> float:
+    """Area under the precision-recall curve with ID as positive (``average_precision_score``)."""
+    is_id, scores = _labelled(_as_scores(id_scores, "id_scores"), _as_scores(ood_scores, "ood_scores"))
+    return float(average_precision_score(is_id, scores))
+
+
+def aupr_out(id_scores: ScoresLike, ood_scores: ScoresLike) -> float:
+    """Area under the precision-recall curve with OOD as positive.
+
+    Uses ``average_precision_score`` on the negated scores, since a higher
+    ``ood_score`` means *less* OOD. Negation is exact in floating point, so ties
+    and order are preserved.
+    """
+    is_id, scores = _labelled(_as_scores(id_scores, "id_scores"), _as_scores(ood_scores, "ood_scores"))
+    return float(average_precision_score(1 - is_id, -scores))
+
+
+def ood_metrics(id_scores: ScoresLike, ood_scores: ScoresLike) -> dict[str, float]:
+    """All four OOD metrics at once.
+
+    Args:
+        id_scores: 1-D scores of in-distribution samples, higher = more ID.
+        ood_scores: 1-D scores of out-of-distribution samples, same convention.
+
+    Returns:
+        ``{"fpr95": ..., "auroc": ..., "aupr_in": ..., "aupr_out": ...}``, each a
+        Python float in ``[0, 1]``; ``fpr95`` is :func:`fpr_at_tpr` at 0.95.
+    """
+    # Validate (and convert torch tensors) once, then reuse the arrays.
+    ids = _as_scores(id_scores, "id_scores")
+    ood = _as_scores(ood_scores, "ood_scores")
+    return {
+        "fpr95": fpr_at_tpr(ids, ood, 0.95),
+        "auroc": auroc(ids, ood),
+        "aupr_in": aupr_in(ids, ood),
+        "aupr_out": aupr_out(ids, ood),
+    }
+
+
+def load_ood_metric(**load_kwargs: Any) -> "evaluate.EvaluationModule":
+    """Load the shipped ``evaluate`` metric module from its local path (no Hub access).
+
+    ``evaluate.load`` treats an existing folder that contains a script of the
+    same name as a local module and copies it into the modules cache without any
+    network call, so this works offline. Its ``compute`` takes
+    ``predictions`` = ood scores and ``references`` = 1 for ID, 0 for OOD, and
+    returns the same dict as :func:`ood_metrics`.
+
+    Args:
+        **load_kwargs: passed on to ``evaluate.load`` (e.g. ``keep_in_memory=True``,
+            ``cache_dir=...``, ``experiment_id=...``).
+    """
+    import evaluate  # deferred: importing evaluate (and datasets) takes seconds
+
+    return evaluate.load(str(OOD_METRIC_PATH), **load_kwargs)
