@@ -1,0 +1,105 @@
+"""One interface for every OOD detection method (GSC and the baselines), and a registry by name.
+
+Sign convention: ``score`` returns ``(B,)`` with higher = more in-distribution, like ``ood_score``.
+Fitted state is a flat ``dict[str, torch.Tensor]`` saved with safetensors, never pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Iterable
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+DETECTORS: dict[str, type["Detector"]] = {}
+STATE_FILE = "detector_state.safetensors"
+HYPERPARAMETERS_FILE = "detector_config.json"
+
+
+def register_detector(cls: type["Detector"]) -> type["Detector"]:
+    """Class decorator: make ``cls`` available by ``cls.name`` (the name used by the CLI and JSON)."""
+    if cls.name in DETECTORS:
+        raise ValueError(f"detector name {cls.name!r} is registered twice")
+    DETECTORS[cls.name] = cls
+    return cls
+
+
+class Detector(ABC):
+    """A post-hoc OOD detector on a frozen image classifier.
+
+    Class attributes:
+        name: registry name (``"msp"``, ``"gsc"``, ...).
+        needs_fit: whether :meth:`fit` must run before :meth:`score`.
+        fit_split: the ID split the evaluation fits it on (``"train"`` or ``"validation"``), never test.
+        min_fit_samples: fewer fitting samples than this raise an error.
+
+    Args:
+        model: a ``*ForImageClassification`` model; put in eval mode and frozen.
+        **hyperparameters: method settings; defaults are documented per method.
+    """
+
+    name: ClassVar[str]
+    needs_fit: ClassVar[bool] = False
+    fit_split: ClassVar[str] = "train"
+    min_fit_samples: ClassVar[int] = 1
+
+    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
+        self.model = model.eval().requires_grad_(False)
+        self.hyperparameters = hyperparameters
+        self.fitted = False
+
+    def fit(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> "Detector":
+        """Fit on ID data, streamed as ``(pixel_values (B, C, H, W), labels (B,))`` batches."""
+        self.fitted = True
+        return self
+
+    @abstractmethod
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W) -> (B,)``, higher = more in-distribution."""
+
+    def score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W) -> (B,)`` float, higher = more in-distribution."""
+        if self.needs_fit and not self.fitted:
+            raise RuntimeError(
+                f"detector {self.name!r} must be fitted first: call .fit(batches) on ID {self.fit_split} data"
+            )
+        return self._score(pixel_values)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Fitted tensors (empty for methods that need no fitting)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.fitted = True
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write ``detector_config.json`` (name, hyperparameters) and ``detector_state.safetensors``."""
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, HYPERPARAMETERS_FILE), "w") as handle:
+            json.dump({"name": self.name, "hyperparameters": self.hyperparameters}, handle, indent=2, sort_keys=True)
+        state = {key: value.detach().cpu().contiguous() for key, value in self.state_dict().items()}
+        save_file(state, os.path.join(directory, STATE_FILE))
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, model: nn.Module) -> "Detector":
+        """Rebuild a detector saved by :meth:`save` (any registered method) on ``model``."""
+        with open(os.path.join(directory, HYPERPARAMETERS_FILE)) as handle:
+            saved = json.load(handle)
+        detector = get_detector(saved["name"], model, **saved["hyperparameters"])
+        state = load_file(os.path.join(directory, STATE_FILE))
+        if state or not detector.needs_fit:
+            detector.load_state_dict(state)
+        return detector
+
+
+def get_detector(name: str, model: nn.Module, **hyperparameters: Any) -> Detector:
+    """Instantiate the registered method ``name``; the error lists the known names."""
+    try:
+        cls = DETECTORS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}; registered methods: {', '.join(sorted(DETECTORS))}") from None
+    return cls(model, **hyperparameters)
