@@ -1,0 +1,330 @@
+"""GSCForImageClassification against a brute-force reference written independently here.
+
+The reference takes ``F`` from ``output_hidden_states`` (not from our hooks), writes each head by hand,
+and builds every per-sample quantity with ``torch.autograd.functional.jacobian`` in a Python loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hf_gsc import GSCConfig, GSCForImageClassification
+from hf_gsc.split_points import resolve_split_point
+
+from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
+
+OPERATIONS = ["zero", "perturb", "project", "clip", "scale"]
+APPROXIMATIONS = ["first_order", "predicted_logit", "exact"]
+SETTINGS = dict(alpha=0.3, clip_bound=0.2, beta=0.25)
+
+
+# --------------------------------------------------------------------------- reference
+def reference_features_and_head(model, arch, x):
+    """``F`` from the public hidden-state outputs, and the head written out by hand."""
+    if arch == "vit":
+        features = model.vit(x, output_hidden_states=True).hidden_states[-1]
+        return features, lambda f: model.classifier(model.vit.layernorm(f)[:, 0])
+    if arch == "resnet":
+        features = model.resnet(x, output_hidden_states=True).hidden_states[-1]
+        return features, lambda f: model.classifier[1](f.mean(dim=(2, 3)))
+    if arch == "swin":
+        stage_outputs = []
+        handle = model.swin.encoder.layers[-1].register_forward_hook(lambda m, a, o: stage_outputs.append(o[0]))
+        model(pixel_values=x)
+        handle.remove()
+        return stage_outputs[0], lambda f: model.classifier(model.swin.layernorm(f).mean(dim=1))
+    raise ValueError(arch)
+
+
+def reference_short_circuit(f, g, ratio, operation):
+    """One sample, numpy: top-k of |g| among nonzero coordinates, ties to the lower index."""
+    f, g = f.copy(), g.copy()
+    n = int((g != 0).sum())
+    k = math.ceil(round(ratio * n, 9))
+    order = sorted(range(len(g)), key=lambda i: (-abs(g[i]), i))
+    mask = np.zeros(len(g), dtype=bool)
+    mask[order[:k]] = True
+    out = f.copy()
+    for i in np.flatnonzero(mask):
+        if operation == "zero":
+            out[i] = 0.0
+        elif operation == "perturb":
+            out[i] = f[i] - SETTINGS["alpha"] * np.sign(g[i])
+        elif operation == "clip":
+            out[i] = min(max(f[i], -SETTINGS["clip_bound"]), SETTINGS["clip_bound"])
+        elif operation == "scale":
+            out[i] = SETTINGS["beta"] * f[i]
+    if operation == "project":
+        gm = np.where(mask, g, 0.0)
+        out = f - (f @ gm) / (gm @ gm) * gm
+    return out, mask
+
+
+def reference(model, arch, x, ratio, operation):
+    features, head = reference_features_and_head(model, arch, x)
+    rows = []
+    for i in range(x.shape[0]):
+        fi = features[i : i + 1].detach()
+        y = head(fi)[0].detach()
+        jac = torch.autograd.functional.jacobian(lambda f: head(f)[0], fi).reshape(NUM_LABELS, -1)
+        c = int(y.argmax())
+        g = jac[c].numpy()
+        f_flat = fi.flatten().numpy()
+        shorted, mask = reference_short_circuit(f_flat, g, ratio, operation)
+        delta = torch.from_numpy(shorted - f_flat)
+        first_order = y + jac @ delta
+        predicted = y.clone()
+        predicted[c] += float(g @ delta.numpy())
+        exact = head(torch.from_numpy(shorted).reshape(fi.shape))[0].detach()
+        rows.append(dict(y=y, c=c, g=g, mask=mask, first_order=first_order, predicted_logit=predicted, exact=exact))
+    return rows
+
+
+def reference_score(y: torch.Tensor, score: str, temperature: float) -> float:
+    y = y.numpy()
+    if score == "energy":
+        z = y / temperature
+        return float(temperature * (z.max() + np.log(np.exp(z - z.max()).sum())))
+    if score == "msp":
+        z = y / temperature
+        p = np.exp(z - z.max())
+        return float((p / p.sum()).max())
+    return float(y.max())
+
+
+# --------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("arch", ["vit", "swin", "resnet"])
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_matches_bruteforce_reference(arch, operation, pixel_values):
+    model = make_tiny_model(arch)
+    ratio = 0.1
+    expected = reference(model, arch, pixel_values, ratio, operation)
+    for approximation in APPROXIMATIONS:
+        for score, temperature in [("energy", 1.0), ("energy", 2.0), ("msp", 1.5), ("max_logit", 1.0)]:
+            config = GSCConfig(mask_ratio=ratio, operation=operation, approximation=approximation,
+                               score=score, temperature=temperature, **SETTINGS)
+            out = GSCForImageClassification(model, config)(pixel_values, output_short_circuit=True)
+            for i, row in enumerate(expected):
+                assert int(out.predicted_class[i]) == row["c"]
+                torch.testing.assert_close(out.logits[i], row["y"], atol=1e-5, rtol=0)
+                np.testing.assert_allclose(out.gradient[i].flatten().numpy(), row["g"], atol=1e-5, rtol=0)
+                np.testing.assert_array_equal(out.mask[i].flatten().numpy(), row["mask"])
+                torch.testing.assert_close(out.gsc_logits[i], row[approximation], atol=1e-5, rtol=0)
+                assert out.ood_score[i].item() == pytest.approx(
+                    reference_score(row[approximation], score, temperature), abs=1e-5
+                )
+
+
+def test_mask_counts_only_coordinates_the_head_reads(pixel_values):
+    """ViT before the final LayerNorm: only the CLS token reaches the classifier."""
+    model = make_tiny_model("vit")
+    out = GSCForImageClassification(model, mask_ratio=0.1)(pixel_values, output_short_circuit=True)
+    hidden = model.config.hidden_size
+    read = out.gradient != 0
+    assert read[:, 1:].sum() == 0 and read[:, 0].sum(dim=1).eq(hidden).all()
+    assert out.mask.flatten(1).sum(dim=1).eq(math.ceil(0.1 * hidden)).all()
+    assert out.mask[:, 1:].sum() == 0
+
+
+def test_resnet_gradient_is_input_independent_class_weight(pixel_values):
+    """Pool + linear head: g = W[c] / (H*W) at every position, whatever the input."""
+    model = make_tiny_model("resnet")
+    out = GSCForImageClassification(model)(pixel_values, output_short_circuit=True)
+    weight = model.classifier[1].weight
+    height, width = out.features.shape[-2:]
+    for i in range(pixel_values.shape[0]):
+        expected = (weight[out.predicted_class[i]] / (height * width))[:, None, None].expand_as(out.gradient[i])
+        torch.testing.assert_close(out.gradient[i], expected)
+
+
+@pytest.mark.parametrize("arch, split_point", [("resnet", "final_encoder_output"), ("vit", "penultimate"),
+                                               ("swin", "penultimate"), ("convnext", "penultimate")])
+def test_first_order_is_exact_where_the_head_is_linear(arch, split_point, pixel_values):
+    model = make_tiny_model(arch)
+    assert resolve_split_point(model, split_point).head_is_linear
+    first = GSCForImageClassification(model, split_point=split_point, mask_ratio=0.2)(pixel_values)
+    exact = GSCForImageClassification(model, split_point=split_point, mask_ratio=0.2, approximation="exact")(pixel_values)
+    torch.testing.assert_close(first.gsc_logits, exact.gsc_logits, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin", "convnext", "deit"])
+def test_nonlinear_head_gives_input_dependent_gradient_and_taylor_error(arch, pixel_values):
+    model = make_tiny_model(arch)
+    assert not resolve_split_point(model, "final_encoder_output").head_is_linear
+    first = GSCForImageClassification(model, mask_ratio=0.2)(pixel_values, output_short_circuit=True)
+    exact = GSCForImageClassification(model, mask_ratio=0.2, approximation="exact")(pixel_values)
+    same_class = first.predicted_class == first.predicted_class[0]
+    gradients = first.gradient.flatten(1)[same_class]
+    if gradients.shape[0] > 1:
+        assert not torch.allclose(gradients[0], gradients[1])
+    assert (first.gsc_logits - exact.gsc_logits).abs().max() > 1e-8
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin", "resnet", "convnext", "deit"])
+@pytest.mark.parametrize("split_point", ["final_encoder_output", "penultimate"])
+def test_zero_mask_ratio_leaves_logits_unchanged(arch, split_point, pixel_values):
+    model = make_tiny_model(arch)
+    for approximation in APPROXIMATIONS:
+        out = GSCForImageClassification(model, split_point=split_point, mask_ratio=0.0,
+                                        approximation=approximation)(pixel_values)
+        torch.testing.assert_close(out.gsc_logits, out.logits, atol=1e-10, rtol=0)
+        torch.testing.assert_close(out.logits, model(pixel_values=pixel_values).logits, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin", "resnet", "convnext", "deit"])
+def test_batch_invariance(arch, pixel_values):
+    detector = GSCForImageClassification(make_tiny_model(arch), mask_ratio=0.1)
+    batched = detector(pixel_values)
+    singles = [detector(pixel_values[i : i + 1]) for i in range(pixel_values.shape[0])]
+    torch.testing.assert_close(batched.gsc_logits, torch.cat([s.gsc_logits for s in singles]), atol=1e-10, rtol=0)
+    reordered = detector(pixel_values.flip(0))
+    torch.testing.assert_close(reordered.ood_score, batched.ood_score.flip(0), atol=1e-10, rtol=0)
+
+
+def test_inference_mode_no_grad_and_frozen_base(pixel_values):
+    model = make_tiny_model("vit")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    detector = GSCForImageClassification(model)
+    detector.train()
+    assert not model.training
+    reference_out = detector(pixel_values)
+    with torch.inference_mode():
+        inference_out = detector(pixel_values)
+    with torch.no_grad():
+        no_grad_out = detector(pixel_values)
+    torch.testing.assert_close(inference_out.ood_score, reference_out.ood_score)
+    torch.testing.assert_close(no_grad_out.ood_score, reference_out.ood_score)
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is None, name
+        assert not parameter.requires_grad, name
+        torch.testing.assert_close(parameter, before[name], atol=0, rtol=0)
+
+
+def test_backward_runs_through_the_head_only(pixel_values):
+    """No backbone module may see a backward pass; the final LayerNorm (part of the head) must."""
+    model = make_tiny_model("vit")
+    touched = []
+    for name, module in model.named_modules():
+        if name:
+            module.register_full_backward_pre_hook(lambda m, g, name=name: touched.append(name))
+    GSCForImageClassification(model)(pixel_values)
+    assert touched and all(name in {"classifier", "vit.layernorm"} for name in touched), touched
+
+
+def test_earlier_block_split_points(pixel_values):
+    """Registered blocks run directly; Swin stages replay the model. Both agree with exact at ratio 0."""
+    for arch, path in [("vit", "vit.layers.0"), ("swin", "swin.encoder.layers.0"), ("resnet", "resnet.encoder.stages.0")]:
+        model = make_tiny_model(arch)
+        split = resolve_split_point(model, path)
+        features = split.features(pixel_values)
+        torch.testing.assert_close(split.head(features, pixel_values), model(pixel_values=pixel_values).logits)
+        first = GSCForImageClassification(model, split_point=path, mask_ratio=0.05)(pixel_values)
+        exact = GSCForImageClassification(model, split_point=path, mask_ratio=0.05, approximation="exact")(pixel_values)
+        assert torch.isfinite(first.ood_score).all()
+        assert (first.gsc_logits - exact.gsc_logits).abs().max() < 10.0
+
+
+def test_threshold_sets_is_ood(pixel_values):
+    model = make_tiny_model("vit")
+    scores = GSCForImageClassification(model)(pixel_values).ood_score
+    threshold = float(scores.median())
+    out = GSCForImageClassification(model, threshold=threshold)(pixel_values)
+    assert out.is_ood.tolist() == (scores < threshold).tolist()
+    assert GSCForImageClassification(model)(pixel_values).is_ood is None
+
+
+def test_half_precision_model_runs():
+    model = make_tiny_model("vit").to(torch.bfloat16)
+    out = GSCForImageClassification(model)(torch.randn(2, 3, IMAGE_SIZE, IMAGE_SIZE))
+    assert out.ood_score.dtype == torch.float32 and torch.isfinite(out.ood_score).all()
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "shape_or_value, message",
+    [
+        ((2, 1, IMAGE_SIZE, IMAGE_SIZE), "channels"),
+        ((2, 3, IMAGE_SIZE + 4, IMAGE_SIZE), "spatial size"),
+        ((0, 3, IMAGE_SIZE, IMAGE_SIZE), "empty batch"),
+        ((3, IMAGE_SIZE, IMAGE_SIZE), r"\(B, C, H, W\)"),
+        ("nan", "NaN"),
+    ],
+)
+def test_bad_pixel_values(shape_or_value, message):
+    detector = GSCForImageClassification(make_tiny_model("vit"))
+    if shape_or_value == "nan":
+        x = torch.zeros(3, 3, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.float64)
+        x[1, 0, 2, 2] = float("nan")
+        message = r"NaN or infinite values in batch rows \[1\]"
+    else:
+        x = torch.zeros(*shape_or_value, dtype=torch.float64)
+    with pytest.raises(ValueError, match=message):
+        detector(x)
+
+
+def test_pixel_values_must_be_a_tensor():
+    with pytest.raises(TypeError, match="pixel_values must be a torch.Tensor"):
+        GSCForImageClassification(make_tiny_model("resnet"))([[0.0]])
+
+
+def test_unknown_architecture_names_supported_ones():
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 6), torch.nn.ReLU())
+            self.classifier = torch.nn.Linear(6, 3)
+
+        def forward(self, pixel_values):
+            from transformers.modeling_outputs import ImageClassifierOutput
+
+            return ImageClassifierOutput(logits=self.classifier(self.body(pixel_values)))
+
+    with pytest.raises(ValueError, match=r"Supported model types: convnext, deit, resnet, swin, vit.*module path"):
+        GSCForImageClassification(Toy())
+    # The documented ways out work.
+    x = torch.randn(2, 3, 2, 2)
+    assert GSCForImageClassification(Toy(), split_point="penultimate")(x).ood_score.shape == (2,)
+    assert GSCForImageClassification(Toy(), split_point="body.1")(x).ood_score.shape == (2,)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("mask_ratio", 1.5, r"mask_ratio must be in \[0.0, 1.0\]"),
+        ("mask_ratio", float("nan"), "mask_ratio must be a finite number"),
+        ("mask_ratio", "5%", "mask_ratio must be a finite number"),
+        ("operation", "erase", "operation must be one of"),
+        ("approximation", "second_order", "approximation must be one of"),
+        ("score", "entropy", "score must be one of"),
+        ("selection", "fisher?", "selection must be one of"),
+        ("temperature", 0.0, "temperature must be in"),
+        ("beta", 2.0, "beta must be in"),
+        ("alpha", -1.0, "alpha must be in"),
+        ("threshold", float("inf"), "threshold must be a finite number"),
+        ("split_point", "vit.layers[0]; import os", "split_point must be one of"),
+        ("seed", 1.5, "seed must be an int"),
+    ],
+)
+def test_invalid_config_values(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        GSCConfig(**{field: value})
+
+
+def test_bad_split_point_path():
+    with pytest.raises(ValueError, match="has no submodule 'layerz'"):
+        GSCForImageClassification(make_tiny_model("vit"), split_point="vit.layerz.0")
+    with pytest.raises(ValueError, match="index 7 out of range"):
+        GSCForImageClassification(make_tiny_model("vit"), split_point="vit.layers.7")
+
+
+def test_config_json_round_trip(tmp_path):
+    config = GSCConfig(mask_ratio=0.1, operation="perturb", threshold=1.5, calibration={"split": "validation"})
+    config.save_pretrained(tmp_path)
+    assert GSCConfig.from_json_file(tmp_path / "gsc_config.json") == config
+    (tmp_path / "gsc_config.json").write_text('{"mask_ratio": 0.1, "evil": 1}')
+    with pytest.raises(ValueError, match=r"unknown GSCConfig fields \['evil'\]"):
+        GSCConfig.from_json_file(tmp_path / "gsc_config.json")
