@@ -1,13 +1,24 @@
 # The expected spellings: make install, make test, make demo.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Debian packages that hold the offline benchmark data (Fashion-MNIST, real digits, photos, fonts).
+DATA_PACKAGES := dataset-fashion-mnist opencv-doc fonts-dejavu-core fonts-liberation fonts-freefont-ttf
 
-.PHONY: install test demo
-install: $(VENV)/.installed
+.PHONY: install install-data test demo
+install: install-data $(VENV)/.installed
+
+# Idempotent: installs the Debian data packages only when one is missing (needs root or sudo).
+install-data:
+	@missing=$$(for p in $(DATA_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "installing Debian data packages: $$missing"; \
+		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
-	# torch first, from the local CPU wheel, so that no CUDA build is pulled in by a dependency.
+	# torch first, from the local CPU wheel, so that no dependency pulls in a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@

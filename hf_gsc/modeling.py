@@ -15,7 +15,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -214,3 +214,46 @@ class GSCForImageClassification(nn.Module):
             predicted_class=predicted_class,
             **extra,
         )
+
+    # ------------------------------------------------------------------ calibration
+    def calibrate(
+        self,
+        id_validation_data: torch.Tensor | Iterable[Any],
+        tpr: float = 0.95,
+        split: str = "validation",
+    ) -> float:
+        """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID.
+
+        Use ID *validation* data only, never the test split or OOD data. ``config.calibration`` records
+        ``split``, ``num_samples`` and ``tpr``.
+
+        Args:
+            id_validation_data: a ``(N, C, H, W)`` tensor, or an iterable of batches that are tensors,
+                ``(pixel_values, labels)`` tuples or mappings with a ``"pixel_values"`` key.
+            tpr: fraction of ID samples to keep, in ``(0, 1]``.
+            split: name of the data, recorded in the calibration record.
+        Returns:
+            The threshold.
+        """
+        from .evaluation.calibration import calibrate_threshold, calibration_record
+
+        batches = [id_validation_data] if isinstance(id_validation_data, torch.Tensor) else id_validation_data
+        scores = []
+        for index, batch in enumerate(batches):
+            if isinstance(batch, Mapping):
+                batch = batch["pixel_values"]
+            elif isinstance(batch, (tuple, list)):
+                batch = batch[0]
+            if not isinstance(batch, torch.Tensor):
+                raise TypeError(
+                    f"id_validation_data batch {index} must be a tensor, a (pixel_values, labels) tuple or a "
+                    f"mapping with 'pixel_values'; got {type(batch).__name__}"
+                )
+            with torch.no_grad():
+                scores.append(self(batch).ood_score.double().cpu())
+        if not scores:
+            raise ValueError("id_validation_data is empty; calibration needs ID validation samples")
+        all_scores = torch.cat(scores)
+        self.config.threshold = calibrate_threshold(all_scores, tpr)
+        self.config.calibration = calibration_record(split, all_scores.numel(), tpr)
+        return self.config.threshold

@@ -328,3 +328,20 @@ def test_config_json_round_trip(tmp_path):
     (tmp_path / "gsc_config.json").write_text('{"mask_ratio": 0.1, "evil": 1}')
     with pytest.raises(ValueError, match=r"unknown GSCConfig fields \['evil'\]"):
         GSCConfig.from_json_file(tmp_path / "gsc_config.json")
+
+
+def test_calibrate_keeps_the_requested_fraction_of_id(pixel_values):
+    generator = torch.Generator().manual_seed(3)
+    validation = torch.randn(40, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
+    detector = GSCForImageClassification(make_tiny_model("resnet"))
+    threshold = detector.calibrate([validation[:25], (validation[25:], torch.zeros(15))], tpr=0.9)
+    scores = detector(validation).ood_score
+    assert threshold == detector.config.threshold
+    # 36 of 40 = 90% accepted: the threshold is the 36th largest score.
+    assert threshold == pytest.approx(scores.sort(descending=True).values[35].item(), abs=1e-12)
+    assert (~detector(validation).is_ood).sum() == 36
+    assert detector.config.calibration == {"split": "validation", "num_samples": 40, "tpr": 0.9}
+    with pytest.raises(ValueError, match="empty"):
+        detector.calibrate([])
+    with pytest.raises(TypeError, match="batch 0 must be a tensor"):
+        detector.calibrate(["not a tensor"])
