@@ -1,0 +1,152 @@
+"""Figures (PNG, matplotlib ``Agg``): ID vs OOD ``ood_score`` densities and ROC curves per method.
+
+The density figure is the paper's: one panel per method, the ID test scores against each OOD
+split, with the calibrated threshold as a vertical line. ROC curves use ID as the positive class
+(``sklearn.metrics.roc_curve(is_id, score)``), one curve per OOD split.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PLOTS_DIR = "plots"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _as_numpy(values: Any) -> np.ndarray:
+    if hasattr(values, "detach"):
+        values = values.detach().cpu().double().numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+def _panels(count: int) -> tuple[int, int]:
+    cols = min(count, 3)
+    return math.ceil(count / cols), cols
+
+
+def _finish(plt: Any, fig: Any, axes: Any, used: int, path: Path) -> Path:
+    """Hide unused panels, save atomically (temporary file, then ``os.replace``), close."""
+    for ax in list(axes.flat)[used:]:
+        ax.axis("off")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+    plt.close(fig)
+    return path
+
+
+def plot_densities(
+    scores: Mapping[str, Mapping[str, Any]],
+    path: str | os.PathLike,
+    thresholds: Mapping[str, float] | None = None,
+    id_name: str = "ID test",
+    bins: int = 60,
+) -> Path:
+    """One panel per method: histogram densities of ``scores[method][split]``.
+
+    Args:
+        scores: method -> {``id_name`` or OOD split name -> 1-D scores}; the ID entry is drawn filled.
+        path: the PNG to write.
+        thresholds: method -> calibrated threshold (dashed vertical line).
+    """
+    plt = _pyplot()
+    rows, cols = _panels(len(scores))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+    for ax, (method, by_split) in zip(axes.flat, scores.items()):
+        arrays = {split: _as_numpy(values) for split, values in by_split.items()}
+        low = min(a.min() for a in arrays.values())
+        high = max(a.max() for a in arrays.values())
+        edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
+        for split, values in arrays.items():
+            if split == id_name:
+                ax.hist(values, bins=edges, density=True, alpha=0.45, color="tab:blue", label=split)
+            else:
+                ax.hist(values, bins=edges, density=True, histtype="step", linewidth=1.4, label=split)
+        if thresholds and method in thresholds:
+            ax.axvline(thresholds[method], color="black", linestyle="--", linewidth=1, label="threshold")
+        ax.set_title(method)
+        ax.set_xlabel("ood_score (higher = ID)")
+        ax.set_ylabel("density")
+        ax.legend(fontsize=7)
+    return _finish(plt, fig, axes, len(scores), Path(path))
+
+
+def plot_roc(
+    id_scores: Mapping[str, Any],
+    ood_scores: Mapping[str, Mapping[str, Any]],
+    path: str | os.PathLike,
+    aurocs: Mapping[str, Mapping[str, float]] | None = None,
+) -> Path:
+    """One panel per method: ROC curves (ID positive) of the ID test scores against each OOD split.
+
+    Args:
+        id_scores: method -> ID test scores.
+        ood_scores: method -> {OOD split -> scores}.
+        path: the PNG to write.
+        aurocs: method -> {split -> AUROC}, shown in the legend when given.
+    """
+    from sklearn.metrics import roc_curve
+
+    plt = _pyplot()
+    rows, cols = _panels(len(id_scores))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.0 * cols, 3.6 * rows), squeeze=False)
+    for ax, (method, ids) in zip(axes.flat, id_scores.items()):
+        ids = _as_numpy(ids)
+        for split, ood in ood_scores[method].items():
+            ood = _as_numpy(ood)
+            labels = np.concatenate([np.ones(ids.size), np.zeros(ood.size)])
+            fpr, tpr, _ = roc_curve(labels, np.concatenate([ids, ood]))
+            label = split
+            if aurocs and split in aurocs.get(method, {}):
+                label = f"{split} (AUROC {100 * aurocs[method][split]:.1f})"
+            ax.plot(fpr, tpr, linewidth=1.3, label=label)
+        ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=0.8)
+        ax.axhline(0.95, color="black", linestyle="--", linewidth=0.6)
+        ax.set_title(method)
+        ax.set_xlabel("FPR (OOD accepted)")
+        ax.set_ylabel("TPR (ID accepted)")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.01)
+        ax.legend(fontsize=7, loc="lower right")
+    return _finish(plt, fig, axes, len(id_scores), Path(path))
+
+
+def write_plots(
+    output_dir: str | os.PathLike,
+    id_scores: Mapping[str, Any],
+    ood_scores: Mapping[str, Mapping[str, Any]],
+    results: Mapping[str, Any],
+) -> list[Path]:
+    """``plots/densities.png``, ``plots/roc.png`` (all methods) and ``plots/{density,roc}_{method}.png``."""
+    folder = Path(output_dir) / PLOTS_DIR
+    methods = results["methods"]
+    thresholds = {m: methods[m]["threshold"] for m in id_scores}
+    aurocs = {m: {s: v["auroc"] for s, v in methods[m]["ood"].items()} for m in id_scores}
+    density_input = {m: {"ID test": id_scores[m], **ood_scores[m]} for m in id_scores}
+    written = [
+        plot_densities(density_input, folder / "densities.png", thresholds),
+        plot_roc(id_scores, ood_scores, folder / "roc.png", aurocs),
+    ]
+    for method in id_scores:
+        written.append(plot_densities({method: density_input[method]}, folder / f"density_{method}.png", thresholds))
+        written.append(plot_roc({method: id_scores[method]}, ood_scores, folder / f"roc_{method}.png", aurocs))
+    return written
+
+
+__all__ = ["PLOTS_DIR", "plot_densities", "plot_roc", "write_plots"]

@@ -1,0 +1,138 @@
+"""Metrics per method and OOD split, ``results.json`` and the ``results.md`` table.
+
+``results.json`` holds fractions in ``[0, 1]``; ``results.md`` shows percentages, in the shape of
+the paper's tables (one row per method, FPR95 and AUROC per OOD split, then their average).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .calibration import calibrate_threshold, calibration_record, true_positive_rate
+from .metrics import METRIC_NAMES, ood_metrics
+
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+#: Metrics where lower is better (the rest: higher is better).
+LOWER_IS_BETTER = frozenset({"fpr95"})
+
+
+def method_results(
+    id_test_scores: Any,
+    id_validation_scores: Any,
+    ood_scores: Mapping[str, Any],
+    tpr: float = 0.95,
+    validation_split: str = "validation",
+) -> dict[str, Any]:
+    """Calibrate on ID validation, then evaluate on ID test vs each OOD split.
+
+    Returns the ``results.json`` entry of one method: ``threshold`` (from ``id_validation_scores``
+    only), ``calibration`` (split, num_samples, tpr), ``id_tpr_at_threshold`` (reached on ID test),
+    ``ood`` (split -> the four metrics) and ``average`` (their mean over the OOD splits).
+    """
+    threshold = calibrate_threshold(id_validation_scores, tpr)
+    ood = {name: ood_metrics(id_test_scores, scores) for name, scores in ood_scores.items()}
+    average = {metric: float(np.mean([values[metric] for values in ood.values()])) for metric in METRIC_NAMES}
+    return {
+        "threshold": threshold,
+        "calibration": calibration_record(validation_split, len(id_validation_scores), tpr),
+        "id_tpr_at_threshold": true_positive_rate(id_test_scores, threshold),
+        "ood": ood,
+        "average": average,
+    }
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write JSON atomically (temporary file, then ``os.replace``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _best(values: Sequence[float], metric: str) -> float:
+    return min(values) if metric in LOWER_IS_BETTER else max(values)
+
+
+def markdown_table(results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95", "auroc")) -> str:
+    """The paper-style table: methods x (OOD splits + Average), each cell ``FPR95 / AUROC`` in %.
+
+    The best value of each column and metric is in bold. A second table lists, per method, the
+    calibrated ``threshold`` and the ID TPR it reaches on the ID test split.
+    """
+    methods: Mapping[str, Any] = results["methods"]
+    if not methods:
+        return "(no methods)\n"
+    splits = list(next(iter(methods.values()))["ood"])
+    columns = [*splits, "average"]
+    arrows = {m: ("↓" if m in LOWER_IS_BETTER else "↑") for m in metrics}
+    metric_label = " / ".join(f"{m.upper()}{arrows[m]}" for m in metrics)
+
+    def cell(method: str, column: str, metric: str) -> float:
+        entry = methods[method]
+        return entry["average"][metric] if column == "average" else entry["ood"][column][metric]
+
+    best = {(c, m): _best([cell(name, c, m) for name in methods], m) for c in columns for m in metrics}
+    lines = [
+        f"## OOD detection: {results.get('model')} on {results.get('benchmark')}",
+        "",
+        f"ID test accuracy: {100 * results['id_accuracy']:.2f}%. "
+        f"Cells: {metric_label} in %, ID = positive class; thresholds calibrated on ID "
+        f"{results.get('calibration_split', 'validation')} only.",
+        "",
+        "| Method | " + " | ".join("Average" if c == "average" else c for c in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for name in methods:
+        cells = []
+        for column in columns:
+            parts = []
+            for metric in metrics:
+                value = cell(name, column, metric)
+                text = f"{100 * value:.2f}"
+                parts.append(f"**{text}**" if np.isclose(value, best[(column, metric)], rtol=0, atol=1e-12) else text)
+            cells.append(" / ".join(parts))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"| Method | threshold | ID TPR at threshold (test, target {100 * _target_tpr(methods):.0f}%) |",
+        "|---|---|---|",
+    ]
+    for name, entry in methods.items():
+        lines.append(f"| {name} | {entry['threshold']:.6g} | {100 * entry['id_tpr_at_threshold']:.2f} |")
+    sizes = results.get("split_sizes")
+    if sizes:
+        ood_sizes = ", ".join(f"{k} {v}" for k, v in sizes.get("ood", {}).items())
+        lines += [
+            "",
+            f"Samples: ID test {sizes.get('id_test')}, ID validation {sizes.get('id_validation')}; OOD: {ood_sizes}.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _target_tpr(methods: Mapping[str, Any]) -> float:
+    entry = next(iter(methods.values()))
+    return float(entry.get("calibration", {}).get("tpr", 0.95))
+
+
+def write_report(output_dir: str | os.PathLike, results: Mapping[str, Any]) -> tuple[Path, Path]:
+    """Write ``results.json`` and ``results.md`` into ``output_dir``; returns both paths."""
+    output_dir = Path(output_dir)
+    json_path = write_json(output_dir / RESULTS_JSON, results)
+    md_path = output_dir / RESULTS_MD
+    tmp = md_path.with_name(f".{md_path.name}.{os.getpid()}.tmp")
+    tmp.write_text(markdown_table(results))
+    os.replace(tmp, md_path)
+    return json_path, md_path
+
+
+__all__ = ["RESULTS_JSON", "RESULTS_MD", "markdown_table", "method_results", "write_json", "write_report"]
