@@ -59,6 +59,18 @@ def _split_overrides(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return {k: v for k, v in kwargs.items() if k in names}, {k: v for k, v in kwargs.items() if k not in names}
 
 
+def _load_image_processor(name_or_path: str, model_kwargs: dict[str, Any]) -> Any:
+    """The base model's image processor when it has one (PIL backend: no torchvision needed)."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(
+            name_or_path, revision=model_kwargs.get("revision"), token=model_kwargs.get("token")
+        )
+    except (OSError, ValueError):
+        return None
+
+
 class GSCForImageClassification(nn.Module):
     """Wraps (and owns) a base image classifier; adds GSC logits and OOD scores to its forward.
 
@@ -82,6 +94,8 @@ class GSCForImageClassification(nn.Module):
             config.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
         self.model = model
         self.config = config
+        # Set by from_pretrained when the base model ships one; saved along with base weights.
+        self.image_processor: Any = None
         self.model.eval()
         self.model.requires_grad_(False)
         self.split_point: SplitPoint = resolve_split_point(model, config.split_point)
@@ -94,33 +108,79 @@ class GSCForImageClassification(nn.Module):
             # its fused SDPA kernels; eager attention computes the same function and supports jvp.
             model.set_attn_implementation("eager")
 
-    # ------------------------------------------------------------------ loading
+    # ------------------------------------------------------------------ loading and saving
     @classmethod
     def from_pretrained(
         cls, pretrained_model_name_or_path: str | os.PathLike, config: GSCConfig | None = None, **kwargs: Any
     ) -> "GSCForImageClassification":
-        """Load a saved detector (a folder with ``gsc_config.json``) or wrap any image classifier.
+        """Load a saved detector (folder or Hub repo with ``gsc_config.json``) or wrap any image classifier.
 
         ``GSCConfig`` fields among ``kwargs`` (``mask_ratio=0.05``, ...) override the config; the rest
-        (``revision``, ``dtype``, ...) go to ``AutoModelForImageClassification.from_pretrained``.
+        (``revision``, ``token``, ``dtype``, ...) go to ``AutoModelForImageClassification.from_pretrained``.
+        A detector's base model comes from the detector folder when it was saved with its weights,
+        otherwise from the base-model reference (and revision) in ``gsc_config.json``.
         """
+        from .hub import resolve_detector_dir
+
         overrides, model_kwargs = _split_overrides(kwargs)
         path = os.fspath(pretrained_model_name_or_path)
-        saved_config = os.path.join(path, CONFIG_NAME)
-        if config is None and os.path.isfile(saved_config):
-            config = GSCConfig.from_json_file(saved_config)
-            # Saved with its base weights, or holding only a reference to them.
-            base = path if os.path.isfile(os.path.join(path, "config.json")) else config.base_model_name_or_path
-            if base is None:
-                raise ValueError(f"{saved_config} names no base model and {path} holds no base weights")
-            model_kwargs.setdefault("revision", config.base_model_revision)
+        detector_dir = None if config is not None else resolve_detector_dir(
+            path, model_kwargs.get("revision"), model_kwargs.get("token")
+        )
+        if detector_dir is not None:
+            config = GSCConfig.from_json_file(os.path.join(detector_dir, CONFIG_NAME))
+            if os.path.isfile(os.path.join(detector_dir, "config.json")):
+                base = detector_dir
+                model_kwargs.pop("revision", None)
+            else:
+                base = config.base_model_name_or_path
+                if base is None:
+                    raise ValueError(f"{path}/{CONFIG_NAME} names no base model and {path} holds no base weights")
+                model_kwargs["revision"] = config.base_model_revision
         else:
             base = path
             config = config or GSCConfig()
             overrides.setdefault("base_model_name_or_path", path)
             overrides.setdefault("base_model_revision", model_kwargs.get("revision"))
         model = AutoModelForImageClassification.from_pretrained(base, **model_kwargs)
-        return cls(model, config, **overrides)
+        detector = cls(model, config, **overrides)
+        detector.image_processor = _load_image_processor(base, model_kwargs)
+        if detector_dir is not None:
+            detector.load_state_dict_from_dir(detector_dir)
+        return detector
+
+    def state_dict_for_saving(self) -> dict[str, torch.Tensor]:
+        """Fitted tensors of the detector (none for plain GSC), saved as safetensors."""
+        return {}
+
+    def load_state_dict_from_dir(self, directory: str | os.PathLike) -> None:
+        """Counterpart of :meth:`state_dict_for_saving`; plain GSC has nothing to load."""
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        save_base_model: bool = False,
+        results_dir: str | os.PathLike | None = None,
+    ) -> str:
+        """Write ``gsc_config.json``, fitted state, a model card, and optionally the base weights and results."""
+        from .hub import save_detector
+
+        return str(save_detector(self, save_directory, save_base_model=save_base_model, results_dir=results_dir))
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        private: bool = False,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        save_base_model: bool = False,
+        results_dir: str | os.PathLike | None = None,
+        commit_message: str = "Upload GSC detector",
+    ) -> str:
+        """Upload the detector (as :meth:`save_pretrained` writes it) to ``repo_id``; returns the commit URL."""
+        from .hub import push_detector
+
+        return push_detector(self, repo_id, private, revision, token, save_base_model, results_dir, commit_message)
 
     def train(self, mode: bool = True) -> "GSCForImageClassification":
         """The wrapper may be put in train mode; the base model always stays in eval mode."""
