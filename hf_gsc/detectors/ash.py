@@ -1,0 +1,122 @@
+"""ASH: activation shaping, variants P (prune), B (binarise), S (scale) (Djurisic et al., ICLR 2023)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..scores import energy_score
+from ..split_points import resolve_split_point, validate_split_point_name
+from .base import register_detector
+from .common import BaselineDetector
+
+ASH_VARIANTS: tuple[str, ...] = ("p", "b", "s")
+
+#: The percentile of the authors' code and paper (ASH-P/B/S at 90 on CIFAR, ASH-S at 90 on ImageNet ResNet-50).
+DEFAULT_PERCENTILE = 90.0
+#: Where the authors changed it for an architecture: ``config/vit_config.yml`` runs ``ash_s@95`` on ViT.
+ARCHITECTURE_PERCENTILES: dict[tuple[str, str], float] = {("vit", "s"): 95.0}
+
+
+def ash_keep_count(num_activations: int, percentile: float) -> int:
+    """``n - round(n * p / 100)``: how many of a sample's ``n`` activations ASH keeps (authors' code)."""
+    return num_activations - int(round(num_activations * percentile / 100.0))
+
+
+def ash_shape(features: torch.Tensor, variant: str, percentile: float) -> torch.Tensor:
+    """Activation shaping of each row of ``features`` ``(B, n)``, as ``ash_p`` / ``ash_b`` / ``ash_s`` of the ASH code.
+
+    All variants keep the ``k = n - round(n p / 100)`` largest activations of a sample and zero the rest;
+    then
+        p: keep their values;
+        b: give each of them ``s1 / k``, ``s1`` = the sample's sum of activations before pruning;
+        s: multiply the pruned sample by ``exp(s1 / s2)``, ``s2`` = its sum after pruning (a sample
+           whose ``s2`` is 0 is left pruned, unscaled, instead of becoming NaN).
+    Returns:
+        ``(B, n)``.
+    """
+    if variant not in ASH_VARIANTS:
+        raise ValueError(f"ASH variant must be one of {ASH_VARIANTS}, got {variant!r}")
+    k = ash_keep_count(features.shape[1], percentile)
+    if k < 1:
+        raise ValueError(f"ASH at percentile {percentile} keeps no activation of {features.shape[1]}; lower the percentile")
+    s1 = features.sum(dim=1, keepdim=True)
+    values, index = torch.topk(features, k, dim=1)
+    if variant == "b":
+        values = (s1 / k).expand_as(values)
+    shaped = torch.zeros_like(features).scatter(1, index, values)
+    if variant == "s":
+        s2 = shaped.sum(dim=1, keepdim=True)
+        scale = torch.where(s2 != 0, s1 / torch.where(s2 != 0, s2, torch.ones_like(s2)), torch.zeros_like(s2))
+        shaped = shaped * torch.exp(scale)
+    return shaped
+
+
+def default_ash_percentile(model: nn.Module, variant: str) -> float:
+    """The authors' percentile for this architecture and variant (90 unless they changed it)."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return ARCHITECTURE_PERCENTILES.get((model_type, variant), DEFAULT_PERCENTILE)
+
+
+class ASHDetector(BaselineDetector):
+    """Energy of the logits recomputed through the head from the ASH-shaped activation.
+
+    Djurisic, Bozanic, Ashok, Liu, "Extremely Simple Activation Shaping for Out-of-Distribution
+    Detection", ICLR 2023 (code: github.com/andrijazz/ash). No fitting: the threshold is per sample.
+
+    Where: the authors shape the activation that feeds the classifier, after global average pooling for
+    ResNet and on the ``[CLS]`` token after the final LayerNorm for ViT; that is ``split_point =
+    "penultimate"`` here (the input of the last ``nn.Linear``) for every architecture. For ConvNeXt the
+    authors shape before the final LayerNorm, which this split does not reproduce.
+    ``split_point="final_encoder_output"`` shapes the whole last feature map (before pooling) instead.
+
+    Hyperparameters:
+        percentile: ``None`` = the authors' value: 90 (their CIFAR and ImageNet ResNet-50 ASH-S setting),
+            95 for ASH-S on ViT (their ``vit_config.yml``).
+        split_point: ``"penultimate"``.
+    """
+
+    variant: ClassVar[str]
+    defaults = {"percentile": None, "split_point": "penultimate"}
+
+    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
+        if hyperparameters.get("percentile") is None:
+            hyperparameters["percentile"] = default_ash_percentile(model, self.variant)
+        super().__init__(model, **hyperparameters)
+        self.split = resolve_split_point(self.model, self.hyperparameters["split_point"])
+
+    def validate(self) -> None:
+        self._number("percentile", 0.0, 100.0)
+        validate_split_point_name(self.hyperparameters["split_point"])
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        features = self.split.features(pixel_values)
+        shaped = ash_shape(features.flatten(1), self.variant, self.hyperparameters["percentile"]).view_as(features)
+        with torch.no_grad():
+            return energy_score(self.split.head(shaped, pixel_values))
+
+
+@register_detector
+class ASHPDetector(ASHDetector):
+    """ASH-P: prune all but the top ``100 - percentile`` % activations (see :class:`ASHDetector`)."""
+
+    name = "ash_p"
+    variant = "p"
+
+
+@register_detector
+class ASHBDetector(ASHDetector):
+    """ASH-B: prune, then binarise the kept activations to ``s1 / k`` (see :class:`ASHDetector`)."""
+
+    name = "ash_b"
+    variant = "b"
+
+
+@register_detector
+class ASHSDetector(ASHDetector):
+    """ASH-S: prune, then scale by ``exp(s1 / s2)`` (see :class:`ASHDetector`)."""
+
+    name = "ash_s"
+    variant = "s"

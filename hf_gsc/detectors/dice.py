@@ -1,0 +1,57 @@
+"""DICE: directed sparsification of the last layer (Sun & Li, ECCV 2022)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..features import ClassStatistics, LinearHead, check_fit_samples, percentile
+from ..scores import energy_score
+from .base import register_detector
+from .common import FittedDetector
+
+
+def dice_mask(weight: torch.Tensor, mean_features: torch.Tensor, sparsity: float) -> torch.Tensor:
+    """Keep the weights whose contribution ``V = mean_F * W`` (``(K, D)``) exceeds its ``sparsity``-th percentile."""
+    contribution = mean_features.to(weight.dtype)[None, :] * weight
+    return contribution > percentile(contribution, sparsity)
+
+
+def dice_logits(features: torch.Tensor, head: LinearHead, mask: torch.Tensor) -> torch.Tensor:
+    """``(W * M) F + b``: logits through the sparsified weight. ``(B, D) -> (B, K)``."""
+    return LinearHead(head.weight * mask, head.bias)(features)
+
+
+@register_detector
+class DICEDetector(FittedDetector):
+    """Energy of the logits through the DICE-sparsified classifier weight.
+
+    Sun & Li, "DICE: Leveraging Sparsification for Out-of-Distribution Detection", ECCV 2022 (code:
+    github.com/deeplearning-wisc/dice). The contribution matrix ``V = E_train[F] * W`` uses the mean
+    penultimate feature of the ID training data; weights with ``V`` at or below the ``sparsity``-th
+    percentile of ``V`` are set to zero.
+
+    Hyperparameters:
+        sparsity: ``p = 90`` (the paper's CIFAR setting; 70 for ImageNet).
+    """
+
+    name = "dice"
+    defaults = {"sparsity": 90.0}
+    state_names = ("mean_features",)
+
+    def validate(self) -> None:
+        self._number("sparsity", 0.0, 100.0)
+
+    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        statistics = ClassStatistics(num_classes=1)
+        for features, labels in stream:
+            statistics.update(features, torch.zeros_like(labels))
+        check_fit_samples(self.name, statistics.count, 1, "the mean ID feature")
+        self.mean_features = statistics.class_sums[0] / statistics.count
+
+    def _prepare(self) -> None:
+        self.mask = dice_mask(self.head.weight, self.mean_features, self.hyperparameters["sparsity"])
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return energy_score(dice_logits(self.features(pixel_values), self.head, self.mask))

@@ -1,0 +1,29 @@
+"""GEM: Gaussian mixture energy (Morteza & Li, AAAI 2022)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..features import mahalanobis_distances
+from .base import register_detector
+from .mahalanobis import TiedGaussianDetector
+
+
+def gem_score(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """``log sum_c exp(-1/2 (F - mu_c)^T Sigma^-1 (F - mu_c))``: ``(B, D) -> (B,)``, float64."""
+    return torch.logsumexp(-0.5 * mahalanobis_distances(features, class_means, precision), dim=1)
+
+
+@register_detector
+class GEMDetector(TiedGaussianDetector):
+    """Log-sum-exp over classes of ``-1/2`` squared Mahalanobis distances, :func:`gem_score`.
+
+    Morteza & Li, "Provable Guarantees for Understanding Out-of-distribution Detection", AAAI 2022.
+    Class means and the tied covariance are fitted on the ID training data exactly as for
+    ``mahalanobis`` (penultimate feature, true labels).
+    """
+
+    name = "gem"
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return gem_score(self.features(pixel_values), self.class_means, self.precision)

@@ -1,0 +1,49 @@
+"""GradNorm: norm of the last-layer gradient of the KL divergence to uniform (Huang, Geng & Li, NeurIPS 2021)."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import register_detector
+from .common import PenultimateDetector
+
+
+def gradnorm_score(features: torch.Tensor, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``||dL/dW||_1`` per sample, in closed form: ``(1/T) * sum_k |K p_k - 1| * sum_j |F_j|``.
+
+    ``L = -sum_k log softmax(y / T)_k`` (the authors' code: cross entropy against an all-ones target,
+    ``K`` times ``KL(u || softmax)`` up to a constant), ``y = W F + b``. Then ``dL/dy_k = (K p_k - 1) / T``
+    and ``dL/dW = (dL/dy) F^T``, whose entrywise L1 norm factorises.
+
+    Args:
+        features: ``F``, ``(B, D)``. logits: ``y``, ``(B, K)``.
+    Returns:
+        ``(B,)``.
+    """
+    probabilities = torch.softmax(logits / temperature, dim=-1)
+    num_classes = logits.shape[-1]
+    return (num_classes * probabilities - 1).abs().sum(dim=-1) * features.abs().sum(dim=-1) / temperature
+
+
+@register_detector
+class GradNormDetector(PenultimateDetector):
+    """L1 norm of the per-sample gradient of the KL divergence to the uniform distribution with respect to
+    the classifier weight, :func:`gradnorm_score` (closed form; no backward pass).
+
+    Huang, Geng, Li, "On the Importance of Gradients for Detecting Distributional Shifts in the Wild",
+    NeurIPS 2021 (code: github.com/deeplearning-wisc/gradnorm_ood). Only the weight gradient counts, not
+    the bias, as in the code. No fitting.
+
+    Hyperparameters:
+        temperature: ``T = 1`` (the paper's setting).
+    """
+
+    name = "gradnorm"
+    defaults = {"temperature": 1.0}
+
+    def validate(self) -> None:
+        self._number("temperature", 0.0, low_open=True)
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        features = self.features(pixel_values)
+        return gradnorm_score(features, self.head(features), self.hyperparameters["temperature"])

@@ -1,0 +1,84 @@
+"""GSC + ASH: Gradient Short-Circuit applied to the ASH-shaped feature (the paper's "GSC + ASH" row)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..config import GSCConfig
+from ..modeling import GSCForImageClassification
+from ..split_points import SplitPoint
+from .ash import ASH_VARIANTS, ash_shape, default_ash_percentile
+from .base import register_detector
+from .common import BaselineDetector
+
+#: The ``GSCConfig`` fields that are method settings (not calibration or provenance).
+GSC_SETTINGS = (
+    "split_point", "mask_ratio", "selection", "operation", "alpha", "clip_bound", "beta",
+    "approximation", "score", "temperature", "seed",
+)
+
+
+@dataclass
+class ShapedSplitPoint(SplitPoint):
+    """A split point whose feature is shaped on the way out: ``features(x) = shaping(F(x))``; same head."""
+
+    shaping: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        features = super().features(pixel_values)
+        return self.shaping(features.flatten(1)).view_as(features)
+
+
+@register_detector
+class GSCASHDetector(BaselineDetector):
+    """GSC on the ASH-shaped feature: ``F -> F_ash = ASH(F) -> GSC(F_ash) -> energy``.
+
+    Exactly: ``F`` is taken at the GSC split point; ASH (:func:`hf_gsc.detectors.ash.ash_shape`, per
+    sample, variant ``ash_variant`` at ``ash_percentile``) replaces it by ``F_ash``; then
+    :class:`hf_gsc.GSCForImageClassification` runs unchanged with ``F_ash`` as the feature: the gradient
+    ``g = d y_c / dF`` of the predicted logit is taken at ``F_ash``, the top ``mask_ratio`` of ``|g|``
+    is short-circuited in ``F_ash``, the logits are updated (``approximation``) and scored (``score``,
+    energy by default). The split point defaults to ``"penultimate"``, where ASH is applied in the
+    ASH authors' code (see ``ash_s``); with its linear head the first-order update is exact.
+
+    Hyperparameters:
+        ash_variant: ``"s"`` (ASH-S, the ASH authors' recommended variant; the paper describes its
+            GSC + ASH row as adding "activation scaling").
+        ash_percentile: ``None`` = the ASH authors' value for the architecture (see ``ash_s``).
+        the ``GSCConfig`` settings (:data:`GSC_SETTINGS`): ``split_point`` (``"penultimate"``), ``mask_ratio`` (0.05),
+            ``operation``, ``approximation``, ``score``, ... with ``GSCConfig`` defaults.
+    """
+
+    name = "gsc_ash"
+    defaults = {
+        "ash_variant": "s",
+        "ash_percentile": None,
+        **{f.name: f.default for f in dataclasses.fields(GSCConfig) if f.name in GSC_SETTINGS},
+        "split_point": "penultimate",
+    }
+
+    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
+        variant = hyperparameters.get("ash_variant", self.defaults["ash_variant"])
+        if hyperparameters.get("ash_percentile") is None:
+            hyperparameters["ash_percentile"] = default_ash_percentile(model, variant)
+        super().__init__(model, **hyperparameters)
+        gsc_fields = {k: v for k, v in self.hyperparameters.items() if k in GSC_SETTINGS}
+        self.detector = GSCForImageClassification(model, GSCConfig(**gsc_fields))
+        split = self.detector.split_point
+        self.detector.split_point = ShapedSplitPoint(
+            **{f.name: getattr(split, f.name) for f in dataclasses.fields(SplitPoint)},
+            shaping=lambda f: ash_shape(f, variant, self.hyperparameters["ash_percentile"]),
+        )
+
+    def validate(self) -> None:
+        if self.hyperparameters["ash_variant"] not in ASH_VARIANTS:
+            raise ValueError(f"gsc_ash: ash_variant must be one of {ASH_VARIANTS}, got {self.hyperparameters['ash_variant']!r}")
+        self._number("ash_percentile", 0.0, 100.0)
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.detector(pixel_values).ood_score

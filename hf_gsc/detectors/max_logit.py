@@ -1,0 +1,23 @@
+"""MaxLogit: the largest logit (Hendrycks et al., ICML 2022)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..scores import max_logit_score
+from .base import register_detector
+from .common import BaselineDetector
+
+
+@register_detector
+class MaxLogitDetector(BaselineDetector):
+    """``max_k y_k`` of the base model's logits ``y``.
+
+    Hendrycks, Basart, Mazeika, Zou, Kwon, Mostajabi, Steinhardt, Song, "Scaling Out-of-Distribution
+    Detection for Real-World Settings", ICML 2022. No hyperparameters, no fitting.
+    """
+
+    name = "max_logit"
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return max_logit_score(self.logits(pixel_values))

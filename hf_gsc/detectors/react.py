@@ -1,0 +1,47 @@
+"""ReAct: rectified activations (Sun, Guo & Li, NeurIPS 2021)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..features import LinearHead, check_fit_samples, collect_features, percentile
+from ..scores import energy_score
+from .base import register_detector
+from .common import FittedDetector
+
+
+def react_logits(features: torch.Tensor, head: LinearHead, clip: float | torch.Tensor) -> torch.Tensor:
+    """``W min(F, c) + b``: the penultimate feature clipped from above at ``c``. ``(B, D) -> (B, K)``."""
+    return head(features.clamp(max=float(clip)))
+
+
+@register_detector
+class ReActDetector(FittedDetector):
+    """Energy of the logits of the clipped penultimate feature, :func:`react_logits`.
+
+    Sun, Guo, Li, "ReAct: Out-of-distribution Detection With Rectified Activations", NeurIPS 2021
+    (code: github.com/deeplearning-wisc/react). The threshold ``c`` is the ``percentile``-th percentile
+    of all penultimate activations of the ID fitting data (``np.percentile(activations.flatten(), 90)``
+    in the authors' code); here fitted on ID *validation* data, never test.
+
+    Hyperparameters:
+        percentile: ``90`` (the paper's default).
+    """
+
+    name = "react"
+    fit_split = "validation"
+    defaults = {"percentile": 90.0}
+    state_names = ("threshold",)
+
+    def validate(self) -> None:
+        self._number("percentile", 0.0, 100.0)
+
+    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        features, _ = collect_features(stream)
+        check_fit_samples(self.name, features.shape[0], 1, "a percentile of ID activations")
+        self.threshold = torch.tensor([percentile(features, self.hyperparameters["percentile"])], dtype=torch.float64)
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return energy_score(react_logits(self.features(pixel_values), self.head, self.threshold.item()))

@@ -1,0 +1,44 @@
+"""SHE: simplified Hopfield energy with stored class patterns (Zhang et al., ICLR 2023)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..features import ClassStatistics, LinearHead, check_fit_samples
+from .base import register_detector
+from .common import FittedDetector
+
+
+def she_score(features: torch.Tensor, head: LinearHead, patterns: torch.Tensor) -> torch.Tensor:
+    """``<F, S_c>`` with ``c = argmax(W F + b)`` the predicted class and ``S_c`` its stored pattern, ``(B,)``."""
+    predicted = head(features).argmax(dim=-1)
+    return (features.to(patterns.dtype) * patterns[predicted]).sum(dim=-1)
+
+
+@register_detector
+class SHEDetector(FittedDetector):
+    """Inner product of the feature with the stored pattern of its predicted class, :func:`she_score`.
+
+    Zhang, Fu, Chen, Liu, Jiang, Zhou, Huang, "Out-of-Distribution Detection based on In-Distribution
+    Data Patterns Memorization with Modern Hopfield Energy", ICLR 2023 (and OpenOOD's
+    ``SHEPostprocessor``, inner-product metric). The stored pattern of class ``c`` is the mean
+    penultimate feature of the ID training samples of class ``c`` that the model classifies correctly;
+    every class needs at least one.
+    """
+
+    name = "she"
+    state_names = ("patterns",)
+
+    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        statistics = ClassStatistics(self.head.num_classes)
+        seen = 0
+        for features, labels in stream:
+            seen += features.shape[0]
+            statistics.update(features, labels, keep=self.head(features).argmax(dim=-1) == labels)
+        check_fit_samples(self.name, seen, self.head.num_classes, "one correctly classified sample per class")
+        self.patterns = statistics.class_means(self.name, "correctly classified sample")
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return she_score(self.features(pixel_values), self.head, self.patterns)

@@ -1,0 +1,85 @@
+"""ViM: virtual-logit matching (Wang, Li, Feng & Zhang, CVPR 2022)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..features import LinearHead, check_fit_samples, collect_features
+from ..scores import energy_score
+from .base import register_detector
+from .common import FittedDetector
+
+
+def vim_principal_dim(feature_dim: int) -> int:
+    """The authors' choice: 1000 if ``D >= 2048``, 512 if ``D >= 768``, else ``D // 2``."""
+    if feature_dim >= 2048:
+        return 1000
+    if feature_dim >= 768:
+        return 512
+    return feature_dim // 2
+
+
+def vim_origin(head: LinearHead) -> torch.Tensor:
+    """``u = -pinv(W) b``, ``(D,)``: the feature-space origin that makes the logits bias-free."""
+    return -(torch.linalg.pinv(head.weight.double()) @ head.bias.double())
+
+
+def vim_residual_space(features: torch.Tensor, origin: torch.Tensor, principal_dim: int) -> torch.Tensor:
+    """``(D, D - principal_dim)``: eigenvectors of ``E[(F - u)(F - u)^T]`` beyond the ``principal_dim`` largest."""
+    centred = features.double() - origin
+    covariance = centred.T @ centred / centred.shape[0]
+    eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
+    order = torch.argsort(eigenvalues, descending=True)
+    return eigenvectors[:, order[principal_dim:]].contiguous()
+
+
+def vim_residual_norm(features: torch.Tensor, origin: torch.Tensor, residual_space: torch.Tensor) -> torch.Tensor:
+    """``||(F - u) R||_2``: norm of the feature's component outside the principal space, ``(B,)``."""
+    return ((features.double() - origin) @ residual_space).norm(dim=-1)
+
+
+def vim_score(
+    features: torch.Tensor, head: LinearHead, origin: torch.Tensor, residual_space: torch.Tensor, alpha: float
+) -> torch.Tensor:
+    """``logsumexp(W F + b) - alpha ||(F - u) R||``: energy minus the scaled virtual logit, ``(B,)``."""
+    return energy_score(head(features.double())) - alpha * vim_residual_norm(features, origin, residual_space)
+
+
+@register_detector
+class ViMDetector(FittedDetector):
+    """Energy minus ``alpha`` times the residual norm of the feature, :func:`vim_score`.
+
+    Wang, Li, Feng, Zhang, "ViM: Out-Of-Distribution with Virtual-logit Matching", CVPR 2022 (code:
+    github.com/haoqiwang/vim). On the ID training data: the origin ``u = -pinv(W) b``, the principal
+    space of dimension :func:`vim_principal_dim` of the uncentred (about ``u``) feature covariance,
+    and ``alpha = mean(max logit) / mean(residual norm)``.
+
+    Hyperparameters:
+        principal_dim: ``None`` = the authors' rule :func:`vim_principal_dim`.
+    """
+
+    name = "vim"
+    defaults = {"principal_dim": None}
+    state_names = ("origin", "residual_space", "alpha")
+
+    def validate(self) -> None:
+        if self.hyperparameters["principal_dim"] is not None:
+            self._integer("principal_dim", 1)
+
+    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        features, _ = collect_features(stream)
+        dim = self.head.feature_dim
+        principal_dim = self.hyperparameters["principal_dim"] or vim_principal_dim(dim)
+        if not principal_dim < dim:
+            raise ValueError(f"vim: principal_dim must be < the feature dim {dim}, got {principal_dim}")
+        check_fit_samples(self.name, features.shape[0], dim, "feature dim, for the feature covariance")
+        self.origin = vim_origin(self.head)
+        self.residual_space = vim_residual_space(features, self.origin, principal_dim)
+        max_logit = self.head(features.double()).amax(dim=-1).mean()
+        residual = vim_residual_norm(features, self.origin, self.residual_space).mean()
+        self.alpha = (max_logit / residual).reshape(1)
+
+    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return vim_score(self.features(pixel_values), self.head, self.origin, self.residual_space, self.alpha.item())

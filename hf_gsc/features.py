@@ -1,0 +1,168 @@
+"""Penultimate features and the linear classifier head, streamed batch by batch, for the baselines.
+
+Every feature-space baseline (Mahalanobis, KNN, ViM, ...) reads the same two things:
+
+* ``F``: the *penultimate* feature, the input of the model's last ``nn.Linear`` (its classifier),
+  ``(B, D)``, computed without gradient by :func:`hf_gsc.split_points.resolve_split_point`;
+* the head ``logits = F @ W.T + b`` (:class:`LinearHead`).
+
+Fitting data arrive as an iterable of ``(pixel_values, labels)`` batches; :func:`penultimate_features`
+turns them into ``(features, labels)`` batches one at a time, so the image set is never held in memory.
+Statistics are accumulated in float64 (:class:`ClassStatistics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from .split_points import SplitPoint, resolve_split_point
+
+
+@dataclass(frozen=True)
+class LinearHead:
+    """The classifier ``logits = features @ weight.T + bias``.
+
+    Attributes:
+        weight: ``(K, D)``. bias: ``(K,)`` (zeros when the linear layer has none).
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+    @property
+    def num_classes(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def feature_dim(self) -> int:
+        return self.weight.shape[1]
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        """``(B, D) -> (B, K)``."""
+        return torch.nn.functional.linear(features, self.weight.to(features.dtype), self.bias.to(features.dtype))
+
+
+def penultimate_split(model: nn.Module) -> SplitPoint:
+    """The split point at the input of the last ``nn.Linear`` (features ``(B, D)``)."""
+    return resolve_split_point(model, "penultimate")
+
+
+def linear_head(model: nn.Module) -> LinearHead:
+    """Weight and bias of the model's last ``nn.Linear``, detached (the model stays frozen)."""
+    linear = model.get_submodule(penultimate_split(model).module_path)
+    bias = linear.bias if linear.bias is not None else torch.zeros(linear.out_features, dtype=linear.weight.dtype)
+    return LinearHead(linear.weight.detach(), bias.detach())
+
+
+def penultimate_features(
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Stream ``(pixel_values, labels)`` batches into ``(features (B, D), labels (B,))`` batches."""
+    split = penultimate_split(model)
+    for pixel_values, labels in batches:
+        features = split.features(pixel_values).flatten(1)
+        yield features, torch.as_tensor(labels).reshape(-1).long()
+
+
+def collect_features(stream: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate a feature stream into ``features (N, D)`` and ``labels (N,)`` (features, not images)."""
+    features, labels = [], []
+    for batch_features, batch_labels in stream:
+        features.append(batch_features.detach().clone())
+        labels.append(batch_labels.detach().clone())
+    if not features:
+        return torch.empty(0, 0), torch.empty(0, dtype=torch.long)
+    return torch.cat(features), torch.cat(labels)
+
+
+class NotEnoughSamplesError(ValueError):
+    """Raised when a detector is fitted on fewer samples than its statistics need."""
+
+
+def check_fit_samples(method: str, got: int, needed: int, reason: str) -> None:
+    """Raise :class:`NotEnoughSamplesError` unless ``got >= needed``."""
+    if got < needed:
+        raise NotEnoughSamplesError(
+            f"detector {method!r} needs at least {needed} ID fitting samples ({reason}), got {got}"
+        )
+
+
+def check_labels(labels: torch.Tensor, num_classes: int) -> None:
+    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(
+            f"fitting labels must be class indices in [0, {num_classes}), got range "
+            f"[{int(labels.min())}, {int(labels.max())}]"
+        )
+
+
+class ClassStatistics:
+    """Streaming per-class sums (and optionally the sum of outer products) of features, in float64.
+
+    Args:
+        num_classes: ``K``.
+        second_moment: also accumulate ``sum_i x_i x_i^T`` for a tied covariance.
+    """
+
+    def __init__(self, num_classes: int, second_moment: bool = False) -> None:
+        self.num_classes = num_classes
+        self.second_moment = second_moment
+        self.count = 0
+        self.class_counts = torch.zeros(num_classes, dtype=torch.float64)
+        self.class_sums: torch.Tensor | None = None
+        self.outer: torch.Tensor | None = None
+
+    def update(self, features: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """Add a batch; ``keep`` (``(B,)`` bool) selects the rows that count."""
+        check_labels(labels, self.num_classes)
+        features = features.detach().to(torch.float64)
+        if keep is not None:
+            features, labels = features[keep], labels[keep]
+        if self.class_sums is None:
+            self.class_sums = torch.zeros(self.num_classes, features.shape[1], dtype=torch.float64)
+            if self.second_moment:
+                self.outer = torch.zeros(features.shape[1], features.shape[1], dtype=torch.float64)
+        self.count += features.shape[0]
+        self.class_counts += torch.bincount(labels, minlength=self.num_classes).double()
+        self.class_sums.index_add_(0, labels, features)
+        if self.outer is not None:
+            self.outer += features.T @ features
+
+    def class_means(self, method: str, what: str = "sample") -> torch.Tensor:
+        """``(K, D)``; raises when a class has no sample (its mean would be undefined)."""
+        empty = (self.class_counts == 0).nonzero().flatten().tolist()
+        if self.class_sums is None or empty:
+            raise ValueError(f"detector {method!r} needs at least one ID {what} of every class; classes {empty or 'all'} have none")
+        return self.class_sums / self.class_counts[:, None]
+
+    def tied_covariance(self, method: str) -> torch.Tensor:
+        """Within-class covariance shared by all classes, ``(1/N) sum_i (x_i - mu_{y_i})(x_i - mu_{y_i})^T``.
+
+        Same estimate as ``sklearn.covariance.EmpiricalCovariance`` fitted on class-centred features,
+        as in Lee et al. (2018)'s code.
+        """
+        if self.outer is None:
+            raise RuntimeError("ClassStatistics was built without second_moment=True")
+        means = self.class_means(method)
+        between = (means * self.class_counts[:, None]).T @ means
+        return (self.outer - between) / self.count
+
+
+def tied_precision(covariance: torch.Tensor) -> torch.Tensor:
+    """Pseudo-inverse of a symmetric covariance (``sklearn``'s ``pinvh``), float64."""
+    return torch.linalg.pinv(covariance.double(), hermitian=True)
+
+
+def mahalanobis_distances(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """Squared Mahalanobis distance to every class mean, ``(B, D) -> (B, K)``, float64."""
+    centred = features.double()[:, None, :] - class_means.double()[None, :, :]
+    return torch.einsum("bkd,de,bke->bk", centred, precision.double(), centred)
+
+
+def percentile(values: torch.Tensor, q: float) -> float:
+    """``numpy.percentile(values, q)`` (linear interpolation) over all elements."""
+    return float(np.percentile(values.detach().double().cpu().numpy().ravel(), q))
