@@ -1,0 +1,315 @@
+"""OOD evaluation: calibration, score cache / resume, bad input, and 1 vs 2 processes (accelerate launch).
+
+Everything runs on a tiny random 1-channel ViT and small in-memory datasets whose sizes (train 23,
+validation 13, test 17, OOD 11 and 9) do not divide evenly by the batch size or the process count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hf_gsc.evaluation import runner
+from hf_gsc.evaluation.calibration import calibrate_threshold, true_positive_rate
+from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "evaluate_ood.py"
+SIZES = {"train": 23, "validation": 13, "test": 17}
+OOD_SIZES = {"noise": 11, "flat": 9}
+
+
+def _images(rng: np.random.Generator, n: int, kind: str) -> list:
+    from PIL import Image
+
+    out = []
+    for i in range(n):
+        if kind == "id":  # a bright horizontal band whose position is the class
+            array = rng.integers(0, 40, (16, 16))
+            band = i % 3
+            array[band * 5 : band * 5 + 5, :] += 180
+        elif kind == "noise":
+            array = rng.integers(0, 256, (16, 16))
+        else:
+            array = np.full((16, 16), rng.integers(0, 256))
+        out.append(Image.fromarray(array.clip(0, 255).astype(np.uint8), "L"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny ViT + image processor, an ID DatasetDict and two OOD datasets, all saved to disk."""
+    import datasets
+    from transformers import ViTConfig, ViTForImageClassification
+    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
+
+    root = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=16, patch_size=8, num_channels=1, hidden_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=32, num_labels=3)
+    ViTForImageClassification(config).save_pretrained(root / "model")
+    ViTImageProcessorPil(do_resize=True, size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5],
+                         do_convert_rgb=False).save_pretrained(root / "model")
+    rng = np.random.default_rng(0)
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+
+    def dataset(n: int, kind: str) -> datasets.Dataset:
+        labels = [i % 3 if kind == "id" else -1 for i in range(n)]
+        return datasets.Dataset.from_dict({"image": _images(rng, n, kind), "label": labels}, features=features)
+
+    datasets.DatasetDict({split: dataset(n, "id") for split, n in SIZES.items()}).save_to_disk(root / "id")
+    datasets.DatasetDict({"train": dataset(5, "id"), "test": dataset(5, "id")}).save_to_disk(root / "id_no_validation")
+    for name, n in OOD_SIZES.items():
+        dataset(n, name).save_to_disk(root / name)
+    return {"root": str(root), "model": str(root / "model"), "id": str(root / "id"),
+            "noise": str(root / "noise"), "flat": str(root / "flat")}
+
+
+def _methods() -> str:
+    from hf_gsc.detectors import DETECTORS
+
+    wanted = ["gsc", "msp", "energy", "react", "knn"]  # react fits on validation, knn on train
+    return ",".join(name for name in wanted if name in DETECTORS)
+
+
+def _argv(tiny: dict[str, str], output_dir: Path, *extra: str) -> list[str]:
+    argv = [
+        "--model", tiny["model"], "--id-dataset", tiny["id"],
+        "--ood-dataset", f"noise={tiny['noise']}", "--ood-dataset", f"flat={tiny['flat']}",
+        "--methods", _methods(), "--output-dir", str(output_dir), "--batch-size", "4", "--no-plots",
+        *extra,
+    ]
+    if "knn" in _methods():
+        argv += ["--hyperparameter", "knn.k=3"]
+    return argv
+
+
+def _numbers(results: dict) -> dict:
+    """The numbers that must not depend on the process count."""
+    return {"id_accuracy": results["id_accuracy"], "split_sizes": results["split_sizes"],
+            "methods": {name: {key: entry[key] for key in ("threshold", "id_tpr_at_threshold", "ood", "average")}
+                        for name, entry in results["methods"].items()}}
+
+
+def _assert_close(a, b, path: str = "") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            _assert_close(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6), f"{path}: {a} != {b}"
+    else:
+        assert a == b, path
+
+
+@pytest.fixture(scope="module")
+def single_run(tiny: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    output_dir = tmp_path_factory.mktemp("single")
+    results = runner.run_evaluation(_argv(tiny, output_dir))
+    return output_dir, results
+
+
+# ------------------------------------------------------------------------------------- calibration
+def test_calibrate_threshold_matches_fpr95_rule() -> None:
+    scores = np.random.default_rng(0).normal(size=101)
+    threshold = calibrate_threshold(torch.from_numpy(scores), tpr=0.95)
+    assert threshold == threshold_at_tpr(scores, 0.95)
+    assert true_positive_rate(scores, threshold) >= 0.95
+    assert true_positive_rate(scores, np.nextafter(threshold, np.inf)) < 0.95
+    assert calibrate_threshold([3.0, 3.0, 3.0], 0.5) == 3.0  # ties are kept
+    with pytest.raises(ValueError, match="tpr"):
+        calibrate_threshold(scores, 0.0)
+
+
+# ---------------------------------------------------------------------------------- results layout
+def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
+    output_dir, results = single_run
+    saved = json.loads((output_dir / "results.json").read_text())
+    assert saved["methods"].keys() == set(_methods().split(","))
+    assert saved["num_processes"] == 1
+    assert saved["split_sizes"] == {"id_test": 17, "id_validation": 13, "ood": OOD_SIZES,
+                                    "fit": {m: SIZES[runner._registered_methods()[m].fit_split]
+                                            for m in _methods().split(",") if runner._registered_methods()[m].needs_fit}}
+    assert 0.0 <= saved["id_accuracy"] <= 1.0
+    for name, entry in saved["methods"].items():
+        assert entry["calibration"] == {"split": "validation", "num_samples": 13, "tpr": 0.95}
+        assert 0.0 <= entry["id_tpr_at_threshold"] <= 1.0
+        assert set(entry["ood"]) == set(OOD_SIZES)
+        for metrics in [*entry["ood"].values(), entry["average"]]:
+            assert set(metrics) == set(METRIC_NAMES)
+            assert all(0.0 <= value <= 1.0 for value in metrics.values())
+        for split in ("id_test", "id_validation", "ood_noise", "ood_flat"):
+            assert (output_dir / "scores" / name / f"{split}.safetensors").is_file()
+    assert {"hf_gsc", "torch", "transformers", "datasets", "accelerate"} <= set(saved["versions"])
+    assert saved["config"]["batch_size"] == 4
+    table = (output_dir / "results.md").read_text()
+    assert "| Method | noise | flat | Average |" in table and "FPR95" in table
+
+
+def test_threshold_comes_from_validation_scores(single_run: tuple[Path, dict]) -> None:
+    from safetensors.torch import load_file
+
+    output_dir, results = single_run
+    for name, entry in results["methods"].items():
+        validation = load_file(str(output_dir / "scores" / name / "id_validation.safetensors"))["ood_score"]
+        test = load_file(str(output_dir / "scores" / name / "id_test.safetensors"))["ood_score"]
+        assert entry["threshold"] == calibrate_threshold(validation, 0.95)
+        assert entry["id_tpr_at_threshold"] == true_positive_rate(test, entry["threshold"])
+
+
+def test_plots_written(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path) -> None:
+    import shutil
+
+    output_dir = tmp_path / "plots_run"
+    shutil.copytree(single_run[0], output_dir)  # all scores cached: only the report and plots are made
+    argv = [arg for arg in _argv(tiny, output_dir) if arg != "--no-plots"]
+    runner.run_evaluation(argv)
+    for name in ("densities.png", "roc.png", "density_gsc.png", "roc_gsc.png"):
+        assert (output_dir / "plots" / name).stat().st_size > 1000
+
+
+# -------------------------------------------------------------------------------- cache and resume
+def test_rerun_reuses_cache_and_resumes_after_crash(
+    tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    output_dir = tmp_path / "resume"
+    shutil.copytree(single_run[0], output_dir)
+    scored: list[str] = []
+    real_score_split = runner.score_split
+
+    def spy(accelerator, dataloader, scorers, description=""):
+        scored.append(description.split(" ")[0])
+        return real_score_split(accelerator, dataloader, scorers, description)
+
+    monkeypatch.setattr(runner, "score_split", spy)
+    # 1. Everything cached: no split is scored again, same numbers.
+    again = runner.run_evaluation(_argv(tiny, output_dir))
+    assert scored == []
+    _assert_close(_numbers(again), _numbers(single_run[1]))
+
+    # 2. A crash while scoring ood_flat: the earlier splits are on disk, ood_flat is not.
+    shutil.rmtree(output_dir / "scores")
+
+    def crash(accelerator, dataloader, scorers, description=""):
+        if description.startswith("ood_flat"):
+            raise KeyboardInterrupt("simulated crash")
+        return spy(accelerator, dataloader, scorers, description)
+
+    monkeypatch.setattr(runner, "score_split", crash)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_evaluation(_argv(tiny, output_dir))
+    assert (output_dir / "scores" / "gsc" / "ood_noise.safetensors").is_file()
+    assert not (output_dir / "scores" / "gsc" / "ood_flat.safetensors").exists()
+
+    # 3. Resume: only the split lost in the crash is scored, plus one whose file was truncated.
+    scored.clear()
+    monkeypatch.setattr(runner, "score_split", spy)
+    truncated = output_dir / "scores" / "msp" / "id_validation.safetensors"
+    truncated.write_bytes(truncated.read_bytes()[:20])
+    resumed = runner.run_evaluation(_argv(tiny, output_dir))
+    assert sorted(scored) == ["id_validation", "ood_flat"]
+    _assert_close(_numbers(resumed), _numbers(single_run[1]))
+
+    # 4. Other settings invalidate only the affected method's files.
+    scored.clear()
+    argv = _argv(tiny, output_dir, "--mask-ratio", "0.2")
+    runner.run_evaluation(argv)
+    assert len(scored) == 4  # the 4 splits, for gsc only
+    assert json.loads((output_dir / "results.json").read_text())["methods"]["gsc"]["hyperparameters"]["mask_ratio"] == 0.2
+
+
+# ------------------------------------------------------------------------------------- bad input
+def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden(*args, **kwargs):
+        raise AssertionError("expensive work started before the input was checked")
+
+    monkeypatch.setattr(runner, "score_split", forbidden)
+    monkeypatch.setattr(runner, "fit_detectors", forbidden)
+    with pytest.raises(runner.InputError, match=match):
+        runner.run_evaluation(argv)
+
+
+def test_unknown_method(tiny, tmp_path, monkeypatch) -> None:
+    argv = _argv(tiny, tmp_path / "out")
+    argv[argv.index("--methods") + 1] = "gsc,not_a_method"
+    _fails_fast(argv, r"--methods: unknown method\(s\) 'not_a_method'; registered methods: .*msp", monkeypatch)
+
+
+def test_missing_validation_split(tiny, tmp_path, monkeypatch) -> None:
+    argv = _argv(tiny, tmp_path / "out")
+    argv[argv.index("--id-dataset") + 1] = str(Path(tiny["root"]) / "id_no_validation")
+    _fails_fast(argv, r"no 'validation' split, needed for ID validation \(threshold calibration\)", monkeypatch)
+
+
+def test_unknown_ood_split_of_benchmark(tiny, tmp_path, monkeypatch) -> None:
+    argv = ["--model", tiny["model"], "--benchmark", "fmnist-ood", "--ood-splits", "mnist,cifar10",
+            "--output-dir", str(tmp_path / "out")]
+    _fails_fast(argv, r"--ood-splits: 'cifar10' not in the ood_splits of fmnist-ood", monkeypatch)
+
+
+def test_output_dir_not_writable(tiny, tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    _fails_fast(_argv(tiny, blocker / "out"), r"--output-dir .* is not writable", monkeypatch)
+
+
+def test_model_without_known_split_point(tmp_path, tiny, monkeypatch) -> None:
+    from transformers import RegNetConfig, RegNetForImageClassification
+
+    model_dir = tmp_path / "regnet"
+    RegNetForImageClassification(
+        RegNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1], groups_width=8, num_labels=3)
+    ).save_pretrained(model_dir)
+    for name in ("preprocessor_config.json",):
+        (model_dir / name).write_text((Path(tiny["model"]) / name).read_text())
+    argv = _argv(tiny, tmp_path / "out")
+    argv[argv.index("--model") + 1] = str(model_dir)
+    _fails_fast(argv, r"--methods gsc: cannot build this detector on this model", monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "flag, value, match",
+    [("--max-samples", "0", "--max-samples must be a positive integer"),
+     ("--batch-size", "-1", "--batch-size must be a positive integer"),
+     ("--tpr", "1.5", r"--tpr must be in \(0, 1\]"),
+     ("--mask-ratio", "2", "GSC options: GSCConfig.mask_ratio"),
+     ("--hyperparameter", "odin", "expected METHOD.NAME=VALUE")],
+)
+def test_bad_numbers(tiny, tmp_path, monkeypatch, flag, value, match) -> None:
+    _fails_fast(_argv(tiny, tmp_path / "out", flag, value), match, monkeypatch)
+
+
+def test_cli_exit_status_and_message(tiny, tmp_path) -> None:
+    argv = _argv(tiny, tmp_path / "out")
+    argv[argv.index("--methods") + 1] = "nope"
+    result = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "evaluate_ood.py: error: --methods: unknown method(s) 'nope'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ----------------------------------------------------------------------------- 1 vs 2 processes
+def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path) -> None:
+    output_dir = tmp_path / "two"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), *_argv(tiny, output_dir)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = json.loads((output_dir / "results.json").read_text())
+    assert two["num_processes"] == 2
+    _assert_close(_numbers(two), _numbers(single_run[1]))
+    assert "| Method | noise | flat | Average |" in result.stdout  # the table is printed once
+    assert result.stdout.count("| Method | noise") == 1
