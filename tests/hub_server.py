@@ -49,9 +49,10 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 DEFAULT_USER = "user"
@@ -88,15 +89,15 @@ class Blob:
     def size(self) -> int:
         return len(self.content)
 
-    @property
+    @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.content).hexdigest()
 
-    @property
+    @cached_property
     def lfs_pointer(self) -> bytes:
         return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{self.sha256}\nsize {self.size}\n").encode()
 
-    @property
+    @cached_property
     def git_oid(self) -> str:
         """Git blob id: of the content for regular files, of the pointer file for LFS files (as on the Hub)."""
         return git_blob_sha1(self.lfs_pointer if self.lfs else self.content)
@@ -149,7 +150,7 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-cased names
     authorization: str | None
     status: int
-    handled: bool  # False when the server did not recognise the endpoint (answered 404/405)
+    handled: bool  # False when the server did not recognise the endpoint (404) or failed on it (500)
 
 
 class HubError(Exception):
@@ -183,6 +184,9 @@ class LoopbackHub:
             goes through LFS or xet. ``"auto"`` answers ``"lfs"`` for files matching ``LFS_PATTERNS`` or of at
             least ``lfs_threshold`` bytes; the client must then have xet disabled (``HF_HUB_DISABLE_XET=1``, which
             ``client_env``/``patch_client`` set) and uploads through the LFS batch API served here.
+        yaml_validator: ``f(readme_content, repo_type) -> list of error messages`` used by ``/api/validate-yaml``
+            (called by the client before committing a README.md). Default: accept everything. The real Hub
+            validates the YAML metadata (e.g. ``model-index``); plug e.g. a ``yaml.safe_load``-based check here.
     """
 
     def __init__(
@@ -192,6 +196,7 @@ class LoopbackHub:
         orgs: dict[str, list[str]] | None = None,
         lfs_mode: str = "never",
         lfs_threshold: int = 10 * 1024 * 1024,
+        yaml_validator: Callable[[str, str], list[str]] | None = None,
     ) -> None:
         if lfs_mode not in ("never", "auto"):
             raise ValueError("lfs_mode must be 'never' or 'auto'")
@@ -199,12 +204,14 @@ class LoopbackHub:
         self.orgs = {user: list(names) for user, names in (orgs or {}).items()}
         self.lfs_mode = lfs_mode
         self.lfs_threshold = lfs_threshold
+        self.yaml_validator = yaml_validator
         self.repos: dict[tuple[str, str], Repo] = {}
         self._lock = threading.RLock()
         self._log: list[RecordedRequest] = []
         self._log_lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._url: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -219,10 +226,10 @@ class LoopbackHub:
 
     @property
     def url(self) -> str:
-        if self._server is None:
-            raise RuntimeError("LoopbackHub is not started")
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        """``http://127.0.0.1:<port>`` (still the last address after ``stop()``, which then refuses connections)."""
+        if self._url is None:
+            raise RuntimeError("LoopbackHub was never started")
+        return self._url
 
     def start(self) -> "LoopbackHub":
         if self._server is not None:
@@ -231,6 +238,7 @@ class LoopbackHub:
         server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         server.daemon_threads = True
         self._server = server
+        self._url = "http://{}:{}".format(*server.server_address[:2])
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="loopback-hub", daemon=True
         )
@@ -304,13 +312,16 @@ class LoopbackHub:
         return env
 
     @contextlib.contextmanager
-    def patch_client(self, cache_dir: str | os.PathLike | None = None, token: str | None = None) -> Iterator[None]:
+    def patch_client(
+        self, cache_dir: str | os.PathLike | None = None, token: str | None = None, offline: bool = False
+    ) -> Iterator[None]:
         """Point an already-imported huggingface_hub (and transformers, which goes through it) at this server.
 
         Patches the import-time constants and the module-level ``HfApi`` used by ``huggingface_hub.create_repo``
         & co., forces telemetry/xet off and online mode, hides any token of the developer (env vars and token
         file) and sets ``HF_TOKEN`` to ``token`` if given. Everything is restored on exit.
-        ``cache_dir`` becomes the default download cache (``HF_HUB_CACHE``) when given.
+        ``cache_dir`` becomes the default download cache (``HF_HUB_CACHE``) when given. ``offline=True`` turns
+        on huggingface_hub's offline mode (what ``HF_HUB_OFFLINE=1`` does at import time) instead.
         """
         from huggingface_hub import constants, hf_api
         from urllib.parse import urlsplit as _urlsplit
@@ -322,7 +333,7 @@ class LoopbackHub:
             (constants, "HF_URL_HOSTS", frozenset(constants.HF_URL_HOSTS | {_urlsplit(self.url).hostname})),
             (constants, "HF_HUB_DISABLE_TELEMETRY", True),
             (constants, "HF_HUB_DISABLE_XET", True),
-            (constants, "HF_HUB_OFFLINE", False),
+            (constants, "HF_HUB_OFFLINE", offline),
             (constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", token is None),
             (constants, "HF_TOKEN_PATH", os.path.join(tempfile.gettempdir(), f"loopback-hub-no-token-{uuid.uuid4().hex}")),
             (hf_api.api, "endpoint", self.url),
@@ -488,7 +499,11 @@ class LoopbackHub:
         if segs == ["agent-harnesses"] and method == "GET":
             return _json({"harnesses": []})
         if segs == ["validate-yaml"] and method == "POST":
-            return _json({"errors": [], "warnings": []})
+            payload = _load_json(body)
+            errors = []
+            if self.yaml_validator is not None:
+                errors = list(self.yaml_validator(str(payload.get("content", "")), payload.get("repoType") or "model"))
+            return _json({"errors": [{"message": m} for m in errors], "warnings": []}, status=400 if errors else 200)
         if segs == ["repos", "create"] and method == "POST":
             return self._create_repo(_load_json(body), user)
         if segs == ["repos", "delete"] and method == "DELETE":
@@ -856,4 +871,4 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(content)
 
-    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _handle
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _handle

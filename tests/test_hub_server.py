@@ -25,6 +25,8 @@ from huggingface_hub import HfApi, hf_hub_download, snapshot_download  # noqa: E
 from huggingface_hub import constants as hf_constants  # noqa: E402
 from huggingface_hub.errors import (  # noqa: E402
     HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
@@ -50,6 +52,14 @@ def api(hub, tmp_path):
 
 def _no_proxy_opener():
     return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _folder(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "folder"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
 
 
 def _tiny_vit_dir(tmp_path: Path):
@@ -189,6 +199,64 @@ def test_branch_revisions_and_errors(hub, api, tmp_path):
     with pytest.raises(RepositoryNotFoundError):
         api.model_info("user/does-not-exist")
     assert hub.unhandled_requests() == []
+
+
+def test_dataset_repo_deletions_and_pull_request(hub, api, tmp_path):
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    api.create_repo("user/data", repo_type="dataset")
+    api.upload_folder(repo_id="user/data", repo_type="dataset", folder_path=_folder(tmp_path, {"a/1.txt": "1", "a/2.txt": "2", "b.txt": "b"}))
+    api.create_commit(
+        "user/data", repo_type="dataset", commit_message="prune",
+        operations=[CommitOperationDelete("a/"), CommitOperationAdd("c.txt", b"c")],
+    )
+    assert sorted(api.list_repo_files("user/data", repo_type="dataset")) == [".gitattributes", "b.txt", "c.txt"]
+    assert api.dataset_info("user/data").id == "user/data"
+    path = hf_hub_download("user/data", "c.txt", repo_type="dataset", cache_dir=tmp_path / "dl")
+    assert Path(path).read_bytes() == b"c"
+
+    pr = api.create_commit(
+        "user/data", repo_type="dataset", commit_message="proposal", create_pr=True,
+        operations=[CommitOperationAdd("b.txt", b"changed")],
+    )
+    assert pr.pr_url is not None and pr.pr_revision == "refs/pr/1"
+    assert api.list_repo_refs("user/data", repo_type="dataset", include_pull_requests=True).pull_requests[0].ref == "refs/pr/1"
+    proposed = hf_hub_download("user/data", "b.txt", repo_type="dataset", revision="refs/pr/1", cache_dir=tmp_path / "dl")
+    assert Path(proposed).read_bytes() == b"changed"
+    assert hub.read_file("user/data", "b.txt", repo_type="dataset") == b"b"  # main untouched
+    assert hub.unhandled_requests() == []
+
+
+def test_readme_yaml_validator_hook(tmp_path):
+    def validator(content: str, repo_type: str) -> list[str]:
+        return [] if "license:" in content else ["license is required"]
+
+    with LoopbackHub(yaml_validator=validator) as hub, hub.patch_client(cache_dir=tmp_path / "cache"):
+        api = HfApi(token=hub.token)
+        api.create_repo("user/card")
+        api.upload_file(path_or_fileobj=b"---\nlicense: mit\n---\n# ok\n", path_in_repo="README.md", repo_id="user/card")
+        with pytest.raises(ValueError, match="license is required"):
+            api.upload_file(path_or_fileobj=b"---\ntags: [x]\n---\n", path_in_repo="README.md", repo_id="user/card")
+        assert hub.read_file("user/card", "README.md").startswith(b"---\nlicense: mit")
+
+
+def test_offline_mode_in_process_uses_cache_and_sends_nothing(hub, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    _, model_dir = _tiny_vit_dir(tmp_path)
+    cache = tmp_path / "cache"
+    with hub.patch_client(cache_dir=cache):
+        HfApi(token=hub.token).create_repo("user/offline", private=True)
+        HfApi(token=hub.token).upload_folder(repo_id="user/offline", folder_path=model_dir)
+        transformers.AutoConfig.from_pretrained("user/offline", token=hub.token)  # fills the cache
+    hub.clear_log()
+    with hub.patch_client(cache_dir=cache, offline=True):
+        assert transformers.AutoConfig.from_pretrained("user/offline", token=hub.token).num_labels == 3
+        with pytest.raises(OSError):
+            transformers.AutoConfig.from_pretrained("user/never-downloaded", token=hub.token)
+        with pytest.raises(LocalEntryNotFoundError) as exc:
+            hf_hub_download("user/offline", "model.safetensors", cache_dir=tmp_path / "empty")
+        assert isinstance(exc.value.__cause__, OfflineModeIsEnabled)
+    assert hub.requests_log == []
 
 
 def test_resolve_headers_head_and_range(hub, api):
