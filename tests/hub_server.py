@@ -335,11 +335,11 @@ class LoopbackHub:
             (constants, "HF_HUB_DISABLE_XET", True),
             (constants, "HF_HUB_OFFLINE", offline),
             (constants, "HF_HUB_DISABLE_IMPLICIT_TOKEN", token is None),
-            (constants, "HF_TOKEN_PATH", os.path.join(tempfile.gettempdir(), f"loopback-hub-no-token-{uuid.uuid4().hex}")),
+            (constants, "HF_TOKEN_PATH", os.path.join(tempfile.gettempdir(), f"loopback-no-token-{uuid.uuid4().hex}")),
             (hf_api.api, "endpoint", self.url),
         ]
         if cache_dir is not None:
-            patches += [(constants, "HF_HUB_CACHE", str(cache_dir)), (constants, "HUGGINGFACE_HUB_CACHE", str(cache_dir))]
+            patches += [(constants, name, str(cache_dir)) for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")]
         transformers_hub = sys.modules.get("transformers.utils.hub")
         if transformers_hub is not None and hasattr(transformers_hub, "_hf_api"):
             # transformers keeps one shared HfApi whose endpoint is frozen at its first use: drop it so that it is
@@ -412,8 +412,11 @@ class LoopbackHub:
             return revision
         raise HubError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
 
-    def _new_commit(self, repo: Repo, parent: str | None, files: dict[str, Blob], title: str, message: str, author: str) -> Commit:
-        seed = json.dumps([repo.repo_id, parent, title, sorted((p, b.git_oid) for p, b in files.items()), uuid.uuid4().hex])
+    def _new_commit(
+        self, repo: Repo, parent: str | None, files: dict[str, Blob], title: str, message: str, author: str
+    ) -> Commit:
+        tree = sorted((p, b.git_oid) for p, b in files.items())
+        seed = json.dumps([repo.repo_id, parent, title, tree, uuid.uuid4().hex])
         commit = Commit(hashlib.sha1(seed.encode()).hexdigest(), parent, files, title, message, author, _now())
         repo.commits[commit.sha] = commit
         return commit
@@ -484,7 +487,8 @@ class LoopbackHub:
             if rest and rest[0] in ("datasets", "spaces", "kernels"):
                 repo_type, rest = REPO_TYPES[rest[0]], rest[1:]
             if len(rest) >= 5 and rest[2] == "resolve" and method in ("GET", "HEAD"):
-                return self._resolve(repo_type, f"{rest[0]}/{rest[1]}", rest[3], "/".join(rest[4:]), headers, user, method)
+                repo_id, revision, filename = f"{rest[0]}/{rest[1]}", rest[3], "/".join(rest[4:])
+                return self._resolve(repo_type, repo_id, revision, filename, headers, user, method)
             if rest[2:] == ["info", "lfs", "objects", "batch"] and rest[1].endswith(".git") and method == "POST":
                 return self._lfs_batch(repo_type, f"{rest[0]}/{rest[1][:-4]}", body, user)
         raise _Unhandled(404, f"loopback hub: unsupported endpoint {method} {path}")
@@ -494,8 +498,8 @@ class LoopbackHub:
             if user is None:
                 raise HubError(401, "Invalid credentials in Authorization header")
             orgs = [{"name": org, "type": "org"} for org in self.orgs.get(user, [])]
-            return _json({"type": "user", "id": user, "name": user, "fullname": user, "orgs": orgs,
-                          "auth": {"type": "access_token", "accessToken": {"displayName": "loopback", "role": "write"}}})
+            auth = {"type": "access_token", "accessToken": {"displayName": "loopback", "role": "write"}}
+            return _json({"type": "user", "id": user, "name": user, "fullname": user, "orgs": orgs, "auth": auth})
         if segs == ["agent-harnesses"] and method == "GET":
             return _json({"harnesses": []})
         if segs == ["validate-yaml"] and method == "POST":
@@ -527,7 +531,7 @@ class LoopbackHub:
         if not name or repo_type not in URL_PREFIXES:
             raise HubError(400, "Invalid repo name or type")
         if not self._may_access(user, namespace):
-            raise HubError(403, f"You don't have the rights to create a {repo_type} under the namespace \"{namespace}\"")
+            raise HubError(403, f"You don't have the rights to create a {repo_type} under the namespace {namespace!r}")
         repo_id = f"{namespace}/{name}"
         url = f"{self.url}/{URL_PREFIXES[repo_type]}{repo_id}"
         if (repo_type, repo_id) in self.repos:
@@ -562,19 +566,17 @@ class LoopbackHub:
                 if p in files:
                     out.append(self._tree_entry(p, files[p]))
                 elif any(f.startswith(p + "/") for f in files):
-                    out.append({"type": "directory", "oid": hashlib.sha1(p.encode()).hexdigest(), "size": 0, "path": p})
+                    out.append(_folder_entry(p))
             return _json(out)
         if head == "refs" and method == "GET":
             repo = self._repo(repo_type, repo_id, user)
             data: dict[str, Any] = {
-                "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": s} for n, s in repo.branches.items()],
-                "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": s} for n, s in repo.tags.items()],
+                "branches": [_ref(n, f"refs/heads/{n}", s) for n, s in repo.branches.items()],
+                "tags": [_ref(n, f"refs/tags/{n}", s) for n, s in repo.tags.items()],
                 "converts": [],
             }
             if _flag(query, "include_prs"):
-                data["pullRequests"] = [
-                    {"name": f"refs/pr/{n}", "ref": f"refs/pr/{n}", "targetCommit": s} for n, s in repo.pull_requests.items()
-                ]
+                data["pullRequests"] = [_ref(f"refs/pr/{n}", f"refs/pr/{n}", s) for n, s in repo.pull_requests.items()]
             return _json(data)
         if head == "commits" and method == "GET" and len(rest) == 2:
             repo = self._repo(repo_type, repo_id, user)
@@ -630,7 +632,8 @@ class LoopbackHub:
             return self._commit(repo_type, repo_id, rest[1], body, _flag(query, "create_pr"), user)
         if head in ("xet-read-token", "xet-write-token"):
             raise HubError(501, "loopback hub: xet storage is not supported; set HF_HUB_DISABLE_XET=1")
-        raise _Unhandled(404, f"loopback hub: unsupported endpoint {method} /api/{repo_type}s/{repo_id}/{'/'.join(rest)}")
+        endpoint = f"/api/{repo_type}s/{repo_id}/{'/'.join(rest)}"
+        raise _Unhandled(404, f"loopback hub: unsupported endpoint {method} {endpoint}")
 
     def _upload_mode(self, path: str, size: int) -> str:
         if self.lfs_mode == "never" or size == 0:
@@ -670,12 +673,12 @@ class LoopbackHub:
             if not path or any(part in ("", ".", "..") for part in path.split("/")):
                 raise HubError(400, f"Invalid path: {value.get('path')!r}")
             if key == "file":
-                content = base64.b64decode(value["content"]) if value.get("encoding") == "base64" else value["content"].encode()
-                files[path] = Blob(content)
+                raw = value["content"]
+                files[path] = Blob(base64.b64decode(raw) if value.get("encoding") == "base64" else raw.encode())
             elif key == "lfsFile":
                 content = repo.lfs_objects.get(value.get("oid", ""))
                 if content is None:
-                    raise HubError(422, f"Your push was rejected because an LFS pointer pointed to a file that does not exist ({path})")
+                    raise HubError(422, f"LFS pointer of {path} points to an object that was never uploaded")
                 files[path] = Blob(content, lfs=True)
             elif key == "deletedFile":
                 if path not in files:
@@ -702,8 +705,8 @@ class LoopbackHub:
             repo.pull_requests[int(revision[8:])] = commit.sha
         else:
             raise HubError(400, f"Can only commit to a branch or pull request, not {revision!r}")
-        return _json({"success": True, "commitOid": commit.sha, "commitUrl": f"{self.url}/{repo.url_path}/commit/{commit.sha}",
-                      "pullRequestUrl": pr_url, "hookOutput": ""})
+        commit_url = f"{self.url}/{repo.url_path}/commit/{commit.sha}"
+        return _json({"success": True, "commitOid": commit.sha, "commitUrl": commit_url, "pullRequestUrl": pr_url})
 
     def _resolve(self, repo_type, repo_id, revision, filename, headers, user, method):
         repo = self._repo(repo_type, repo_id, user)
@@ -728,7 +731,7 @@ class LoopbackHub:
                 start = int(start_s)
                 end = min(int(end_s), blob.size - 1) if end_s.isdigit() else blob.size - 1
                 if start >= blob.size or start > end:
-                    raise HubError(416, "Requested range not satisfiable", headers={"Content-Range": f"bytes */{blob.size}"})
+                    raise HubError(416, "Range not satisfiable", headers={"Content-Range": f"bytes */{blob.size}"})
                 content, status = blob.content[start : end + 1], 206
                 out_headers["Content-Range"] = f"bytes {start}-{end}/{blob.size}"
         return status, out_headers, content
@@ -788,8 +791,15 @@ def _tree(hub: LoopbackHub, files: dict[str, Blob], prefix: str, recursive: bool
             dirs.add(base + "/".join(parts[:depth]))
         if recursive or len(parts) == 1:
             out.append(hub._tree_entry(path, files[path]))
-    folders = [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d} for d in sorted(dirs)]
-    return folders + out
+    return [_folder_entry(d) for d in sorted(dirs)] + out
+
+
+def _folder_entry(path: str) -> dict[str, Any]:
+    return {"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(), "size": 0, "path": path}
+
+
+def _ref(name: str, ref: str, sha: str) -> dict[str, str]:
+    return {"name": name, "ref": ref, "targetCommit": sha}
 
 
 def _flag(query: dict[str, list[str]], name: str) -> bool:

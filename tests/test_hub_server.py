@@ -167,7 +167,9 @@ def test_branch_revisions_and_errors(hub, api, tmp_path):
     api.create_repo("user/rev")
     main_commit = api.upload_file(path_or_fileobj=b"v1", path_in_repo="dir/weights.txt", repo_id="user/rev")
     api.create_branch("user/rev", branch="dev")
-    dev_commit = api.upload_file(path_or_fileobj=b"v2", path_in_repo="dir/weights.txt", repo_id="user/rev", revision="dev")
+    dev_commit = api.upload_file(
+        path_or_fileobj=b"v2", path_in_repo="dir/weights.txt", repo_id="user/rev", revision="dev"
+    )
     api.upload_file(path_or_fileobj=b"{}", path_in_repo="extra.json", repo_id="user/rev", revision="dev")
     api.create_tag("user/rev", tag="v1.0", revision=main_commit.oid)
 
@@ -205,7 +207,8 @@ def test_dataset_repo_deletions_and_pull_request(hub, api, tmp_path):
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     api.create_repo("user/data", repo_type="dataset")
-    api.upload_folder(repo_id="user/data", repo_type="dataset", folder_path=_folder(tmp_path, {"a/1.txt": "1", "a/2.txt": "2", "b.txt": "b"}))
+    folder = _folder(tmp_path, {"a/1.txt": "1", "a/2.txt": "2", "b.txt": "b"})
+    api.upload_folder(repo_id="user/data", repo_type="dataset", folder_path=folder)
     api.create_commit(
         "user/data", repo_type="dataset", commit_message="prune",
         operations=[CommitOperationDelete("a/"), CommitOperationAdd("c.txt", b"c")],
@@ -220,8 +223,9 @@ def test_dataset_repo_deletions_and_pull_request(hub, api, tmp_path):
         operations=[CommitOperationAdd("b.txt", b"changed")],
     )
     assert pr.pr_url is not None and pr.pr_revision == "refs/pr/1"
-    assert api.list_repo_refs("user/data", repo_type="dataset", include_pull_requests=True).pull_requests[0].ref == "refs/pr/1"
-    proposed = hf_hub_download("user/data", "b.txt", repo_type="dataset", revision="refs/pr/1", cache_dir=tmp_path / "dl")
+    refs = api.list_repo_refs("user/data", repo_type="dataset", include_pull_requests=True)
+    assert [ref.ref for ref in refs.pull_requests] == ["refs/pr/1"]
+    proposed = hf_hub_download("user/data", "b.txt", repo_type="dataset", revision="refs/pr/1", cache_dir=tmp_path)
     assert Path(proposed).read_bytes() == b"changed"
     assert hub.read_file("user/data", "b.txt", repo_type="dataset") == b"b"  # main untouched
     assert hub.unhandled_requests() == []
@@ -234,7 +238,7 @@ def test_readme_yaml_validator_hook(tmp_path):
     with LoopbackHub(yaml_validator=validator) as hub, hub.patch_client(cache_dir=tmp_path / "cache"):
         api = HfApi(token=hub.token)
         api.create_repo("user/card")
-        api.upload_file(path_or_fileobj=b"---\nlicense: mit\n---\n# ok\n", path_in_repo="README.md", repo_id="user/card")
+        api.upload_file(path_or_fileobj=b"---\nlicense: mit\n---\n", path_in_repo="README.md", repo_id="user/card")
         with pytest.raises(ValueError, match="license is required"):
             api.upload_file(path_or_fileobj=b"---\ntags: [x]\n---\n", path_in_repo="README.md", repo_id="user/card")
         assert hub.read_file("user/card", "README.md").startswith(b"---\nlicense: mit")
@@ -298,7 +302,8 @@ def test_lfs_mode_uploads_through_lfs_batch_api(tmp_path):
 
 
 def test_patch_client_restores_and_server_stops(tmp_path):
-    endpoint, template, api_endpoint = hf_constants.ENDPOINT, hf_constants.HUGGINGFACE_CO_URL_TEMPLATE, huggingface_hub.hf_api.api.endpoint
+    endpoint, template = hf_constants.ENDPOINT, hf_constants.HUGGINGFACE_CO_URL_TEMPLATE
+    api_endpoint = huggingface_hub.hf_api.api.endpoint
     transformers_hub = pytest.importorskip("transformers.utils.hub")
     shared_api = transformers_hub.hf_api()  # transformers' shared HfApi, endpoint frozen at creation
     hub = LoopbackHub().start()
@@ -322,7 +327,8 @@ def test_patch_client_restores_and_server_stops(tmp_path):
 
 def _run_client(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT,
     )
 
 
