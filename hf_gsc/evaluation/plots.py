@@ -133,20 +133,16 @@ def write_plots(
     ood_scores: Mapping[str, Mapping[str, Any]],
     results: Mapping[str, Any],
 ) -> list[Path]:
-    """``plots/densities.png``, ``plots/roc.png`` (all methods) and ``plots/{density,roc}_{method}.png``."""
+    """``plots/densities.png`` and ``plots/roc.png``: one panel per method."""
     folder = Path(output_dir) / PLOTS_DIR
     methods = results["methods"]
     thresholds = {m: methods[m]["threshold"] for m in id_scores}
     aurocs = {m: {s: v["auroc"] for s, v in methods[m]["ood"].items()} for m in id_scores}
     density_input = {m: {"ID test": id_scores[m], **ood_scores[m]} for m in id_scores}
-    written = [
+    return [
         plot_densities(density_input, folder / "densities.png", thresholds),
         plot_roc(id_scores, ood_scores, folder / "roc.png", aurocs),
     ]
-    for method in id_scores:
-        written.append(plot_densities({method: density_input[method]}, folder / f"density_{method}.png", thresholds))
-        written.append(plot_roc({method: id_scores[method]}, ood_scores, folder / f"roc_{method}.png", aurocs))
-    return written
 
 
 __all__ = ["PLOTS_DIR", "plot_densities", "plot_roc", "write_plots"]

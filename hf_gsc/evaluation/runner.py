@@ -287,8 +287,9 @@ def load_model(model_id: str, revision: str | None = None) -> tuple[torch.nn.Mod
     Returns ``(base model, image processor, saved GSC hyperparameters (empty for a plain
     classifier), path the image processor came from)``.
     """
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
+    from transformers import AutoModelForImageClassification
 
+    from ..data import load_image_processor
     from ..modeling import CONFIG_NAME, GSCForImageClassification
 
     saved: dict[str, Any] = {}
@@ -302,30 +303,21 @@ def load_model(model_id: str, revision: str | None = None) -> tuple[torch.nn.Mod
                 processor_source = wrapper.config.base_model_name_or_path or model_id
         else:
             model = AutoModelForImageClassification.from_pretrained(model_id, revision=revision)
-        processor = AutoImageProcessor.from_pretrained(processor_source, revision=revision)
+        processor = load_image_processor(processor_source, revision=revision)
     except (OSError, ValueError, KeyError) as error:
         raise InputError(f"--model {model_id!r}: could not load an image classifier and its image processor: {error}") from None
     model.eval().requires_grad_(False)
     return model, processor, saved, processor_source
 
 
-def image_transform(processor: Any, model: torch.nn.Module) -> Callable[[list], torch.Tensor]:
-    """A list of PIL images -> ``pixel_values`` as the model expects (channels converted first)."""
-    try:
-        from ..data.preprocessing import pixel_values_transform  # the data package's helper, when present
+def image_transform(processor: Any, model: torch.nn.Module, dataset_name: str) -> Callable[[list], torch.Tensor]:
+    """A list of PIL images -> ``pixel_values`` as the model expects (``hf_gsc.data.make_transform``)."""
+    from ..data import make_transform, num_channels
 
-        return pixel_values_transform(processor, model)
-    except ImportError:
-        pass
-    channels = getattr(getattr(model, "config", None), "num_channels", 3)
-    mode = "L" if channels == 1 else "RGB"
+    batch_transform = make_transform(processor, num_channels(model.config), dataset_name)
 
     def transform(images: list) -> torch.Tensor:
-        converted = [image.convert(mode) if image.mode != mode else image for image in images]
-        pixel_values = processor(images=converted, return_tensors="pt")["pixel_values"]
-        if pixel_values.ndim == 3:  # some processors drop the channel axis of 1-channel images
-            pixel_values = pixel_values.unsqueeze(1)
-        return pixel_values.float()
+        return batch_transform({"image": images})["pixel_values"]
 
     return transform
 
@@ -342,80 +334,64 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:32]
 
 
-def _load_dataset_spec(spec: str, what: str) -> Any:
-    """A local ``save_to_disk`` folder, or ``dataset_id[:config]:split`` / ``dataset_id[:config]``."""
-    import datasets
+def _load_split(spec: str, what: str) -> Any:
+    """``hf_gsc.data.load_split`` with errors naming the argument."""
+    from ..data import load_split
 
     try:
-        from ..data import load_split  # the data package's loader, when present
-    except ImportError:
-        load_split = None
-    try:
-        if os.path.exists(spec):
-            return datasets.load_from_disk(spec)
-        if load_split is not None:
-            return load_split(spec)
-        parts = spec.split(":")
-        if len(parts) == 1:
-            return datasets.load_dataset(parts[0])
-        if len(parts) == 2:
-            return datasets.load_dataset(parts[0], split=parts[1])
-        return datasets.load_dataset(parts[0], parts[1], split=parts[2])
-    except InputError:
-        raise
-    except Exception as error:  # noqa: BLE001  (datasets raises many types)
+        return load_split(spec)
+    except Exception as error:  # noqa: BLE001  (datasets and PIL raise many types)
         raise InputError(f"{what} {spec!r}: could not load it: {error}") from None
 
 
-def load_data(args: argparse.Namespace, parsed: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """``(id_splits, ood_splits)`` from ``--benchmark`` or ``--id-dataset`` and ``--ood-dataset``."""
-    import datasets
-
-    if args.benchmark is not None:
-        from ..data import load_benchmark
-
-        benchmark = load_benchmark(args.benchmark)
-        id_splits = benchmark.id_splits
-        ood_splits = dict(benchmark.ood_splits)
-        if parsed["ood_splits"] is not None:
-            ood_splits = {name: ood_splits[name] for name in parsed["ood_splits"]}
-    else:
-        id_splits = _load_dataset_spec(args.id_dataset, "--id-dataset")
-        if not isinstance(id_splits, datasets.DatasetDict):
-            raise InputError(f"--id-dataset {args.id_dataset!r} must have named splits (train/validation/test), got one Dataset")
-        ood_splits = {}
-    for name, spec in parsed["extra_ood"]:
-        if name in ood_splits:
-            raise InputError(f"--ood-dataset {name!r}: the benchmark already has an OOD split of that name")
-        dataset = _load_dataset_spec(spec, "--ood-dataset")
-        if isinstance(dataset, datasets.DatasetDict):
-            if len(dataset) != 1:
-                raise InputError(
-                    f"--ood-dataset {spec!r} has splits {', '.join(dataset)}; name one as 'dataset_id[:config]:split'"
-                )
-            dataset = next(iter(dataset.values()))
-        ood_splits[name] = dataset
-    return id_splits, ood_splits
-
-
-def check_splits(id_splits: Any, ood_splits: Mapping[str, Any], detectors: Mapping[str, Any], source: str) -> None:
-    """ID ``test`` and ``validation`` (and each detector's ``fit_split``) exist, are non-empty, have images."""
-    needed = {"test": "the ID test split (metrics)", "validation": "ID validation (threshold calibration)"}
+def needed_id_splits(detectors: Mapping[str, Any]) -> dict[str, str]:
+    """ID split name -> why it is needed: ``test``, ``validation`` and each detector's ``fit_split``."""
+    needed = {"test": "the metrics (ID test)", "validation": "threshold calibration (ID validation)"}
     for name, detector in detectors.items():
         if detector.needs_fit:
             needed.setdefault(detector.fit_split, f"fitting {name}")
+    return needed
+
+
+def load_data(
+    args: argparse.Namespace, parsed: Mapping[str, Any], needed: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(id_splits, ood_splits)`` from ``--benchmark`` or ``--id-dataset``, plus ``--ood-dataset``.
+
+    Only the ID splits in ``needed`` are returned; a missing one raises :class:`InputError`.
+    """
+    if args.benchmark is not None:
+        from ..data import load_benchmark
+
+        benchmark = load_benchmark(args.benchmark, ood_splits=parsed["ood_splits"])
+        source = f"--benchmark {args.benchmark}"
+        available = benchmark.id_splits
+        id_splits = {split: available[split] for split in needed if split in available}
+        ood_splits = dict(benchmark.ood_splits)
+    else:
+        source = f"--id-dataset {args.id_dataset}"
+        id_splits = {}
+        for split, why in needed.items():
+            try:
+                id_splits[split] = _load_split(f"{args.id_dataset}:{split}", "--id-dataset")
+            except InputError as error:
+                raise InputError(f"{source}: cannot load the ID {split!r} split, needed for {why}: {error}") from None
+        ood_splits = {}
     for split, why in needed.items():
         if split not in id_splits:
-            raise InputError(
-                f"{source}: the ID data has no {split!r} split, needed for {why}; it has: {', '.join(id_splits)}"
-            )
+            raise InputError(f"{source}: the ID data has no {split!r} split, needed for {why}")
+    for name, spec in parsed["extra_ood"]:
+        if name in ood_splits:
+            raise InputError(f"--ood-dataset {name!r}: the benchmark already has an OOD split of that name")
+        ood_splits[name] = _load_split(spec, "--ood-dataset")
     if not ood_splits:
         raise InputError(f"{source}: no OOD splits to evaluate")
-    for label, dataset in [*((f"ID {s}", id_splits[s]) for s in needed), *((f"OOD {n}", d) for n, d in ood_splits.items())]:
+    for label, dataset in [*((f"ID {s}", d) for s, d in id_splits.items()), *((f"OOD {n}", d) for n, d in ood_splits.items())]:
         if len(dataset) == 0:
             raise InputError(f"{source}: the {label} split is empty")
         if "image" not in dataset.column_names:
             raise InputError(f"{source}: the {label} split has no 'image' column (columns: {', '.join(dataset.column_names)})")
+    return id_splits, ood_splits
 
 
 def subset(dataset: Any, max_samples: int | None, seed: int, key: str) -> Any:
@@ -468,7 +444,7 @@ def fit_detectors(
     to_fit: Sequence[str],
     fit_data: Mapping[str, Any],
     fit_fingerprints: Mapping[str, str],
-    transform: Callable[[list], torch.Tensor],
+    transform_for: Callable[[str], Callable[[list], torch.Tensor]],
     batch_size: int,
     output_dir: Path,
     seed: int,
@@ -488,7 +464,8 @@ def fit_detectors(
                 continue
             torch.manual_seed(seed)
             np.random.seed(seed)
-            loader = make_dataloader(fit_data[name], transform, batch_size)
+            split = detectors[name].fit_split
+            loader = make_dataloader(fit_data[name], transform_for(f"ID {split}"), batch_size)
             batches = (
                 (batch["pixel_values"], batch["labels"])
                 for batch in tqdm(loader, desc=f"fit {name}", leave=False)
@@ -571,10 +548,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         hyperparameters["gsc"] = {**saved_gsc, **parsed["gsc_overrides"], **hyperparameters["gsc"]}
     detectors = build_detectors(model, methods, hyperparameters)
 
-    id_splits, ood_splits = load_data(args, parsed)
-    source = f"--benchmark {args.benchmark}" if args.benchmark else f"--id-dataset {args.id_dataset}"
-    check_splits(id_splits, ood_splits, detectors, source)
-    transform = image_transform(processor, model)
+    id_splits, ood_splits = load_data(args, parsed, needed_id_splits(detectors))
 
     # What each score depends on: the weights, the method and its settings, the exact samples.
     model_fp = model_fingerprint(model)
@@ -625,7 +599,10 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         }
     plan = _broadcast(accelerator, plan)
     to_fit = [name for name in fit_data if any(name in missing for missing in plan.values())]
-    fit_detectors(accelerator, detectors, to_fit, fit_data, fit_fps, transform, args.batch_size, output_dir,
+    def transform_for(dataset_name: str) -> Callable[[list], torch.Tensor]:
+        return image_transform(processor, model, dataset_name)
+
+    fit_detectors(accelerator, detectors, to_fit, fit_data, fit_fps, transform_for, args.batch_size, output_dir,
                   args.seed, args.overwrite)
 
     def predictions(pixel_values: torch.Tensor) -> torch.Tensor:
@@ -642,7 +619,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
             scorers[name] = predictions if name == BASE_MODEL else detectors[name].score
         split_start = time.perf_counter()
         outputs = score_split(
-            accelerator, make_dataloader(dataset, transform, args.batch_size), _timed(scorers, seconds, split),
+            accelerator, make_dataloader(dataset, transform_for(split), args.batch_size), _timed(scorers, seconds, split),
             description=f"{split} ({len(dataset)})",
         )
         if accelerator.is_main_process:
@@ -758,6 +735,8 @@ __all__ = [
     "InputError",
     "build_parser",
     "check_output_dir",
+    "load_data",
+    "needed_id_splits",
     "main",
     "parse_args",
     "run_evaluation",
