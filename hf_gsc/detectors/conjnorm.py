@@ -43,7 +43,8 @@ def conjnorm_similarity(
     mu = prototypes.double()
     axis = -1 if dual_norm == "feature" else 0
     mu_norm = torch.linalg.vector_norm(mu, ord=q, dim=axis, keepdim=True) + EPSILON
-    dual = mu * mu.abs() ** (q - 2) / mu_norm ** (q - 2)
+    # mu |mu|^(q-2), written sign(mu) |mu|^(q-1) so that a zero coordinate stays 0 when q < 2.
+    dual = mu.sign() * mu.abs() ** (q - 1) / mu_norm ** (q - 2)
     a_norm = torch.linalg.vector_norm(a, ord=q, dim=-1, keepdim=True) + EPSILON
     return -0.5 * a_norm**2 + a @ dual.T
 

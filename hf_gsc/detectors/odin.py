@@ -71,7 +71,7 @@ class ODINDetector(BaselineDetector):
         values = list(std) if isinstance(std, Sequence) and not isinstance(std, str) else [std]
         if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in values):
             raise ValueError(f"odin: image_std must be a positive number or a list of them, got {std!r}")
-        self.image_std = torch.tensor([float(v) for v in values])
+        self.image_std = torch.tensor([float(v) for v in values], dtype=torch.float64)
 
     def _logits_with_gradient(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=pixel_values).logits
