@@ -74,16 +74,25 @@ class Setting:
         self.F_fit = reference_features(self.model, arch, self.x_fit).numpy()
         self.F_test = reference_features(self.model, arch, self.x_test).numpy()
         self.labels = self.y_fit.numpy()
+        self._cache: dict[str, Detector] = {}
 
     def batches(self, size: int = 16, limit: int | None = None):
         n = NUM_FIT if limit is None else limit
         return [(self.x_fit[i : min(i + size, n)], self.y_fit[i : min(i + size, n)]) for i in range(0, n, size)]
 
-    def score(self, name: str, **hyperparameters) -> np.ndarray:
+    def detector(self, name: str, **hyperparameters) -> Detector:
+        """A (fitted) detector; the one with default hyperparameters is built once per module."""
+        if not hyperparameters and name in self._cache:
+            return self._cache[name]
         detector = get_detector(name, self.model, **hyperparameters)
         if detector.needs_fit:
             detector.fit(self.batches())
-        return detector.score(self.x_test).double().numpy()
+        if not hyperparameters:
+            self._cache[name] = detector
+        return detector
+
+    def score(self, name: str, **hyperparameters) -> np.ndarray:
+        return self.detector(name, **hyperparameters).score(self.x_test).double().numpy()
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -106,8 +115,9 @@ def test_msp_max_logit_energy(setting):
 
 def test_odin_matches_per_sample_autograd(setting):
     temperature, epsilon, std = 10.0, 0.02, [0.5, 0.25, 0.2]
+    x_test = setting.x_test[:4]
     expected = []
-    for x in setting.x_test:
+    for x in x_test:
         x = x[None].clone().requires_grad_(True)
         logits = setting.model(pixel_values=x).logits[0] / temperature
         loss = -(logits - torch.logsumexp(logits, 0))[logits.argmax()]
@@ -118,25 +128,25 @@ def test_odin_matches_per_sample_autograd(setting):
         with torch.no_grad():
             z = setting.model(pixel_values=perturbed).logits[0].numpy() / temperature
         expected.append(np.exp(z - logsumexp(z)).max())
-    actual = setting.score("odin", temperature=temperature, epsilon=epsilon, image_std=std)
-    np.testing.assert_allclose(actual, expected, rtol=1e-9)
-    unperturbed = setting.score("odin", temperature=temperature, epsilon=0.0)
-    assert not np.allclose(actual, unperturbed), "the perturbation must change the scores"
+    actual = get_detector("odin", setting.model, temperature=temperature, epsilon=epsilon, image_std=std).score(x_test)
+    np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-9)
+    unperturbed = get_detector("odin", setting.model, temperature=temperature, epsilon=0.0).score(x_test)
+    assert not np.allclose(actual.numpy(), unperturbed.numpy()), "the perturbation must change the scores"
 
 
 def test_odin_defaults_and_inference_mode(setting):
     detector = get_detector("odin", setting.model)
     assert detector.hyperparameters == {"temperature": 1000.0, "epsilon": 0.0014, "image_std": 1.0}
     with torch.inference_mode():
-        inside = detector.score(setting.x_test)
-    np.testing.assert_allclose(inside.numpy(), detector.score(setting.x_test).numpy(), rtol=1e-12)
+        inside = detector.score(setting.x_test[:4])
+    np.testing.assert_allclose(inside.numpy(), detector.score(setting.x_test[:4]).numpy(), rtol=1e-12)
 
 
 # --------------------------------------------------------------------------- feature shaping
 def test_react(setting):
     threshold = np.percentile(setting.F_fit.ravel(), 90)
     logits = np.minimum(setting.F_test, threshold) @ setting.W.T + setting.b
-    detector = get_detector("react", setting.model).fit(setting.batches())
+    detector = setting.detector("react")
     assert detector.fit_split == "validation"
     assert detector.threshold.item() == pytest.approx(threshold, rel=1e-12)
     np.testing.assert_allclose(detector.score(setting.x_test).numpy(), energy(logits), rtol=1e-9)
@@ -359,9 +369,7 @@ def test_unknown_hyperparameter_and_bad_values_raise(setting):
 @pytest.mark.parametrize("name", ALL_METHODS)
 def test_save_load_round_trip(setting, name, tmp_path):
     hyperparameters = {"gsc": {"mask_ratio": 0.1}, "knn": {"k": 7}, "conjnorm": {"p": 2.2}}.get(name, {})
-    detector = get_detector(name, setting.model, **hyperparameters)
-    if detector.needs_fit:
-        detector.fit(setting.batches())
+    detector = setting.detector(name, **hyperparameters)
     detector.save(tmp_path)
     loaded = Detector.load(tmp_path, setting.model)
     assert type(loaded) is type(detector) and loaded.fitted
@@ -372,9 +380,7 @@ def test_save_load_round_trip(setting, name, tmp_path):
 @pytest.mark.parametrize("name", ALL_METHODS)
 def test_scores_are_per_sample(setting, name):
     """Shape (B,), finite, and each row independent of the rest of the batch."""
-    detector = get_detector(name, setting.model, **({"k": 5} if name == "knn" else {}))
-    if detector.needs_fit:
-        detector.fit(setting.batches())
+    detector = setting.detector(name)
     batched = detector.score(setting.x_test)
     assert batched.shape == (setting.x_test.shape[0],) and torch.isfinite(batched).all()
     singles = torch.cat([detector.score(setting.x_test[i : i + 1]) for i in range(3)])
