@@ -14,7 +14,7 @@ from typing import Any
 
 from . import __version__
 from .scores import SCORES
-from .shortcircuit import APPROXIMATIONS, OPERATIONS, SELECTIONS
+from .shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from .split_points import validate_split_point_name
 
 CONFIG_NAME = "gsc_config.json"
@@ -42,8 +42,14 @@ class GSCConfig:
             pooler; input-dependent gradients for ViT/Swin/ConvNeXt), ``"penultimate"`` (input of the
             last ``nn.Linear``; linear head, ``g = W[c]``), or a dotted module path in the base model.
         mask_ratio: fraction of the coordinates the head reads (nonzero gradient) to short-circuit;
-            ``k = ceil(mask_ratio * n)`` per sample.
-        selection: ``gradient`` (largest ``|g|``, the paper), ``random`` or ``reverse`` (ablation controls).
+            ``k = ceil(mask_ratio * n)`` per sample. With ``mask_size="adaptive"`` it is the *mean* ratio
+            on ID validation data that ``calibrate_gradient_mass`` targets.
+        mask_size: ``fixed`` (``k`` from ``mask_ratio``) or ``adaptive`` (per sample, the smallest ``k`` whose
+            top-``k`` ``|g|`` hold ``gradient_mass`` of the total; beyond the paper).
+        gradient_mass: the mass fraction of ``mask_size="adaptive"``, set by ``calibrate_gradient_mass``.
+        selection: ``gradient`` (largest ``|g|``, the paper), ``fisher`` (largest ``|g_i|/sqrt(lambda_i)``,
+            diagonal Fisher fitted on ID training data by ``fit_fisher``; beyond the paper), ``random``
+            or ``reverse`` (ablation controls).
         operation: ``zero`` | ``perturb`` (``F - alpha*sign(g)``) | ``project`` (remove the component along
             ``g``) | ``clip`` (to ``[-clip_bound, clip_bound]``) | ``scale`` (``beta * F``), on masked coordinates.
         approximation: ``first_order`` (``y + J(F'-F)`` for all K logits, forward-mode AD),
@@ -59,6 +65,8 @@ class GSCConfig:
 
     split_point: str = "final_encoder_output"
     mask_ratio: float = 0.05
+    mask_size: str = "fixed"
+    gradient_mass: float | None = None
     selection: str = "gradient"
     operation: str = "zero"
     alpha: float = 0.1
@@ -78,6 +86,9 @@ class GSCConfig:
         validate_split_point_name(self.split_point)
         _check_number("mask_ratio", self.mask_ratio, 0.0, 1.0)
         _check_choice("selection", self.selection, SELECTIONS)
+        _check_choice("mask_size", self.mask_size, MASK_SIZES)
+        if self.gradient_mass is not None:
+            _check_number("gradient_mass", self.gradient_mass, 0.0, 1.0)
         _check_choice("operation", self.operation, OPERATIONS)
         _check_choice("approximation", self.approximation, APPROXIMATIONS)
         _check_choice("score", self.score, SCORES)

@@ -23,8 +23,18 @@ from transformers import AutoModelForImageClassification, PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .config import CONFIG_NAME, GSCConfig
+
+STATE_FILE = "detector_state.safetensors"
 from .scores import ood_score
-from .shortcircuit import first_order_logits, predicted_logit_update, short_circuit, short_circuit_mask
+from .shortcircuit import (
+    diagonal_fisher_sum,
+    first_order_logits,
+    num_masked,
+    num_masked_adaptive,
+    predicted_logit_update,
+    short_circuit,
+    short_circuit_mask,
+)
 from .split_points import SplitPoint, resolve_split_point
 
 
@@ -96,6 +106,8 @@ class GSCForImageClassification(nn.Module):
         self.config = config
         # Set by from_pretrained when the base model ships one; saved along with base weights.
         self.image_processor: Any = None
+        # (d,) diagonal Fisher of the feature, fitted on ID training data for selection="fisher".
+        self.fisher_diagonal: torch.Tensor | None = None
         self.model.eval()
         self.model.requires_grad_(False)
         self.split_point: SplitPoint = resolve_split_point(model, config.split_point)
@@ -150,11 +162,16 @@ class GSCForImageClassification(nn.Module):
         return detector
 
     def state_dict_for_saving(self) -> dict[str, torch.Tensor]:
-        """Fitted tensors of the detector (none for plain GSC), saved as safetensors."""
-        return {}
+        """Fitted tensors of the detector (the diagonal Fisher when fitted), saved as safetensors."""
+        return {} if self.fisher_diagonal is None else {"fisher_diagonal": self.fisher_diagonal}
 
     def load_state_dict_from_dir(self, directory: str | os.PathLike) -> None:
-        """Counterpart of :meth:`state_dict_for_saving`; plain GSC has nothing to load."""
+        """Counterpart of :meth:`state_dict_for_saving`."""
+        from safetensors.torch import load_file
+
+        path = os.path.join(directory, STATE_FILE)
+        if os.path.isfile(path):
+            self.fisher_diagonal = load_file(path).get("fisher_diagonal")
 
     def save_pretrained(
         self,
@@ -219,6 +236,25 @@ class GSCForImageClassification(nn.Module):
         dtype = next(self.model.parameters()).dtype
         return pixel_values.to(dtype)
 
+    def _features_logits_gradient(
+        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``F``, ``y = head(F)`` and the per-sample gradient w.r.t. ``F`` (all detached).
+
+        Without ``labels`` the gradient is ``d y_c / dF`` for the predicted class ``c``; with labels it is the
+        gradient of the cross-entropy loss (what the diagonal Fisher is made of). Call with grad enabled.
+        """
+        split = self.split_point
+        features = split.features(pixel_values).detach().clone().requires_grad_(True)
+        logits = split.head(features, pixel_values)
+        if labels is None:
+            # Heads are batch-separable, so one backward of sum_i y[i, c_i] gives every per-sample g.
+            objective = logits.gather(1, logits.argmax(dim=-1)[:, None]).sum()
+        else:
+            objective = nn.functional.cross_entropy(logits, labels.to(logits.device), reduction="sum")
+        (gradient,) = torch.autograd.grad(objective, features)
+        return features.detach(), logits.detach(), gradient.detach()
+
     def forward(self, pixel_values: torch.Tensor, output_short_circuit: bool = False) -> GSCOutput:
         """Score a batch.
 
@@ -231,21 +267,26 @@ class GSCForImageClassification(nn.Module):
         pixel_values = self._check_pixel_values(pixel_values)
         config = self.config
         split = self.split_point
+        if config.selection == "fisher" and self.fisher_diagonal is None:
+            raise RuntimeError("selection='fisher' needs a fitted diagonal Fisher: call fit_fisher(id_train_batches)")
+        if config.mask_size == "adaptive" and config.gradient_mass is None:
+            raise RuntimeError(
+                "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
+            )
         # The gradient w.r.t. F is part of inference, so autograd is switched back on locally.
         with torch.inference_mode(False), torch.enable_grad():
             # clone(): tensors made under inference mode cannot be saved for backward.
             pixel_values = pixel_values.clone()
-            features = split.features(pixel_values).detach().clone().requires_grad_(True)
-            logits = split.head(features, pixel_values)
+            features, logits, gradient = self._features_logits_gradient(pixel_values)
             predicted_class = logits.argmax(dim=-1)
-            # Heads are batch-separable, so one backward of sum_i y[i, c_i] gives every per-sample g.
-            (gradient,) = torch.autograd.grad(logits.gather(1, predicted_class[:, None]).sum(), features)
-            features = features.detach()
-            logits = logits.detach()
 
             flat_features, flat_gradient = features.flatten(1), gradient.flatten(1)
+            if config.mask_size == "adaptive":
+                k = num_masked_adaptive(flat_gradient, config.gradient_mass)
+            else:
+                k = num_masked(flat_gradient, config.mask_ratio)
             generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
-            mask = short_circuit_mask(flat_gradient, config.mask_ratio, config.selection, generator=generator)
+            mask = short_circuit_mask(flat_gradient, k, config.selection, self.fisher_diagonal, generator)
             shorted = short_circuit(
                 flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
             )
@@ -265,7 +306,7 @@ class GSCForImageClassification(nn.Module):
         is_ood = None if config.threshold is None else scores < config.threshold
         extra = {}
         if output_short_circuit:
-            extra = dict(features=features, gradient=gradient.detach(), mask=mask.view_as(features))
+            extra = dict(features=features, gradient=gradient, mask=mask.view_as(features))
         return GSCOutput(
             logits=logits,
             gsc_logits=gsc_logits,
@@ -275,7 +316,7 @@ class GSCForImageClassification(nn.Module):
             **extra,
         )
 
-    # ------------------------------------------------------------------ calibration
+    # ------------------------------------------------------------------ calibration and fitting
     def calibrate(
         self,
         id_validation_data: torch.Tensor | Iterable[Any],
@@ -297,23 +338,79 @@ class GSCForImageClassification(nn.Module):
         """
         from .evaluation.calibration import calibrate_threshold, calibration_record
 
-        batches = [id_validation_data] if isinstance(id_validation_data, torch.Tensor) else id_validation_data
         scores = []
-        for index, batch in enumerate(batches):
-            if isinstance(batch, Mapping):
-                batch = batch["pixel_values"]
-            elif isinstance(batch, (tuple, list)):
-                batch = batch[0]
-            if not isinstance(batch, torch.Tensor):
-                raise TypeError(
-                    f"id_validation_data batch {index} must be a tensor, a (pixel_values, labels) tuple or a "
-                    f"mapping with 'pixel_values'; got {type(batch).__name__}"
-                )
+        for pixel_values, _ in _batches(id_validation_data, "id_validation_data"):
             with torch.no_grad():
-                scores.append(self(batch).ood_score.double().cpu())
-        if not scores:
-            raise ValueError("id_validation_data is empty; calibration needs ID validation samples")
+                scores.append(self(pixel_values).ood_score.double().cpu())
         all_scores = torch.cat(scores)
         self.config.threshold = calibrate_threshold(all_scores, tpr)
         self.config.calibration = calibration_record(split, all_scores.numel(), tpr)
         return self.config.threshold
+
+    def calibrate_gradient_mass(self, id_validation_data: torch.Tensor | Iterable[Any]) -> float:
+        """For ``mask_size="adaptive"``: choose ``gradient_mass`` so that the mean mask ratio ``k/n`` on ID
+        validation data equals ``config.mask_ratio`` (bisection; the mean ratio grows with the mass).
+
+        Use ID validation data only. Returns the mass and stores it in ``config.gradient_mass``.
+        """
+        gradients = []
+        for pixel_values, _ in _batches(id_validation_data, "id_validation_data"):
+            with torch.inference_mode(False), torch.enable_grad():
+                gradients.append(self._features_logits_gradient(self._check_pixel_values(pixel_values).clone())[2].flatten(1))
+        gradient = torch.cat(gradients)
+        read = (gradient != 0).sum(dim=1).clamp_min(1).double()
+
+        def mean_ratio(mass: float) -> float:
+            return float((num_masked_adaptive(gradient, mass) / read).mean())
+
+        low, high = 0.0, 1.0
+        for _ in range(40):
+            middle = (low + high) / 2
+            low, high = (middle, high) if mean_ratio(middle) < self.config.mask_ratio else (low, middle)
+        self.config.gradient_mass = high
+        return high
+
+    def fit_fisher(self, id_train_data: Iterable[Any]) -> torch.Tensor:
+        """Fit the diagonal Fisher ``lambda_i = E[(d CE(y, label) / dF_i)^2]`` on ID *training* data.
+
+        Args:
+            id_train_data: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and
+                ``labels``/``label``), streamed: only the running sum is kept.
+        Returns:
+            ``(d,)`` float64 ``lambda``, also stored for ``selection="fisher"`` and saved with the detector.
+        """
+        total, count = None, 0
+        for pixel_values, labels in _batches(id_train_data, "id_train_data"):
+            if labels is None:
+                raise ValueError("fit_fisher needs labels: pass (pixel_values, labels) batches of ID training data")
+            with torch.inference_mode(False), torch.enable_grad():
+                gradient = self._features_logits_gradient(self._check_pixel_values(pixel_values).clone(), labels)[2]
+            batch_sum = diagonal_fisher_sum(gradient.flatten(1))
+            total = batch_sum if total is None else total + batch_sum
+            count += gradient.shape[0]
+        if count < 2:
+            raise ValueError(f"fit_fisher needs at least 2 ID training samples, got {count}")
+        self.fisher_diagonal = total / count
+        return self.fisher_diagonal
+
+
+def _batches(data: torch.Tensor | Iterable[Any], name: str) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Normalise tensors, ``(pixel_values, labels)`` tuples and mappings into ``(pixel_values, labels)`` batches."""
+    batches = [data] if isinstance(data, torch.Tensor) else data
+    seen = False
+    for index, batch in enumerate(batches):
+        labels = None
+        if isinstance(batch, Mapping):
+            labels = batch.get("labels", batch.get("label"))
+            batch = batch.get("pixel_values")
+        elif isinstance(batch, (tuple, list)) and batch:
+            batch, labels = batch[0], (batch[1] if len(batch) > 1 else None)
+        if not isinstance(batch, torch.Tensor):
+            raise TypeError(
+                f"{name} batch {index} must be a tensor, a (pixel_values, labels) tuple or a "
+                f"mapping with 'pixel_values'; got {type(batch).__name__}"
+            )
+        seen = True
+        yield batch, labels
+    if not seen:
+        raise ValueError(f"{name} is empty; it must hold at least one batch of images")

@@ -18,11 +18,12 @@ from typing import Callable, Literal
 import torch
 
 Operation = Literal["zero", "perturb", "project", "clip", "scale"]
-Selection = Literal["gradient", "random", "reverse"]
+Selection = Literal["gradient", "random", "reverse", "fisher"]
 Approximation = Literal["first_order", "predicted_logit", "exact"]
 
 OPERATIONS: tuple[str, ...] = ("zero", "perturb", "project", "clip", "scale")
-SELECTIONS: tuple[str, ...] = ("gradient", "random", "reverse")
+SELECTIONS: tuple[str, ...] = ("gradient", "random", "reverse", "fisher")
+MASK_SIZES: tuple[str, ...] = ("fixed", "adaptive")
 APPROXIMATIONS: tuple[str, ...] = ("first_order", "predicted_logit", "exact")
 
 
@@ -40,6 +41,27 @@ def num_masked(gradient: torch.Tensor, mask_ratio: float) -> torch.Tensor:
     return torch.ceil(n.double() * mask_ratio - 1e-9).clamp(min=0).long()
 
 
+def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float) -> torch.Tensor:
+    """Per-sample mask size: the smallest ``k`` whose top-``k`` ``|g|`` hold ``gradient_mass`` of the total ``|g|``.
+
+    A sample whose gradient is concentrated on few coordinates gets a small mask, a diffuse one a large
+    mask (a fixed ``mask_ratio`` treats both alike).
+
+    Args:
+        gradient: ``(B, d)``.
+        gradient_mass: fraction in ``[0, 1]``; 0 gives ``k = 0``.
+    Returns:
+        ``(B,)`` int64, at most the number of nonzero coordinates.
+    """
+    magnitude = gradient.abs().double().sort(dim=1, descending=True).values
+    cumulative = magnitude.cumsum(dim=1)
+    total = cumulative[:, -1:]
+    # Number of prefixes still short of the target, plus the one that reaches it.
+    k = (cumulative < gradient_mass * total * (1 - 1e-12)).sum(dim=1) + 1
+    k = torch.where(torch.as_tensor(gradient_mass > 0) & (total[:, 0] > 0), k, torch.zeros_like(k))
+    return torch.minimum(k, (gradient != 0).sum(dim=1))
+
+
 def _mask_from_priority(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Mask of the ``k[i]`` highest-priority coordinates per row; ties go to the lower index."""
     order = torch.argsort(priority, dim=1, descending=True, stable=True)
@@ -50,37 +72,50 @@ def _mask_from_priority(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor
 
 def short_circuit_mask(
     gradient: torch.Tensor,
-    mask_ratio: float,
+    k: torch.Tensor,
     selection: Selection = "gradient",
-    weights: torch.Tensor | None = None,
+    fisher_diagonal: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Boolean mask of the coordinates to short-circuit.
+    """Boolean mask of the ``k[i]`` coordinates to short-circuit in each row.
 
     Args:
         gradient: ``g``, ``(B, d)``.
-        mask_ratio: fraction of the read (nonzero-gradient) coordinates to select.
-        selection: ``gradient`` = largest ``|g|`` (the paper); ``reverse`` = smallest nonzero ``|g|``;
-            ``random`` = uniformly among the read coordinates (ablation controls).
-        weights: optional ``(d,)`` nonnegative per-coordinate divisor of ``|g|`` for the ``gradient``
-            selection (Fisher-weighted selection ranks by ``|g_i| / sqrt(lambda_i)``).
+        k: ``(B,)`` mask sizes, from :func:`num_masked` or :func:`num_masked_adaptive`.
+        selection: ``gradient`` = largest ``|g|`` (the paper); ``fisher`` = largest ``|g_i| / sqrt(lambda_i)``
+            (the optimum of the paper's Theorem A.4.1 under a diagonal Fisher ``lambda``); ``reverse`` =
+            smallest nonzero ``|g|``; ``random`` = uniformly among the read coordinates (ablation controls).
+        fisher_diagonal: ``(d,)`` nonnegative ``lambda``, required for ``selection="fisher"``.
         generator: random source for ``selection="random"``.
     Returns:
-        ``(B, d)`` bool.
+        ``(B, d)`` bool. Coordinates with ``g = 0`` (not read by the head) are chosen last.
     """
-    k = num_masked(gradient, mask_ratio)
     magnitude = gradient.abs()
     read = gradient != 0
+    unread = torch.full_like(magnitude, -math.inf)
     if selection == "gradient":
-        priority = magnitude if weights is None else magnitude / weights
+        priority = magnitude
+    elif selection == "fisher":
+        if fisher_diagonal is None:
+            raise ValueError("selection='fisher' needs the diagonal Fisher: fit it on ID training data first")
+        scale = fisher_diagonal.to(magnitude).sqrt().clamp_min(torch.finfo(magnitude.dtype).tiny)
+        priority = torch.where(read, magnitude / scale, unread)
     elif selection == "reverse":
-        priority = torch.where(read, -magnitude, torch.full_like(magnitude, -math.inf))
+        priority = torch.where(read, -magnitude, unread)
     elif selection == "random":
         noise = torch.rand(gradient.shape, generator=generator, device="cpu").to(gradient.device)
-        priority = torch.where(read, noise, torch.full_like(noise, -1.0))
+        priority = torch.where(read, noise.to(magnitude.dtype), unread)
     else:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     return _mask_from_priority(priority, k)
+
+
+def diagonal_fisher_sum(loss_gradient: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch of squared per-sample loss gradients ``(dl/dF)^2``: ``(B, d) -> (d,)`` float64.
+
+    Divided by the number of samples this is the empirical diagonal Fisher ``lambda`` of the feature.
+    """
+    return loss_gradient.double().pow(2).sum(dim=0)
 
 
 def short_circuit(

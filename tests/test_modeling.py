@@ -345,3 +345,62 @@ def test_calibrate_keeps_the_requested_fraction_of_id(pixel_values):
         detector.calibrate([])
     with pytest.raises(TypeError, match="batch 0 must be a tensor"):
         detector.calibrate(["not a tensor"])
+
+
+# --------------------------------------------------------------------------- beyond the paper
+def test_adaptive_mask_size_matches_reference_and_calibrates_mean_ratio(pixel_values):
+    model = make_tiny_model("vit")
+    detector = GSCForImageClassification(model, mask_size="adaptive", gradient_mass=0.3)
+    out = detector(pixel_values, output_short_circuit=True)
+    for i in range(pixel_values.shape[0]):
+        magnitude = np.sort(np.abs(out.gradient[i].flatten().numpy()))[::-1]
+        cumulative = np.cumsum(magnitude) / magnitude.sum()
+        expected_k = int(np.argmax(cumulative >= 0.3 - 1e-12)) + 1
+        assert int(out.mask[i].sum()) == expected_k
+        chosen = np.abs(out.gradient[i].flatten().numpy())[out.mask[i].flatten().numpy()]
+        assert chosen.min() >= magnitude[expected_k - 1]
+
+    validation = torch.randn(30, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    calibrated = GSCForImageClassification(model, mask_size="adaptive", mask_ratio=0.2)
+    with pytest.raises(RuntimeError, match="calibrate_gradient_mass"):
+        calibrated(pixel_values)
+    mass = calibrated.calibrate_gradient_mass([validation[:16], validation[16:]])
+    mask = calibrated(validation, output_short_circuit=True).mask.flatten(1)
+    mean_ratio = (mask.sum(dim=1) / model.config.hidden_size).double().mean().item()
+    assert 0 < mass < 1 and abs(mean_ratio - 0.2) <= 1.0 / model.config.hidden_size + 1e-9
+
+
+def test_fisher_selection_uses_fitted_diagonal_and_round_trips(pixel_values, tmp_path):
+    model = make_tiny_model("vit")
+    detector = GSCForImageClassification(model, selection="fisher", mask_ratio=0.25)
+    with pytest.raises(RuntimeError, match="fit_fisher"):
+        detector(pixel_values)
+    generator = torch.Generator().manual_seed(8)
+    train = [(torch.randn(8, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64),
+              torch.randint(0, NUM_LABELS, (8,), generator=generator)) for _ in range(3)]
+    fisher = detector.fit_fisher(train)
+
+    # Reference: per-sample autograd of the cross-entropy, squared and averaged.
+    features, head = reference_features_and_head(model, "vit", torch.cat([x for x, _ in train]))
+    labels = torch.cat([y for _, y in train])
+    expected = torch.zeros(features[0].numel(), dtype=torch.float64)
+    for i in range(features.shape[0]):
+        f = features[i : i + 1].detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad(torch.nn.functional.cross_entropy(head(f), labels[i : i + 1]), f)
+        expected += grad.flatten() ** 2
+    torch.testing.assert_close(fisher, expected / features.shape[0])
+
+    out = detector(pixel_values, output_short_circuit=True)
+    for i in range(pixel_values.shape[0]):
+        g = out.gradient[i].flatten()
+        read = g != 0
+        priority = torch.where(read, g.abs() / fisher.sqrt().clamp_min(1e-300), torch.tensor(-1.0, dtype=g.dtype))
+        k = math.ceil(0.25 * int(read.sum()))
+        assert set(out.mask[i].flatten().nonzero().flatten().tolist()) == set(priority.topk(k).indices.tolist())
+
+    detector.save_pretrained(tmp_path / "fisher")
+    loaded = GSCForImageClassification(model, GSCConfig.from_json_file(tmp_path / "fisher" / "gsc_config.json"))
+    loaded.load_state_dict_from_dir(tmp_path / "fisher")
+    torch.testing.assert_close(loaded(pixel_values).ood_score, out.ood_score, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="needs labels"):
+        GSCForImageClassification(model, selection="fisher").fit_fisher([pixel_values])
