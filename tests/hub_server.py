@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 

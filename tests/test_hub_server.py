@@ -7,7 +7,6 @@ Every request goes to 127.0.0.1 only: in-process tests patch huggingface_hub's i
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
