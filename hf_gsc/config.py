@@ -41,6 +41,9 @@ class GSCConfig:
         split_point: where ``F`` is taken: ``"final_encoder_output"`` (before the final LayerNorm /
             pooler; input-dependent gradients for ViT/Swin/ConvNeXt), ``"penultimate"`` (input of the
             last ``nn.Linear``; linear head, ``g = W[c]``), or a dotted module path in the base model.
+        earlier_split_point: multi-layer short-circuit (beyond the paper): an earlier encoder block
+            (``"vit.layers.-3"``) short-circuited together with ``split_point`` under one shared budget
+            ``k = ceil(mask_ratio * (n_earlier + n_final))``, coordinates ranked by ``|g|`` normalised per layer.
         mask_ratio: fraction of the coordinates the head reads (nonzero gradient) to short-circuit;
             ``k = ceil(mask_ratio * n)`` per sample. With ``mask_size="adaptive"`` it is the *mean* ratio
             on ID validation data that ``calibrate_gradient_mass`` targets.
@@ -64,6 +67,7 @@ class GSCConfig:
     """
 
     split_point: str = "final_encoder_output"
+    earlier_split_point: str | None = None
     mask_ratio: float = 0.05
     mask_size: str = "fixed"
     gradient_mass: float | None = None
@@ -84,6 +88,8 @@ class GSCConfig:
 
     def __post_init__(self) -> None:
         validate_split_point_name(self.split_point)
+        if self.earlier_split_point is not None:
+            validate_split_point_name(self.earlier_split_point)
         _check_number("mask_ratio", self.mask_ratio, 0.0, 1.0)
         _check_choice("selection", self.selection, SELECTIONS)
         _check_choice("mask_size", self.mask_size, MASK_SIZES)

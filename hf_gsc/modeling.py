@@ -15,7 +15,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ from .shortcircuit import (
     short_circuit,
     short_circuit_mask,
 )
-from .split_points import SplitPoint, resolve_split_point
+from .split_points import SplitPoint, resolve_block_chain, resolve_split_point
 
 
 @dataclass
@@ -111,9 +111,14 @@ class GSCForImageClassification(nn.Module):
         self.model.eval()
         self.model.requires_grad_(False)
         self.split_point: SplitPoint = resolve_split_point(model, config.split_point)
+        # Multi-layer short-circuit: the earlier split point and the blocks from it to the final one.
+        self.block_chain = (
+            None if config.earlier_split_point is None
+            else resolve_block_chain(model, config.earlier_split_point, config.split_point)
+        )
         if (
             config.approximation == "first_order"
-            and config.split_point not in ("final_encoder_output", "penultimate")
+            and (config.split_point not in ("final_encoder_output", "penultimate") or self.block_chain is not None)
             and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
         ):
             # A head made of encoder blocks contains attention, and torch has no forward-mode AD for
@@ -238,22 +243,61 @@ class GSCForImageClassification(nn.Module):
 
     def _features_logits_gradient(
         self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``F``, ``y = head(F)`` and the per-sample gradient w.r.t. ``F`` (all detached).
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        """``F``, ``y``, the per-sample gradient w.r.t. ``F`` (all detached) and the head ``H`` with ``H(F) = y``.
 
         Without ``labels`` the gradient is ``d y_c / dF`` for the predicted class ``c``; with labels it is the
         gradient of the cross-entropy loss (what the diagonal Fisher is made of). Call with grad enabled.
+
+        With ``earlier_split_point`` the feature is the concatenation ``[F_earlier, F_final]`` flattened,
+        ``(B, d_earlier + d_final)``, and ``H([F1, F2]) = head(blocks(F1) + F2 - F2_0)``: its gradient
+        holds ``d y_c / dF1`` (through the blocks) and ``d y_c / dF2``, and moving both parts moves both layers.
         """
         split = self.split_point
-        features = split.features(pixel_values).detach().clone().requires_grad_(True)
-        logits = split.head(features, pixel_values)
+        if self.block_chain is None:
+            features = split.features(pixel_values).detach().clone().requires_grad_(True)
+            logits = split.head(features, pixel_values)
+            inputs = [features]
+        else:
+            earlier, run_blocks = self.block_chain
+            earlier_features = earlier.features(pixel_values).detach().clone().requires_grad_(True)
+            final_features = run_blocks(earlier_features)
+            logits = split.head(final_features, pixel_values)
+            inputs = [earlier_features, final_features]
         if labels is None:
             # Heads are batch-separable, so one backward of sum_i y[i, c_i] gives every per-sample g.
             objective = logits.gather(1, logits.argmax(dim=-1)[:, None]).sum()
         else:
             objective = nn.functional.cross_entropy(logits, labels.to(logits.device), reduction="sum")
-        (gradient,) = torch.autograd.grad(objective, features)
-        return features.detach(), logits.detach(), gradient.detach()
+        gradients = torch.autograd.grad(objective, inputs)
+        if self.block_chain is None:
+            return features.detach(), logits.detach(), gradients[0].detach(), lambda f: split.head(f, pixel_values)
+
+        shapes = [t.shape[1:] for t in inputs]
+        sizes = [t[0].numel() for t in inputs]
+        final_0 = final_features.detach()
+
+        def joint_head(joint: torch.Tensor) -> torch.Tensor:
+            f1, f2 = joint.split(sizes, dim=1)
+            moved = run_blocks(f1.reshape(-1, *shapes[0])) + (f2.reshape(-1, *shapes[1]) - final_0)
+            return split.head(moved, pixel_values)
+
+        joint_features = torch.cat([t.detach().flatten(1) for t in inputs], dim=1)
+        joint_gradient = torch.cat([g.detach().flatten(1) for g in gradients], dim=1)
+        self._layer_sizes = sizes
+        return joint_features, logits.detach(), joint_gradient, joint_head
+
+    def _selection_gradient(self, gradient: torch.Tensor) -> torch.Tensor:
+        """The gradient that ranks coordinates: per-layer RMS-normalised under a shared multi-layer budget
+        (raw gradient scales differ between layers), the gradient itself otherwise. ``(B, d) -> (B, d)``."""
+        if self.block_chain is None:
+            return gradient
+        parts = []
+        for part in gradient.split(self._layer_sizes, dim=1):
+            read = (part != 0).sum(dim=1, keepdim=True).clamp_min(1)
+            rms = (part.pow(2).sum(dim=1, keepdim=True) / read).sqrt()
+            parts.append(part / rms.clamp_min(torch.finfo(part.dtype).tiny))
+        return torch.cat(parts, dim=1)
 
     def forward(self, pixel_values: torch.Tensor, output_short_circuit: bool = False) -> GSCOutput:
         """Score a batch.
@@ -277,30 +321,29 @@ class GSCForImageClassification(nn.Module):
         with torch.inference_mode(False), torch.enable_grad():
             # clone(): tensors made under inference mode cannot be saved for backward.
             pixel_values = pixel_values.clone()
-            features, logits, gradient = self._features_logits_gradient(pixel_values)
+            features, logits, gradient, head = self._features_logits_gradient(pixel_values)
             predicted_class = logits.argmax(dim=-1)
 
             flat_features, flat_gradient = features.flatten(1), gradient.flatten(1)
+            ranking = self._selection_gradient(flat_gradient)
             if config.mask_size == "adaptive":
-                k = num_masked_adaptive(flat_gradient, config.gradient_mass)
+                k = num_masked_adaptive(ranking, config.gradient_mass)
             else:
                 k = num_masked(flat_gradient, config.mask_ratio)
             generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
-            mask = short_circuit_mask(flat_gradient, k, config.selection, self.fisher_diagonal, generator)
+            mask = short_circuit_mask(ranking, k, config.selection, self.fisher_diagonal, generator)
             shorted = short_circuit(
                 flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
             )
             delta = shorted - flat_features
 
             if config.approximation == "first_order":
-                gsc_logits = first_order_logits(
-                    lambda f: split.head(f, pixel_values), features, delta.view_as(features)
-                ).detach()
+                gsc_logits = first_order_logits(head, features, delta.view_as(features)).detach()
             elif config.approximation == "predicted_logit":
                 gsc_logits = predicted_logit_update(logits, predicted_class, flat_gradient, delta)
             else:
                 with torch.no_grad():
-                    gsc_logits = split.head(shorted.view_as(features), pixel_values)
+                    gsc_logits = head(shorted.view_as(features))
 
         scores = ood_score(gsc_logits, config.score, config.temperature)
         is_ood = None if config.threshold is None else scores < config.threshold
@@ -356,7 +399,8 @@ class GSCForImageClassification(nn.Module):
         gradients = []
         for pixel_values, _ in _batches(id_validation_data, "id_validation_data"):
             with torch.inference_mode(False), torch.enable_grad():
-                gradients.append(self._features_logits_gradient(self._check_pixel_values(pixel_values).clone())[2].flatten(1))
+                gradient = self._features_logits_gradient(self._check_pixel_values(pixel_values).clone())[2]
+            gradients.append(self._selection_gradient(gradient.flatten(1)))
         gradient = torch.cat(gradients)
         read = (gradient != 0).sum(dim=1).clamp_min(1).double()
 

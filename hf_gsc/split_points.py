@@ -261,3 +261,38 @@ def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_outp
                 return spec.head(model, features)
 
     return SplitPoint(model, split_point, path, False, head_is_linear=False, _direct_head=direct_head)
+
+
+def resolve_block_chain(model: nn.Module, earlier_split_point: str, split_point: str) -> tuple[SplitPoint, Callable[[torch.Tensor], torch.Tensor]]:
+    """For multi-layer short-circuit: the earlier split point and the blocks mapping its ``F`` to the final one's.
+
+    ``earlier_split_point`` must be a block of the registered encoder (e.g. ``"vit.layers.-3"``) and
+    ``split_point`` must be ``"final_encoder_output"``; returns ``(earlier, blocks)`` with
+    ``blocks(F_earlier) = F_final``.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    spec = ARCHITECTURES.get(model_type)
+    if split_point != "final_encoder_output" or spec is None or not spec.blocks_take_hidden_only:
+        supported = sorted(name for name, entry in ARCHITECTURES.items() if entry.blocks_take_hidden_only)
+        raise ValueError(
+            "earlier_split_point needs split_point='final_encoder_output' on one of the model types "
+            f"{supported}; got split_point={split_point!r} on model type {model_type!r}"
+        )
+    path = _normalise_path(model, earlier_split_point)
+    blocks = list(model.get_submodule(spec.blocks))
+    prefix = spec.blocks + "."
+    index = path[len(prefix):] if path.startswith(prefix) else ""
+    if not index.isdigit() or int(index) >= len(blocks) - 1:
+        raise ValueError(
+            f"earlier_split_point {earlier_split_point!r} must be a block of {spec.blocks} before the last one "
+            f"(indices 0..{len(blocks) - 2} or -{len(blocks)}..-2)"
+        )
+    remaining = blocks[int(index) + 1 :]
+
+    def run_blocks(features: torch.Tensor) -> torch.Tensor:
+        for block in remaining:
+            features = _call_block(block, features)
+        return features
+
+    earlier = SplitPoint(model, earlier_split_point, path, False, head_is_linear=False, _direct_head=None)
+    return earlier, run_blocks

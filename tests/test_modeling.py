@@ -404,3 +404,61 @@ def test_fisher_selection_uses_fitted_diagonal_and_round_trips(pixel_values, tmp
     torch.testing.assert_close(loaded(pixel_values).ood_score, out.ood_score, atol=0, rtol=0)
     with pytest.raises(ValueError, match="needs labels"):
         GSCForImageClassification(model, selection="fisher").fit_fisher([pixel_values])
+
+
+@pytest.mark.parametrize("arch, earlier", [("vit", "vit.layers.0"), ("resnet", "resnet.encoder.stages.-2")])
+def test_multi_layer_short_circuit_matches_reference(arch, earlier, pixel_values):
+    """Shared budget over two layers; first order = y + J1 d1 + J2 d2 with J from autograd per sample."""
+    model = make_tiny_model(arch)
+    ratio = 0.1
+    outs = {a: GSCForImageClassification(model, earlier_split_point=earlier, mask_ratio=ratio, approximation=a)(
+        pixel_values, output_short_circuit=True) for a in APPROXIMATIONS}
+    out = outs["first_order"]
+    if arch == "vit":
+        hidden = model.vit(pixel_values, output_hidden_states=True).hidden_states
+        f1, f2 = hidden[1], hidden[2]
+        blocks = lambda f: model.vit.layers[1](f)
+        head = lambda f: model.classifier(model.vit.layernorm(f)[:, 0])
+    else:
+        hidden = model.resnet(pixel_values, output_hidden_states=True).hidden_states
+        f1, f2 = hidden[-2], hidden[-1]
+        blocks = lambda f: model.resnet.encoder.stages[-1](f)
+        head = lambda f: model.classifier[1](f.mean(dim=(2, 3)))
+    d1 = f1[0].numel()
+    for i in range(pixel_values.shape[0]):
+        x1, x2 = f1[i : i + 1].detach(), f2[i : i + 1].detach()
+        joint = lambda a, b: head(blocks(a) + b - x2)[0]
+        y = joint(x1, x2).detach()
+        c = int(y.argmax())
+        j1, j2 = torch.autograd.functional.jacobian(joint, (x1, x2))
+        g1, g2 = j1[c].flatten(), j2[c].flatten()
+        torch.testing.assert_close(out.gradient[i], torch.cat([g1, g2]), atol=1e-8, rtol=1e-6)
+        # Shared budget, per-layer RMS-normalised ranking, zero operation.
+        normalised = []
+        for g in (g1, g2):
+            rms = (g.pow(2).sum() / (g != 0).sum()).sqrt()
+            normalised.append(g / rms)
+        ranking = torch.cat(normalised).abs()
+        n = int((ranking != 0).sum())
+        k = math.ceil(ratio * n)
+        expected_mask = torch.zeros_like(ranking, dtype=torch.bool)
+        expected_mask[sorted(range(len(ranking)), key=lambda j: (-ranking[j].item(), j))[:k]] = True
+        assert torch.equal(out.mask[i], expected_mask)
+        assert out.mask[i, :d1].any() or out.mask[i, d1:].any()
+        delta = torch.where(expected_mask, -torch.cat([x1.flatten(), x2.flatten()]), torch.zeros(()).double())
+        jac = torch.cat([j1.reshape(NUM_LABELS, -1), j2.reshape(NUM_LABELS, -1)], dim=1)
+        torch.testing.assert_close(out.gsc_logits[i], y + jac @ delta, atol=1e-6, rtol=1e-6)
+        exact = joint(x1 + delta[:d1].view_as(x1), x2 + delta[d1:].view_as(x2)).detach()
+        torch.testing.assert_close(outs["exact"].gsc_logits[i], exact, atol=1e-8, rtol=1e-6)
+        predicted = y.clone()
+        predicted[c] += torch.cat([g1, g2]) @ delta
+        torch.testing.assert_close(outs["predicted_logit"].gsc_logits[i], predicted, atol=1e-8, rtol=1e-6)
+    zero = GSCForImageClassification(model, earlier_split_point=earlier, mask_ratio=0.0)(pixel_values)
+    torch.testing.assert_close(zero.gsc_logits, zero.logits, atol=1e-10, rtol=0)
+
+
+def test_multi_layer_rejects_unsupported_settings():
+    with pytest.raises(ValueError, match="before the last one"):
+        GSCForImageClassification(make_tiny_model("vit"), earlier_split_point="vit.layers.-1")
+    with pytest.raises(ValueError, match="needs split_point='final_encoder_output'"):
+        GSCForImageClassification(make_tiny_model("swin"), earlier_split_point="swin.encoder.layers.0")
