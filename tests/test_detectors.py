@@ -344,8 +344,11 @@ def test_fit_on_no_samples_raises(setting, name):
     [("knn", {}, 32), ("knn", {"k": 20}, 16), ("mahalanobis", {}, 16), ("gem", {}, 16), ("vim", {}, 8)],
 )
 def test_fit_on_too_few_samples_raises(setting, name, hyperparameters, limit):
-    with pytest.raises(NotEnoughSamplesError, match="needs at least"):
-        get_detector(name, setting.model, **hyperparameters).fit(setting.batches(8, limit=limit))
+    detector = get_detector(name, setting.model, **hyperparameters)
+    dim = setting.F_fit.shape[1]
+    assert detector.min_fit_samples == {"knn": hyperparameters.get("k", 50), "vim": dim}.get(name, dim + NUM_LABELS)
+    with pytest.raises(NotEnoughSamplesError, match=f"needs at least {detector.min_fit_samples} ID"):
+        detector.fit(setting.batches(8, limit=limit))
 
 
 @pytest.mark.parametrize("name", ["mahalanobis", "gem", "conjnorm", "she"])

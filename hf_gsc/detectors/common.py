@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..features import LinearHead, linear_head, penultimate_features, penultimate_split
+from ..features import LinearHead, check_fit_samples, linear_head, penultimate_features, penultimate_split
 from ..scores import ood_score
 from .base import Detector
 
@@ -93,12 +93,25 @@ class FittedDetector(PenultimateDetector):
     """A penultimate-feature detector with statistics fitted on ID data.
 
     Subclasses implement ``_fit(stream)``, which consumes ``(features (B, D), labels (B,))`` batches
-    once and sets the attributes named in ``state_names``; ``_prepare()`` derives anything else from
-    them (it also runs after :meth:`load_state_dict`).
+    once, checks the count with :meth:`check_fit_count` and sets the attributes named in
+    ``state_names``; ``_prepare()`` derives anything else from them (it also runs after
+    :meth:`load_state_dict`). ``min_fit_samples`` is set per instance by :meth:`fit_requirement`.
     """
 
     needs_fit = True
     state_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
+        super().__init__(model, **hyperparameters)
+        self.min_fit_samples, self.fit_requirement_reason = self.fit_requirement()
+
+    def fit_requirement(self) -> tuple[int, str]:
+        """``(minimum number of fitting samples, why)`` for this model and these hyperparameters."""
+        return 1, "at least one sample"
+
+    def check_fit_count(self, got: int) -> None:
+        """Raise :class:`hf_gsc.features.NotEnoughSamplesError` below ``min_fit_samples``."""
+        check_fit_samples(self.name, got, self.min_fit_samples, self.fit_requirement_reason)
 
     def fit(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> "FittedDetector":
         self._fit(penultimate_features(self.model, batches))

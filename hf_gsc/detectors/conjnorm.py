@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from ..features import ClassStatistics, check_fit_samples, collect_features
+from ..features import ClassStatistics, collect_features
 from .base import register_detector
 from .common import FittedDetector
 
@@ -91,10 +91,13 @@ class ConjNormDetector(FittedDetector):
         if self.hyperparameters["dual_norm"] not in ("feature", "class"):
             raise ValueError(f"conjnorm: dual_norm must be 'feature' or 'class', got {self.hyperparameters['dual_norm']!r}")
 
+    def fit_requirement(self) -> tuple[int, str]:
+        return self.head.num_classes, "one sample per class"
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         features, labels = collect_features(stream)
         num_classes = self.head.num_classes
-        check_fit_samples(self.name, features.shape[0], num_classes, "one sample per class")
+        self.check_fit_count(features.shape[0])
         statistics = ClassStatistics(num_classes)
         statistics.update(features, labels)
         p, temperature, dual_norm = (self.hyperparameters[key] for key in ("p", "temperature", "dual_norm"))

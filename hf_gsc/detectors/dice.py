@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from ..features import ClassStatistics, LinearHead, check_fit_samples, percentile
+from ..features import ClassStatistics, LinearHead, percentile
 from ..scores import energy_score
 from .base import register_detector
 from .common import FittedDetector
@@ -47,7 +47,7 @@ class DICEDetector(FittedDetector):
         statistics = ClassStatistics(num_classes=1)
         for features, labels in stream:
             statistics.update(features, torch.zeros_like(labels))
-        check_fit_samples(self.name, statistics.count, 1, "the mean ID feature")
+        self.check_fit_count(statistics.count)
         self.mean_features = statistics.class_sums[0] / statistics.count
 
     def _prepare(self) -> None:

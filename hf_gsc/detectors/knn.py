@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from ..features import check_fit_samples, collect_features
+from ..features import collect_features
 from .base import register_detector
 from .common import FittedDetector
 
@@ -48,14 +48,16 @@ class KNNDetector(FittedDetector):
     def validate(self) -> None:
         self._integer("k", 1)
 
+    def fit_requirement(self) -> tuple[int, str]:
+        return self.hyperparameters["k"], f"k={self.hyperparameters['k']} neighbours"
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         features, _ = collect_features(stream)
-        k = self.hyperparameters["k"]
-        check_fit_samples(self.name, features.shape[0], k, f"k={k} neighbours")
+        self.check_fit_count(features.shape[0])
         self.bank = l2_normalise(features)
 
     def _prepare(self) -> None:
-        check_fit_samples(self.name, self.bank.shape[0], self.hyperparameters["k"], "k neighbours")
+        self.check_fit_count(self.bank.shape[0])
 
     def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return knn_score(self.features(pixel_values), self.bank, self.hyperparameters["k"])

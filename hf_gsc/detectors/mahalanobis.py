@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from ..features import ClassStatistics, check_fit_samples, mahalanobis_distances, tied_precision
+from ..features import ClassStatistics, mahalanobis_distances, tied_precision
 from .base import register_detector
 from .common import FittedDetector
 
@@ -26,12 +26,14 @@ class TiedGaussianDetector(FittedDetector):
 
     state_names = ("class_means", "precision")
 
+    def fit_requirement(self) -> tuple[int, str]:
+        return self.head.feature_dim + self.head.num_classes, "feature dim + classes, for a full-rank tied covariance"
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         statistics = ClassStatistics(self.head.num_classes, second_moment=True)
         for features, labels in stream:
             statistics.update(features, labels)
-        needed = self.head.feature_dim + self.head.num_classes
-        check_fit_samples(self.name, statistics.count, needed, "feature dim + classes, for a full-rank tied covariance")
+        self.check_fit_count(statistics.count)
         self.class_means = statistics.class_means(self.name)
         self.precision = tied_precision(statistics.tied_covariance(self.name))
 

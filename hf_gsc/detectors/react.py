@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from ..features import LinearHead, check_fit_samples, collect_features, percentile
+from ..features import LinearHead, collect_features, percentile
 from ..scores import energy_score
 from .base import register_detector
 from .common import FittedDetector
@@ -40,7 +40,7 @@ class ReActDetector(FittedDetector):
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         features, _ = collect_features(stream)
-        check_fit_samples(self.name, features.shape[0], 1, "a percentile of ID activations")
+        self.check_fit_count(features.shape[0])
         self.threshold = torch.tensor([percentile(features, self.hyperparameters["percentile"])], dtype=torch.float64)
 
     def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from ..features import ClassStatistics, LinearHead, check_fit_samples
+from ..features import ClassStatistics, LinearHead
 from .base import register_detector
 from .common import FittedDetector
 
@@ -31,13 +31,16 @@ class SHEDetector(FittedDetector):
     name = "she"
     state_names = ("patterns",)
 
+    def fit_requirement(self) -> tuple[int, str]:
+        return self.head.num_classes, "one correctly classified sample per class"
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         statistics = ClassStatistics(self.head.num_classes)
         seen = 0
         for features, labels in stream:
             seen += features.shape[0]
             statistics.update(features, labels, keep=self.head(features).argmax(dim=-1) == labels)
-        check_fit_samples(self.name, seen, self.head.num_classes, "one correctly classified sample per class")
+        self.check_fit_count(seen)
         self.patterns = statistics.class_means(self.name, "correctly classified sample")
 
     def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from ..features import LinearHead, check_fit_samples, collect_features
+from ..features import LinearHead, collect_features
 from ..scores import energy_score
 from .base import register_detector
 from .common import FittedDetector
@@ -68,13 +68,16 @@ class ViMDetector(FittedDetector):
         if self.hyperparameters["principal_dim"] is not None:
             self._integer("principal_dim", 1)
 
+    def fit_requirement(self) -> tuple[int, str]:
+        return self.head.feature_dim, "feature dim, for the feature covariance"
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         features, _ = collect_features(stream)
         dim = self.head.feature_dim
         principal_dim = self.hyperparameters["principal_dim"] or vim_principal_dim(dim)
         if not principal_dim < dim:
             raise ValueError(f"vim: principal_dim must be < the feature dim {dim}, got {principal_dim}")
-        check_fit_samples(self.name, features.shape[0], dim, "feature dim, for the feature covariance")
+        self.check_fit_count(features.shape[0])
         self.origin = vim_origin(self.head)
         self.residual_space = vim_residual_space(features, self.origin, principal_dim)
         max_logit = self.head(features.double()).amax(dim=-1).mean()
