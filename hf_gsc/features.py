@@ -43,8 +43,8 @@ class LinearHead:
         return self.weight.shape[1]
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
-        """``(B, D) -> (B, K)``."""
-        return torch.nn.functional.linear(features, self.weight.to(features.dtype), self.bias.to(features.dtype))
+        """``(B, D) -> (B, K)``, on the features' device and in their dtype."""
+        return torch.nn.functional.linear(features, self.weight.to(features), self.bias.to(features))
 
 
 def penultimate_split(model: nn.Module) -> SplitPoint:
@@ -53,20 +53,21 @@ def penultimate_split(model: nn.Module) -> SplitPoint:
 
 
 def linear_head(model: nn.Module) -> LinearHead:
-    """Weight and bias of the model's last ``nn.Linear``, detached (the model stays frozen)."""
+    """Weight and bias of the model's last ``nn.Linear``, detached, on the CPU like the features."""
     linear = model.get_submodule(penultimate_split(model).module_path)
-    bias = linear.bias if linear.bias is not None else torch.zeros(linear.out_features, dtype=linear.weight.dtype)
-    return LinearHead(linear.weight.detach(), bias.detach())
+    weight = linear.weight.detach().cpu()
+    bias = linear.bias.detach().cpu() if linear.bias is not None else torch.zeros(linear.out_features, dtype=weight.dtype)
+    return LinearHead(weight, bias)
 
 
 def penultimate_features(
     model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Stream ``(pixel_values, labels)`` batches into ``(features (B, D), labels (B,))`` batches."""
+    """Stream ``(pixel_values, labels)`` batches into ``(features (B, D), labels (B,))`` batches, on the CPU."""
     split = penultimate_split(model)
     for pixel_values, labels in batches:
-        features = split.features(pixel_values).flatten(1)
-        yield features, torch.as_tensor(labels).reshape(-1).long()
+        features = split.features(pixel_values).flatten(1).cpu()
+        yield features, torch.as_tensor(labels).reshape(-1).long().cpu()
 
 
 def collect_features(stream: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:

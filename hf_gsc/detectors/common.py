@@ -85,8 +85,12 @@ class PenultimateDetector(BaselineDetector):
         self.head: LinearHead = linear_head(self.model)
 
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """``(B, C, H, W) -> (B, D)``, without gradient."""
-        return self.split.features(pixel_values).flatten(1)
+        """``(B, C, H, W) -> (B, D)``, without gradient, on the CPU (where fitted statistics live)."""
+        return self.split.features(pixel_values).flatten(1).cpu()
+
+    def score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """As :meth:`Detector.score`, returned on the device of ``pixel_values``."""
+        return super().score(pixel_values).to(pixel_values.device)
 
 
 class FittedDetector(PenultimateDetector):

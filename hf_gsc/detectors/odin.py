@@ -39,8 +39,8 @@ def odin_perturb(
         predicted = logits.argmax(dim=-1)
         loss = -torch.log_softmax(logits, dim=-1).gather(1, predicted[:, None]).sum()
         (gradient,) = torch.autograd.grad(loss, inputs)
-    sign = torch.where(gradient >= 0, 1.0, -1.0).to(pixel_values.dtype)
-    std = image_std.to(pixel_values.dtype).view(1, -1, 1, 1)
+    sign = torch.where(gradient >= 0, 1.0, -1.0).to(pixel_values)
+    std = image_std.to(device=pixel_values.device, dtype=pixel_values.dtype).view(1, -1, 1, 1)
     return (pixel_values.detach() - epsilon * sign / std).detach()
 
 
