@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,7 @@ def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
             assert (output_dir / "scores" / name / f"{split}.safetensors").is_file()
     assert {"hf_gsc", "torch", "transformers", "datasets", "accelerate"} <= set(saved["versions"])
     assert saved["config"]["batch_size"] == 4
+    assert saved["config"]["gsc"]["mask_ratio"] == saved["methods"]["gsc"]["hyperparameters"]["mask_ratio"]
     table = (output_dir / "results.md").read_text()
     assert "| Method | noise | flat | Average |" in table and "FPR95" in table
 
@@ -174,6 +176,18 @@ def test_plots_written(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_
     runner.run_evaluation(argv)
     for name in ("densities.png", "roc.png"):
         assert (output_dir / "plots" / name).stat().st_size > 1000
+
+
+def test_model_fingerprint_follows_weights() -> None:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)  # ResNet has 0-dim BatchNorm buffers (num_batches_tracked)
+    model = ResNetForImageClassification(ResNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1]))
+    before = runner.model_fingerprint(model)
+    assert runner.model_fingerprint(model) == before
+    with torch.no_grad():
+        model.classifier[-1].bias[0] += 1e-6
+    assert runner.model_fingerprint(model) != before
 
 
 # -------------------------------------------------------------------------------- cache and resume
@@ -306,12 +320,20 @@ def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, d
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     accelerate = Path(sys.executable).with_name("accelerate")
+    with socket.socket() as probe:  # a free port: other runs may hold accelerate's default 29500
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-               "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), *_argv(tiny, output_dir)]
+               "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
+               str(SCRIPT), *_argv(tiny, output_dir)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     two = json.loads((output_dir / "results.json").read_text())
     assert two["num_processes"] == 2
-    _assert_close(_numbers(two), _numbers(single_run[1]))
+    try:
+        _assert_close(_numbers(two), _numbers(single_run[1]))
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n2 processes: {json.dumps(_numbers(two))}\n"
+                             f"1 process: {json.dumps(_numbers(single_run[1]))}") from None
     assert "| Method | noise | flat | Average |" in result.stdout  # the table is printed once
     assert result.stdout.count("| Method | noise") == 1

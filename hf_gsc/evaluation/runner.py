@@ -330,7 +330,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
         digest.update(config.to_json_string(use_diff=False).encode())
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:32]
 
 
@@ -667,7 +667,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         },
         "calibration_split": "validation",
         "num_processes": accelerator.num_processes,
-        "config": _jsonable(vars(args)),
+        # "gsc": the effective GSCConfig settings (defaults included), read by hf_gsc.hub for model cards.
+        "config": {**_jsonable(vars(args)), **({"gsc": method_entries["gsc"]["hyperparameters"]} if "gsc" in methods else {})},
         "versions": package_versions(),
         "seconds": {
             "total": round(time.perf_counter() - start, 2),
