@@ -1,0 +1,467 @@
+"""Beyond the paper (issue #8): GSC variants against default GSC and Energy, and a validation-only
+protocol that decides whether a variant may become the default.
+
+Variants (all built through the ``gsc`` detector, so fitting goes through ``Detector.fit`` exactly
+as in ``scripts/evaluate_ood.py``):
+
+* ``energy``: Energy score of the base model's logits (reference baseline).
+* ``gsc``: default ``GSCConfig`` (fixed ``mask_ratio=0.05``, ``|g|`` selection, final encoder output).
+* ``gsc_adaptive``: ``mask_size="adaptive"``; its gradient mass is calibrated on ID *validation*
+  data (part ``fit`` below) so that the mean mask ratio there is ``mask_ratio``.
+* ``gsc_fisher``: ``selection="fisher"``; the diagonal Fisher is fitted on ID *train* data.
+* ``gsc_multilayer``: ``earlier_split_point`` = the block before the last one, shared budget.
+  Unsupported architectures (Swin) are reported as ``n/a`` with the reason the core gives.
+
+Selection protocol (:func:`run_protocol`), which never reads an ID test split or a test OOD split:
+
+* ID validation is split once, at random (``seed``), into disjoint parts: ``fit`` (calibrates
+  ``gsc_adaptive``), ``select`` (the ID side of the selection) and, for ``fmnist-ood``, ``jigsaw``
+  (source images of a validation OOD set).
+* Validation OOD (:func:`build_validation_ood`):
+    - ``fmnist-ood``: ``val_noise`` = ``hf_gsc.data.noise.generate_noise`` with seed
+      ``VALIDATION_SEED`` (test ``noise`` uses seed 0: same generator, different pixels) and
+      ``val_jigsaw`` = ID validation images (part ``jigsaw``) whose 4x4 grid of 7x7 patches is
+      shuffled (a random non-identity permutation per image, seed ``VALIDATION_SEED``).
+    - ``fmnist-openset``: ``val_heldout_classes`` = the Fashion-MNIST *validation* rows (held out of
+      training, never test images) of the four classes the benchmark keeps out of distribution.
+* Rule (fixed before any result was seen): among the GSC configurations, pick the lowest mean
+  validation FPR95 over the validation OOD sets, ties broken by the higher mean AUROC, then by
+  the order of ``GSC_VARIANTS`` (default first). Energy is reported but is not a GSC default candidate.
+* A variant is *recommended as the default* (:func:`verdict`) only if the protocol picks it over
+  default GSC in a strict majority of the evaluated (model, benchmark) pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+#: Every method compared, in report order.
+VARIANT_NAMES: tuple[str, ...] = ("energy", "gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
+#: The GSC configurations the protocol chooses between; the default first (it wins ties).
+GSC_VARIANTS: tuple[str, ...] = ("gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
+#: Seed of everything generated for the validation OOD sets (the test OOD splits use seed 0).
+VALIDATION_SEED = 1001
+BENCHMARK_NAMES: tuple[str, ...] = ("fmnist-ood", "fmnist-openset")
+ARCHS: tuple[str, ...] = ("resnet", "vit", "swin")
+
+
+# ------------------------------------------------------------------------------------- variants
+def earlier_block(model: torch.nn.Module) -> str:
+    """The block before the last one of the model's registered encoder, e.g. ``"vit.layers.-2"``."""
+    from ..split_points import ARCHITECTURES
+
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    spec = ARCHITECTURES.get(model_type)
+    if spec is None:
+        raise ValueError(f"model type {model_type!r} has no registered encoder blocks")
+    return f"{spec.blocks}.-2"
+
+
+def variant_hyperparameters(model: torch.nn.Module) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Variant name -> (registered detector name, hyperparameters)."""
+    try:
+        earlier: str | None = earlier_block(model)
+    except ValueError:
+        earlier = None
+    return {
+        "energy": ("energy", {}),
+        "gsc": ("gsc", {}),
+        "gsc_adaptive": ("gsc", {"mask_size": "adaptive"}),
+        "gsc_fisher": ("gsc", {"selection": "fisher"}),
+        "gsc_multilayer": ("gsc", {"earlier_split_point": earlier or "unregistered"}),
+    }
+
+
+def build_variants(
+    model: torch.nn.Module, names: Sequence[str] = VARIANT_NAMES
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(detectors, unavailable)``: a detector per variant, or the reason it cannot run on ``model``."""
+    from ..detectors import get_detector
+
+    specs = variant_hyperparameters(model)
+    detectors, unavailable = {}, {}
+    for name in names:
+        method, hyperparameters = specs[name]
+        try:
+            detectors[name] = get_detector(method, model, **hyperparameters)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            unavailable[name] = str(error)
+    return detectors, unavailable
+
+
+# ----------------------------------------------------------------------------------------- data
+def _images(dataset: Any) -> np.ndarray:
+    """uint8 (N, H, W) grayscale images of a benchmark-style dataset."""
+    from ..data.preprocessing import decode_image
+
+    return np.stack([np.asarray(decode_image(v, "dataset", i).convert("L")) for i, v in enumerate(dataset["image"])])
+
+
+def jigsaw(images: np.ndarray, grid: int = 4, seed: int = VALIDATION_SEED) -> np.ndarray:
+    """Shuffle each image's ``grid x grid`` patches with its own random non-identity permutation."""
+    n, h, w = images.shape
+    if h % grid or w % grid:
+        raise ValueError(f"image size {h}x{w} is not divisible by the {grid}x{grid} grid")
+    ph, pw = h // grid, w // grid
+    rng = np.random.default_rng(seed)
+    patches = images.reshape(n, grid, ph, grid, pw).transpose(0, 1, 3, 2, 4).reshape(n, grid * grid, ph, pw)
+    out = np.empty_like(patches)
+    identity = np.arange(grid * grid)
+    for i in range(n):
+        order = rng.permutation(grid * grid)
+        while np.array_equal(order, identity):
+            order = rng.permutation(grid * grid)
+        out[i] = patches[i, order]
+    return out.reshape(n, grid, grid, ph, pw).transpose(0, 1, 3, 2, 4).reshape(n, h, w)
+
+
+def split_validation(num_rows: int, parts: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Disjoint random row sets of the ID validation split, sorted, of the requested sizes (shrunk
+    proportionally when the split is too small)."""
+    total = sum(parts.values())
+    scale = min(1.0, num_rows / total) if total else 1.0
+    order = np.random.default_rng([seed, zlib.crc32(b"validation-parts")]).permutation(num_rows)
+    out, start = {}, 0
+    for name, size in parts.items():
+        size = int(size * scale)
+        out[name] = np.sort(order[start : start + size])
+        start += size
+    return out
+
+
+def build_validation_ood(
+    benchmark: str, jigsaw_source: Any | None, num_samples: int, seed: int = VALIDATION_SEED
+) -> dict[str, Any]:
+    """The validation OOD sets of ``benchmark`` (see the module docstring); never a test OOD split."""
+    from ..data.arrays import to_dataset
+
+    if benchmark == "fmnist-ood":
+        from ..data.noise import generate_noise
+
+        noise, _ = generate_noise(num_samples, seed=seed)
+        sets = {"val_noise": to_dataset(noise, [-1] * len(noise))}
+        if jigsaw_source is not None and len(jigsaw_source):
+            shuffled = jigsaw(_images(jigsaw_source), seed=seed)
+            sets["val_jigsaw"] = to_dataset(shuffled, [-1] * len(shuffled))
+        return sets
+    if benchmark == "fmnist-openset":
+        from ..data import fashion_mnist
+        from ..data.benchmarks import OPENSET_OOD_CLASSES
+
+        validation = fashion_mnist.load_arrays()["validation"]
+        rows = np.flatnonzero(np.isin(validation.labels, OPENSET_OOD_CLASSES))
+        rows = rows[: num_samples] if len(rows) <= num_samples else np.sort(
+            np.random.default_rng(seed).choice(rows, size=num_samples, replace=False)
+        )
+        return {"val_heldout_classes": to_dataset(validation.images[rows], [-1] * len(rows))}
+    raise ValueError(f"no validation OOD sets defined for benchmark {benchmark!r}; known: {BENCHMARK_NAMES}")
+
+
+def subset(dataset: Any, max_samples: int | None, seed: int, key: str) -> Any:
+    """At most ``max_samples`` rows drawn with ``(seed, key)``: the rows ``scripts/evaluate_ood.py
+    --max-samples`` scores for the split of the same key (``test``, ``ood_{name}``)."""
+    from ..evaluation.runner import subset as runner_subset
+
+    return runner_subset(dataset, max_samples, seed, key)
+
+
+# -------------------------------------------------------------------------------------- scoring
+def batches(
+    dataset: Any, transform: Callable[[dict[str, list]], dict[str, torch.Tensor]], batch_size: int
+) -> Any:
+    """``(pixel_values, labels)`` batches of a benchmark-style dataset."""
+    for start in range(0, len(dataset), batch_size):
+        batch = transform(dataset[start : start + batch_size])
+        yield batch["pixel_values"], batch["label"]
+
+
+def score_dataset(
+    detectors: Mapping[str, Any], dataset: Any, transform: Callable, batch_size: int = 128
+) -> dict[str, np.ndarray]:
+    """Scores (higher = ID) of every detector on ``dataset``; images are preprocessed once per batch."""
+    scores: dict[str, list[np.ndarray]] = {name: [] for name in detectors}
+    for pixel_values, _ in batches(dataset, transform, batch_size):
+        with torch.no_grad():
+            for name, detector in detectors.items():
+                scores[name].append(detector.score(pixel_values).double().cpu().numpy())
+    return {name: np.concatenate(parts) for name, parts in scores.items()}
+
+
+def metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """FPR95 and AUROC per OOD set and their mean (``"average"``)."""
+    from ..evaluation.metrics import auroc, fpr_at_tpr
+
+    out = {name: {"fpr95": fpr_at_tpr(id_scores, s), "auroc": auroc(id_scores, s)} for name, s in ood_scores.items()}
+    out["average"] = {key: float(np.mean([v[key] for v in out.values()])) for key in ("fpr95", "auroc")}
+    return out
+
+
+def select_variant(validation: Mapping[str, Mapping[str, Mapping[str, float]]], candidates: Sequence[str] = GSC_VARIANTS) -> str:
+    """The protocol's rule: lowest mean validation FPR95, then highest mean AUROC, then candidate order."""
+    ranked = [(validation[name]["average"]["fpr95"], -validation[name]["average"]["auroc"], i, name)
+              for i, name in enumerate(candidates) if name in validation]
+    if not ranked:
+        raise ValueError("no candidate variant has validation metrics")
+    return min(ranked)[3]
+
+
+# ------------------------------------------------------------------------------------- protocol
+def fit_variants(
+    detectors: Mapping[str, Any],
+    id_splits: Mapping[str, Any],
+    fit_validation: Any,
+    transform: Callable,
+    max_fit_samples: int,
+    seed: int = 0,
+    batch_size: int = 128,
+) -> dict[str, dict[str, Any]]:
+    """Fit the detectors that need it: ``fit_split="train"`` on at most ``max_fit_samples`` ID train
+    rows, ``"validation"`` on ``fit_validation`` (the ``fit`` part of ID validation). Returns what was fitted."""
+    info: dict[str, dict[str, Any]] = {}
+    for name, detector in detectors.items():
+        if not detector.needs_fit:
+            continue
+        data = subset(id_splits["train"], max_fit_samples, seed, "fit") if detector.fit_split == "train" else fit_validation
+        start = time.perf_counter()
+        detector.fit(batches(data, transform, batch_size))
+        entry: dict[str, Any] = {"split": detector.fit_split, "num_samples": len(data), "seconds": time.perf_counter() - start}
+        gsc = getattr(detector, "detector", None)
+        if gsc is not None and gsc.config.gradient_mass is not None:
+            entry["gradient_mass"] = gsc.config.gradient_mass
+        info[name] = entry
+    return info
+
+
+def run_protocol(
+    detectors: Mapping[str, Any],
+    id_splits: Mapping[str, Any],
+    benchmark: str,
+    transform: Callable,
+    max_samples: int = 1000,
+    max_fit_samples: int = 5000,
+    seed: int = 0,
+    batch_size: int = 128,
+    validation_ood_builder: Callable[..., dict[str, Any]] = build_validation_ood,
+) -> dict[str, Any]:
+    """Fit every variant and choose between them with validation data only.
+
+    Reads ``id_splits["train"]`` (Fisher) and ``id_splits["validation"]`` (adaptive mass, ID side of
+    the selection, jigsaw sources) and nothing else of the benchmark: no ID test split, no OOD split.
+    """
+    validation = id_splits["validation"]
+    parts = {"fit": max_samples, "select": max_samples}
+    if benchmark == "fmnist-ood":
+        parts["jigsaw"] = max_samples
+    rows = split_validation(len(validation), parts, seed)
+    fit_info = fit_variants(detectors, id_splits, validation.select(rows["fit"].tolist()), transform,
+                            max_fit_samples, seed, batch_size)
+    jigsaw_source = validation.select(rows["jigsaw"].tolist()) if "jigsaw" in rows else None
+    val_ood = validation_ood_builder(benchmark, jigsaw_source, max_samples, VALIDATION_SEED)
+    id_scores = score_dataset(detectors, validation.select(rows["select"].tolist()), transform, batch_size)
+    ood_scores = {split: score_dataset(detectors, ds, transform, batch_size) for split, ds in val_ood.items()}
+    validation_metrics = {
+        name: metrics(id_scores[name], {split: s[name] for split, s in ood_scores.items()}) for name in detectors
+    }
+    return {
+        "fit": fit_info,
+        "num_samples": {"id_validation_fit": len(rows["fit"]), "id_validation_select": len(rows["select"]),
+                        **{split: len(ds) for split, ds in val_ood.items()}},
+        "validation": validation_metrics,
+        "choice": select_variant(validation_metrics),
+    }
+
+
+def evaluate_test(
+    detectors: Mapping[str, Any],
+    id_test: Any,
+    ood_splits: Mapping[str, Any],
+    transform_for: Callable[[str], Callable],
+    max_samples: int | None,
+    seed: int = 0,
+    batch_size: int = 128,
+) -> dict[str, Any]:
+    """Test metrics of every (already fitted) detector: ID test vs each OOD split, ``max_samples`` each."""
+    id_test = subset(id_test, max_samples, seed, "test")
+    id_scores = score_dataset(detectors, id_test, transform_for("id_test"), batch_size)
+    ood_scores, counts = {}, {"id_test": len(id_test)}
+    for split, dataset in ood_splits.items():
+        dataset = subset(dataset, max_samples, seed, f"ood_{split}")
+        counts[split] = len(dataset)
+        ood_scores[split] = score_dataset(detectors, dataset, transform_for(split), batch_size)
+    test_metrics = {name: metrics(id_scores[name], {s: v[name] for s, v in ood_scores.items()}) for name in detectors}
+    return {"num_samples": counts, "test": test_metrics}
+
+
+def compare(
+    arch: str,
+    benchmark: str,
+    max_samples: int = 1000,
+    max_fit_samples: int = 5000,
+    seed: int = 0,
+    batch_size: int = 128,
+    model_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Everything for one (reference model, benchmark) pair: protocol, test metrics, the comparison."""
+    from transformers import AutoModelForImageClassification
+
+    from ..data import load_benchmark, load_image_processor, make_transform, num_channels
+    from ..reference_models import reference_model_path
+
+    start = time.perf_counter()
+    path = Path(model_dir) if model_dir is not None else reference_model_path(arch, benchmark)
+    model = AutoModelForImageClassification.from_pretrained(path).eval().requires_grad_(False)
+    processor = load_image_processor(path)
+    bench = load_benchmark(benchmark)
+    if model.config.num_labels != bench.num_labels:
+        raise ValueError(f"{path} has {model.config.num_labels} labels but {benchmark} has {bench.num_labels} ID classes")
+    detectors, unavailable = build_variants(model)
+
+    def transform_for(name: str) -> Callable:
+        return make_transform(processor, num_channels(model.config), f"{benchmark}/{name}")
+
+    protocol = run_protocol(detectors, bench.id_splits, benchmark, transform_for("validation"), max_samples,
+                            max_fit_samples, seed, batch_size)
+    test = evaluate_test(detectors, bench.id_splits["test"], bench.ood_splits, transform_for, max_samples, seed, batch_size)
+    choice = protocol["choice"]
+    test_avg = {name: test["test"][name]["average"] for name in detectors}
+    test_best = select_variant(test["test"])
+    return {
+        "arch": arch,
+        "benchmark": benchmark,
+        "model": str(path),
+        "settings": {"max_samples": max_samples, "max_fit_samples": max_fit_samples, "seed": seed,
+                     "validation_seed": VALIDATION_SEED},
+        "hyperparameters": {name: variant_hyperparameters(model)[name][1] for name in detectors},
+        "unavailable": unavailable,
+        **protocol,
+        **test,
+        "test_best": test_best,
+        "choice_wins_on_test": choice == test_best,
+        "choice_beats_default_on_test": choice != "gsc" and test_avg[choice]["fpr95"] < test_avg["gsc"]["fpr95"],
+        "seconds": time.perf_counter() - start,
+    }
+
+
+# --------------------------------------------------------------------------------------- report
+def verdict(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per variant: in how many evaluated pairs the protocol picked it; ``default`` is the variant to
+    recommend as the new default (picked over ``gsc`` in a strict majority of pairs) or ``"gsc"``."""
+    picks = {name: sum(r["choice"] == name for r in results) for name in GSC_VARIANTS}
+    evaluated = {name: sum(name in r["validation"] for r in results) for name in GSC_VARIANTS}
+    winners = [name for name in GSC_VARIANTS[1:] if results and picks[name] * 2 > len(results)]
+    return {"pairs": len(results), "picks": picks, "evaluated": evaluated, "default": winners[0] if winners else "gsc"}
+
+
+def _cell(entry: Mapping[str, float] | None) -> str:
+    if entry is None:
+        return "n/a"
+    return f"{100 * entry['fpr95']:.1f} / {100 * entry['auroc']:.1f}"
+
+
+def markdown_tables(results: Sequence[Mapping[str, Any]], missing: Mapping[str, str] | None = None) -> str:
+    """Test tables per benchmark (FPR95 / AUROC in %, per OOD split and average), the validation
+    table, and the protocol's choices."""
+    lines: list[str] = []
+    for benchmark in BENCHMARK_NAMES:
+        rows = [r for r in results if r["benchmark"] == benchmark]
+        if not rows:
+            continue
+        splits = list(rows[0]["test"][next(iter(rows[0]["test"]))])
+        splits = [s for s in splits if s != "average"] + ["average"]
+        lines += [f"### `{benchmark}`: test (FPR95 / AUROC, %)", "",
+                  "| model | method | " + " | ".join(splits) + " |", "|---|---|" + "---|" * len(splits)]
+        for r in rows:
+            for name in VARIANT_NAMES:
+                cells = [_cell(r["test"][name].get(s)) if name in r["test"] else "n/a" for s in splits]
+                mark = " (picked)" if name == r["choice"] else ""
+                lines.append(f"| {r['arch']} | {name}{mark} | " + " | ".join(cells) + " |")
+        counts = ", ".join(f"{r['arch']}: " + ", ".join(f"{k} {v}" for k, v in r["num_samples"].items()) for r in rows)
+        lines += ["", f"Samples: {counts}.", ""]
+    lines += ["### Validation protocol (FPR95 / AUROC on validation OOD, %)", "",
+              "| model | benchmark | validation OOD sets | " + " | ".join(VARIANT_NAMES) + " | picked | test best GSC | picked beats default on test |",
+              "|---|---|---|" + "---|" * len(VARIANT_NAMES) + "---|---|---|"]
+    for r in results:
+        sets = ", ".join(s for s in r["validation"][next(iter(r["validation"]))] if s != "average")
+        cells = [_cell(r["validation"][n]["average"]) if n in r["validation"] else "n/a" for n in VARIANT_NAMES]
+        lines.append(f"| {r['arch']} | {r['benchmark']} | {sets} | " + " | ".join(cells)
+                     + f" | {r['choice']} | {r['test_best']} | {'yes' if r['choice_beats_default_on_test'] else 'no'} |")
+    lines.append("")
+    notes = sorted({(r["arch"], n, reason) for r in results for n, reason in r["unavailable"].items()})
+    for arch, name, reason in notes:
+        lines.append(f"- `{name}` on {arch}: n/a ({reason})")
+    for key, reason in (missing or {}).items():
+        lines.append(f"- {key}: not evaluated ({reason})")
+    fitted = [f"{r['arch']}/{r['benchmark']}: gradient_mass {r['fit']['gsc_adaptive']['gradient_mass']:.4f}"
+              for r in results if "gradient_mass" in r["fit"].get("gsc_adaptive", {})]
+    if fitted:
+        lines.append("- calibrated adaptive gradient mass: " + "; ".join(fitted))
+    v = verdict(results)
+    lines += ["", f"Protocol picks over {v['pairs']} pairs: " + ", ".join(f"{k} {n}" for k, n in v["picks"].items())
+              + f". Recommended default: `{v['default']}`.", ""]
+    return "\n".join(lines)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return float(value) if math.isfinite(value) else str(value)
+    if isinstance(value, (np.integer, np.bool_)):
+        return value.item()
+    return value
+
+
+def run(
+    archs: Sequence[str],
+    benchmarks: Sequence[str],
+    output_dir: str | Path,
+    max_samples: int = 1000,
+    max_fit_samples: int = 5000,
+    seed: int = 0,
+    batch_size: int = 128,
+    log: Callable[[str], None] = print,
+) -> str:
+    """Run :func:`compare` for every pair (reusing ``{output_dir}/{benchmark}/{arch}.json`` from an earlier
+    run with the same settings), then write ``{output_dir}/variants.md``; returns the markdown."""
+    output_dir = Path(output_dir)
+    results, missing = [], {}
+    settings = {"max_samples": max_samples, "max_fit_samples": max_fit_samples, "seed": seed,
+                "validation_seed": VALIDATION_SEED}
+    for benchmark in benchmarks:
+        for arch in archs:
+            path = output_dir / benchmark / f"{arch}.json"
+            if path.is_file():
+                saved = json.loads(path.read_text())
+                if saved.get("settings") == settings:
+                    log(f"{benchmark}/{arch}: reusing {path}")
+                    results.append(saved)
+                    continue
+            try:
+                from ..reference_models import reference_model_path
+
+                reference_model_path(arch, benchmark)
+            except FileNotFoundError as error:
+                missing[f"{arch} on {benchmark}"] = f"no checkpoint: {error}"
+                log(f"{benchmark}/{arch}: skipped, {error}")
+                continue
+            log(f"{benchmark}/{arch}: running")
+            result = _jsonable(compare(arch, benchmark, max_samples, max_fit_samples, seed, batch_size))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result, indent=2, sort_keys=True))
+            log(f"{benchmark}/{arch}: picked {result['choice']}, test best {result['test_best']} ({result['seconds']:.0f} s)")
+            results.append(result)
+    text = markdown_tables(results, missing)
+    (output_dir / "variants.md").parent.mkdir(parents=True, exist_ok=True)
+    (output_dir / "variants.md").write_text(text)
+    return text
