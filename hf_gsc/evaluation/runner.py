@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
-import math
 import os
 import platform
-import sys
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -43,13 +41,16 @@ from .. import __version__
 from .loop import SCORE_KEY, ScoreCache, fingerprint, make_dataloader, score_split
 from .report import RESULTS_MD, method_results, write_report
 
-logger = logging.getLogger(__name__)
 
 #: The default of ``--methods`` (and of ``make demo``): GSC and the main baselines that need no long
 #: fit, those of them that are registered.
 DEFAULT_METHODS = ("gsc", "msp", "energy", "max_logit", "odin", "react", "ash_b")
 #: Name of the ID test split and the ID validation split in the score cache.
 ID_TEST, ID_VALIDATION = "id_test", "id_validation"
+#: Prefix of the OOD splits in the score cache: ``ood_{name}``.
+OOD_PREFIX = "ood_"
+#: Key of the base model's predicted classes in its score file.
+PREDICTIONS_KEY = "predictions"
 #: Pseudo-method holding the base model's predictions on ID test (for ``id_accuracy``).
 BASE_MODEL = "_base_model"
 DETECTORS_DIR = "detectors"
@@ -521,6 +522,174 @@ def make_accelerator() -> Any:
     return Accelerator(kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=3))])
 
 
+@dataclass
+class EvaluationPlan:
+    """The exact samples of every split and the fingerprint of every cached artefact.
+
+    Attributes:
+        splits: ``id_test``, ``id_validation`` and ``ood_{name}`` -> the (subsampled) dataset.
+        fit_data: method -> its (subsampled) ID fitting data, for methods that need a fit.
+        fit_fingerprints: method -> fingerprint of its fitted state.
+        score_fingerprints: ``(method, split)`` -> fingerprint of its score file.
+    """
+
+    splits: dict[str, Any]
+    fit_data: dict[str, Any]
+    fit_fingerprints: dict[str, str]
+    score_fingerprints: dict[tuple[str, str], str]
+
+    @property
+    def ood_names(self) -> list[str]:
+        return [split[len(OOD_PREFIX):] for split in self.splits if split.startswith(OOD_PREFIX)]
+
+
+def make_plan(
+    args: argparse.Namespace,
+    parsed: Mapping[str, Any],
+    model: torch.nn.Module,
+    detectors: Mapping[str, Any],
+    hyperparameters: Mapping[str, Mapping[str, Any]],
+    id_splits: Mapping[str, Any],
+    ood_splits: Mapping[str, Any],
+) -> EvaluationPlan:
+    """Subsample the splits and fingerprint what each score depends on: the weights, the method and
+    its settings (and fit), the exact samples."""
+    model_fp = model_fingerprint(model)
+    source = args.benchmark or args.id_dataset
+    splits = {
+        ID_TEST: subset(id_splits["test"], args.max_samples, args.seed, "test"),
+        ID_VALIDATION: subset(id_splits["validation"], args.max_samples, args.seed, "validation"),
+        **{
+            OOD_PREFIX + name: subset(dataset, args.max_samples, args.seed, OOD_PREFIX + name)
+            for name, dataset in ood_splits.items()
+        },
+    }
+    ood_sources = dict(parsed["extra_ood"])
+    descriptions = {
+        split: {
+            "source": source if not split.startswith(OOD_PREFIX)
+            else ood_sources.get(split[len(OOD_PREFIX):], f"{source}/{split[len(OOD_PREFIX):]}"),
+            "rows": len(dataset),
+            "max_samples": args.max_samples,
+            "seed": args.seed,
+        }
+        for split, dataset in splits.items()
+    }
+    fit_data = {
+        name: subset(id_splits[detector.fit_split], args.max_fit_samples, args.seed, f"fit_{detector.fit_split}")
+        for name, detector in detectors.items()
+        if detector.needs_fit
+    }
+    fit_fps = {
+        name: fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters.get(name, {}),
+                           "fit_split": detectors[name].fit_split, "source": source,
+                           "num_samples": len(dataset), "seed": args.seed})
+        for name, dataset in fit_data.items()
+    }
+    score_fps = {
+        (name, split): fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters.get(name, {}),
+                                    "fit": fit_fps.get(name), "split": split, "data": descriptions[split]})
+        for name in [*detectors, BASE_MODEL]
+        for split in splits
+    }
+    return EvaluationPlan(splits, fit_data, fit_fps, score_fps)
+
+
+def missing_scores(
+    accelerator: Any, plan: EvaluationPlan, methods: Sequence[str], cache: ScoreCache, overwrite: bool
+) -> dict[str, list[str]]:
+    """Split -> methods whose score file is missing or stale. Decided on the main process and
+    broadcast, so every process runs the same collective operations."""
+    missing = None
+    if accelerator.is_main_process:
+        missing = {
+            split: [
+                name for name in ([*methods, BASE_MODEL] if split == ID_TEST else methods)
+                if overwrite or not cache.is_cached(name, split, plan.score_fingerprints[(name, split)])
+            ]
+            for split in plan.splits
+        }
+    return _broadcast(accelerator, missing)
+
+
+def score_missing(
+    accelerator: Any,
+    plan: EvaluationPlan,
+    missing: Mapping[str, Sequence[str]],
+    detectors: Mapping[str, Any],
+    model: torch.nn.Module,
+    transform_for: Callable[[str], Callable[[list], torch.Tensor]],
+    cache: ScoreCache,
+    batch_size: int,
+) -> dict[str, dict[str, float]]:
+    """Score each split with its missing methods (one pass over the split); the main process saves
+    each split's files as soon as it is done. Returns method -> split -> scoring seconds (this process)."""
+
+    def predictions(pixel_values: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model(pixel_values=pixel_values).logits.argmax(dim=-1)
+
+    seconds: dict[str, dict[str, float]] = {name: {} for name in detectors}
+    for split, dataset in plan.splits.items():
+        names = missing[split]
+        if not names:
+            continue
+        scorers = {name: predictions if name == BASE_MODEL else detectors[name].score for name in names}
+        outputs = score_split(
+            accelerator, make_dataloader(dataset, transform_for(split), batch_size), _timed(scorers, seconds, split),
+            description=f"{split} ({len(dataset)})",
+        )
+        if accelerator.is_main_process:
+            for name in names:
+                key = PREDICTIONS_KEY if name == BASE_MODEL else SCORE_KEY
+                cache.save(name, split, {key: outputs[name], "labels": outputs["labels"]},
+                           plan.score_fingerprints[(name, split)])
+        accelerator.wait_for_everyone()
+    return seconds
+
+
+def collect_results(
+    args: argparse.Namespace,
+    plan: EvaluationPlan,
+    cache: ScoreCache,
+    detectors: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """Calibrate on ID validation, evaluate on ID test vs OOD; returns ``(results without run
+    metadata, ID test scores, OOD scores)`` from the score files."""
+
+    def load(name: str, split: str) -> dict[str, torch.Tensor]:
+        data = cache.load(name, split, plan.score_fingerprints[(name, split)])
+        if data is None:
+            raise RuntimeError(f"score file {cache.path(name, split)} vanished or changed during the run")
+        return data
+
+    base = load(BASE_MODEL, ID_TEST)
+    id_scores, ood_scores, entries = {}, {}, {}
+    for name, detector in detectors.items():
+        id_scores[name] = load(name, ID_TEST)[SCORE_KEY]
+        ood_scores[name] = {ood: load(name, OOD_PREFIX + ood)[SCORE_KEY] for ood in plan.ood_names}
+        validation = load(name, ID_VALIDATION)[SCORE_KEY]
+        entry = method_results(id_scores[name], validation, ood_scores[name], args.tpr, "validation")
+        entry["hyperparameters"] = _effective_hyperparameters(detector)
+        if name in plan.fit_data:
+            entry["fit"] = {"split": detector.fit_split, "num_samples": len(plan.fit_data[name])}
+        entries[name] = entry
+    results = {
+        "model": args.model,
+        "benchmark": args.benchmark or "custom",
+        "id_accuracy": float((base[PREDICTIONS_KEY] == base["labels"]).double().mean()),
+        "methods": entries,
+        "split_sizes": {
+            "id_test": len(plan.splits[ID_TEST]),
+            "id_validation": len(plan.splits[ID_VALIDATION]),
+            "ood": {ood: len(plan.splits[OOD_PREFIX + ood]) for ood in plan.ood_names},
+            "fit": {name: len(dataset) for name, dataset in plan.fit_data.items()},
+        },
+        "calibration_split": "validation",
+    }
+    return results, id_scores, ood_scores
+
+
 def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> dict[str, Any] | None:
     """Run the whole evaluation; returns the ``results.json`` content on the main process, else ``None``.
 
@@ -536,6 +705,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
 
     accelerator = make_accelerator()
     check_output_dir(output_dir, accelerator.process_index)
+    if not accelerator.is_local_main_process:
+        _quiet_libraries()
     from accelerate.utils import set_seed
 
     set_seed(args.seed)
@@ -547,143 +718,53 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     if "gsc" in methods:
         hyperparameters["gsc"] = {**saved_gsc, **parsed["gsc_overrides"], **hyperparameters["gsc"]}
     detectors = build_detectors(model, methods, hyperparameters)
-
     id_splits, ood_splits = load_data(args, parsed, needed_id_splits(detectors))
+    plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits)
 
-    # What each score depends on: the weights, the method and its settings, the exact samples.
-    model_fp = model_fingerprint(model)
-    data_source = args.benchmark or args.id_dataset
-    splits = {
-        ID_TEST: subset(id_splits["test"], args.max_samples, args.seed, "test"),
-        ID_VALIDATION: subset(id_splits["validation"], args.max_samples, args.seed, "validation"),
-        **{f"ood_{name}": subset(ds, args.max_samples, args.seed, f"ood_{name}") for name, ds in ood_splits.items()},
-    }
-    ood_sources = {name: spec for name, spec in parsed["extra_ood"]}
-    split_descriptions = {
-        split: {
-            "source": data_source if split.startswith("id_") else ood_sources.get(split[4:], f"{data_source}/{split[4:]}"),
-            "rows": len(ds),
-            "max_samples": args.max_samples,
-            "seed": args.seed,
-        }
-        for split, ds in splits.items()
-    }
-    fit_data = {
-        name: subset(id_splits[det.fit_split], args.max_fit_samples, args.seed, f"fit_{det.fit_split}")
-        for name, det in detectors.items()
-        if det.needs_fit
-    }
-    fit_fps = {
-        name: fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters[name],
-                           "fit_split": detectors[name].fit_split, "source": data_source,
-                           "num_samples": len(ds), "seed": args.seed})
-        for name, ds in fit_data.items()
-    }
-    score_fps = {
-        (name, split): fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters.get(name, {}),
-                                    "fit": fit_fps.get(name), "split": split, "data": split_descriptions[split]})
-        for name in [*methods, BASE_MODEL]
-        for split in splits
-    }
-
-    cache = ScoreCache(output_dir)
-    # The main process decides what is missing; every process follows the same plan.
-    plan = None
-    if accelerator.is_main_process:
-        plan = {
-            split: [
-                name for name in ([*methods, BASE_MODEL] if split == ID_TEST else methods)
-                if args.overwrite or not cache.is_cached(name, split, score_fps[(name, split)])
-            ]
-            for split in splits
-        }
-    plan = _broadcast(accelerator, plan)
-    to_fit = [name for name in fit_data if any(name in missing for missing in plan.values())]
     def transform_for(dataset_name: str) -> Callable[[list], torch.Tensor]:
         return image_transform(processor, model, dataset_name)
 
-    fit_detectors(accelerator, detectors, to_fit, fit_data, fit_fps, transform_for, args.batch_size, output_dir,
-                  args.seed, args.overwrite)
-
-    def predictions(pixel_values: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return model(pixel_values=pixel_values).logits.argmax(dim=-1)
-
-    seconds: dict[str, dict[str, float]] = {name: {} for name in methods}
-    for split, dataset in splits.items():
-        missing = plan[split]
-        if not missing:
-            continue
-        scorers: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-        for name in missing:
-            scorers[name] = predictions if name == BASE_MODEL else detectors[name].score
-        split_start = time.perf_counter()
-        outputs = score_split(
-            accelerator, make_dataloader(dataset, transform_for(split), args.batch_size), _timed(scorers, seconds, split),
-            description=f"{split} ({len(dataset)})",
-        )
-        if accelerator.is_main_process:
-            for name in missing:
-                key = "predictions" if name == BASE_MODEL else SCORE_KEY
-                tensors = {key: outputs[name], "labels": outputs["labels"]}
-                cache.save(name, split, tensors, score_fps[(name, split)])
-            logger.info("scored %s in %.1fs", split, time.perf_counter() - split_start)
-        accelerator.wait_for_everyone()
-
+    # Fit (main process) only the detectors that still have scores to compute, then score.
+    cache = ScoreCache(output_dir)
+    missing = missing_scores(accelerator, plan, methods, cache, args.overwrite)
+    to_fit = [name for name in plan.fit_data if any(name in names for names in missing.values())]
+    fit_detectors(accelerator, detectors, to_fit, plan.fit_data, plan.fit_fingerprints, transform_for,
+                  args.batch_size, output_dir, args.seed, args.overwrite)
+    seconds = score_missing(accelerator, plan, missing, detectors, model, transform_for, cache, args.batch_size)
     if not accelerator.is_main_process:
         return None
 
-    # ----------------------------------------------------------------------- main process: report
-    def load(name: str, split: str) -> dict[str, torch.Tensor]:
-        data = cache.load(name, split, score_fps[(name, split)])
-        if data is None:
-            raise RuntimeError(f"score file {cache.path(name, split)} vanished or changed during the run")
-        return data
-
-    base = load(BASE_MODEL, ID_TEST)
-    id_accuracy = float((base["predictions"] == base["labels"]).double().mean())
-    ood_names = [split for split in splits if split.startswith("ood_")]
-    id_scores, val_scores, ood_scores, method_entries = {}, {}, {}, {}
-    for name in methods:
-        id_scores[name] = load(name, ID_TEST)[SCORE_KEY]
-        val_scores[name] = load(name, ID_VALIDATION)[SCORE_KEY]
-        ood_scores[name] = {split[4:]: load(name, split)[SCORE_KEY] for split in ood_names}
-        entry = method_results(id_scores[name], val_scores[name], ood_scores[name], args.tpr, "validation")
-        entry["hyperparameters"] = _effective_hyperparameters(detectors[name])
-        if name in fit_data:
-            entry["fit"] = {"split": detectors[name].fit_split, "num_samples": len(fit_data[name])}
-        method_entries[name] = entry
-
-    results = {
-        "model": args.model,
-        "benchmark": args.benchmark or "custom",
-        "id_accuracy": id_accuracy,
-        "methods": method_entries,
-        "split_sizes": {
-            "id_test": len(splits[ID_TEST]),
-            "id_validation": len(splits[ID_VALIDATION]),
-            "ood": {split[4:]: len(splits[split]) for split in ood_names},
-            "fit": {name: len(ds) for name, ds in fit_data.items()},
-        },
-        "calibration_split": "validation",
-        "num_processes": accelerator.num_processes,
-        # "gsc": the effective GSCConfig settings (defaults included), read by hf_gsc.hub for model cards.
-        "config": {**_jsonable(vars(args)), **({"gsc": method_entries["gsc"]["hyperparameters"]} if "gsc" in methods else {})},
-        "versions": package_versions(),
-        "seconds": {
+    results, id_scores, ood_scores = collect_results(args, plan, cache, detectors)
+    config = {**_jsonable(vars(args)), "methods": ",".join(methods)}
+    if "gsc" in results["methods"]:  # the effective GSCConfig settings, read by hf_gsc.hub for model cards
+        config["gsc"] = results["methods"]["gsc"]["hyperparameters"]
+    results.update(
+        num_processes=accelerator.num_processes,
+        config=config,
+        versions=package_versions(),
+        seconds={
             "total": round(time.perf_counter() - start, 2),
             "scoring_main_process": {m: {s: round(t, 3) for s, t in v.items()} for m, v in seconds.items() if v},
         },
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
     write_report(output_dir, results)
     if not args.no_plots:
         from .plots import write_plots
 
         write_plots(output_dir, id_scores, ood_scores, results)
-    results["seconds"]["total"] = round(time.perf_counter() - start, 2)
-    write_report(output_dir, results)
+        results["seconds"]["total"] = round(time.perf_counter() - start, 2)
+        write_report(output_dir, results)
     return results
+
+
+def _quiet_libraries() -> None:
+    """No progress bars from ``datasets`` / ``transformers`` on processes other than the main one."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
 
 
 def _timed(
