@@ -242,6 +242,21 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
     assert json.loads((output_dir / "results.json").read_text())["methods"]["gsc"]["hyperparameters"]["mask_ratio"] == 0.2
 
 
+def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:
+    """--model may be a saved GSC detector: its GSCConfig is the default, CLI GSC options override it."""
+    from hf_gsc import GSCForImageClassification
+
+    detector_dir = tmp_path / "detector"
+    GSCForImageClassification.from_pretrained(tiny["model"], mask_ratio=0.2).save_pretrained(detector_dir)
+    results = runner.run_evaluation([
+        "--model", str(detector_dir), "--id-dataset", tiny["id"], "--ood-dataset", tiny["noise"],
+        "--methods", "gsc,msp", "--operation", "clip", "--output-dir", str(tmp_path / "out"), "--no-plots",
+    ])
+    settings = results["methods"]["gsc"]["hyperparameters"]
+    assert (settings["mask_ratio"], settings["operation"]) == (0.2, "clip")
+    assert set(results["methods"]["gsc"]["ood"]) == {"noise"}
+
+
 # ------------------------------------------------------------------------------------- bad input
 def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args, **kwargs):
