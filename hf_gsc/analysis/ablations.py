@@ -1,0 +1,384 @@
+"""The ablation grid of issue #7 and its runner: every variant scored on the same samples, head only where possible.
+
+Tables (paper label in brackets), all at ``mask_ratio = 5%``, ``operation = zero``, ``selection = gradient``,
+``approximation = first_order`` (the library defaults) unless the table varies that setting:
+
+* ``mask_ratio`` [``tab:finer_ratios``, ``fig:shortcircuit_curve``]: 1, 2, 5, 10, 20 %.
+* ``operation`` [``tab:shortcircuit_ablation``, ``tab:local_replacement``]: zero, perturb (``alpha=0.1``, "Small"),
+  project ("Orth"), clip +-1, clip +-0.5, scale 0.5, at 5 % and 10 %.
+* ``selection`` [``tab:random_reverse_table``]: largest ``|g|`` (GSC), random, reverse (smallest nonzero ``|g|``).
+* ``iterative`` [``tab:iterative_shortcircuit``]: 1, 2, 3 steps under one 5 % budget
+  (:mod:`hf_gsc.analysis.iterative`; exact logits, so 1 step = one-shot GSC with ``approximation="exact"``).
+* ``split_point`` [``tab:layerwise_shortcircuit``]: two blocks before the end, one block before the end, the final
+  encoder output (default), the penultimate feature, and two at once (two blocks before the end + final encoder
+  output under one shared 5 % budget, ``GSCConfig.earlier_split_point``).
+* ``gsc_ash`` [the paper's "GSC + ASH" rows]: ASH-S, GSC at the penultimate feature, GSC + ASH.
+
+Every row reports test metrics (that is what an ablation is); nothing here picks a setting on test data.
+Single-split variants share the backbone pass: ``F`` is computed once per (batch, split point) and every
+variant runs the head only (:mod:`hf_gsc.analysis.context`). The multi-layer and ASH rows run their detectors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config import GSCConfig
+from ..evaluation.metrics import ood_metrics
+from ..modeling import GSCForImageClassification
+from ..split_points import ARCHITECTURES, resolve_split_point
+from .approximation_error import approximation_outputs, summarise_errors
+from .context import HeadContext, gsc_logits, head_context, scores_of
+from .gradient_concentration import DEFAULT_FRACTIONS, TABLE_FRACTIONS, column_of, curve_summary, top_fraction_ratio
+
+DEFAULT_SPLIT = "final_encoder_output"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One scored configuration. ``kind``: ``baseline`` (score of the unchanged logits), ``gsc`` (head only at
+    ``split_point``), ``multi_layer`` (``earlier_split_point`` + ``split_point``), ``gsc_ash`` or ``ash_s`` (detectors)."""
+
+    kind: str = "gsc"
+    split_point: str = DEFAULT_SPLIT
+    mask_ratio: float = 0.05
+    selection: str = "gradient"
+    operation: str = "zero"
+    alpha: float = 0.1
+    clip_bound: float = 1.0
+    beta: float = 0.5
+    approximation: str = "first_order"
+    steps: int = 1
+    score: str = "energy"
+    earlier_split_point: str | None = None
+
+    def key(self) -> str:
+        """A short stable name: the fields that differ from the defaults."""
+        default = Variant()
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                 if getattr(self, f.name) != getattr(default, f.name)]
+        return ",".join(parts) or "gsc(defaults)"
+
+
+def model_split_points(model: nn.Module) -> dict[str, str | None]:
+    """Named split points of ``model``: ``one_block_before`` / ``two_blocks_before`` the final encoder output
+    (module paths whose remaining head runs 1 / 2 encoder blocks) and ``multi_layer_earlier`` (``None`` where the
+    library has no multi-layer support for the architecture)."""
+    model_type = getattr(model.config, "model_type", None)
+    spec = ARCHITECTURES.get(model_type)
+    if spec is None:
+        raise ValueError(f"no encoder registry entry for model type {model_type!r}")
+    blocks = model.get_submodule(spec.blocks)
+    if model_type == "swin":
+        # Stages hold blocks; the last stage's blocks are the last blocks of the encoder.
+        last = len(blocks) - 1
+        inner = len(blocks[last].blocks)
+        one = f"{spec.blocks}.{last}.blocks.{inner - 2}" if inner >= 2 else f"{spec.blocks}.{last - 1}"
+        two = f"{spec.blocks}.{last}.blocks.{inner - 3}" if inner >= 3 else f"{spec.blocks}.{last - 1}"
+        return {"one_block_before": one, "two_blocks_before": two, "multi_layer_earlier": None}
+    if len(blocks) < 3:
+        raise ValueError(f"{spec.blocks} has {len(blocks)} blocks; the split-point table needs at least 3")
+    return {
+        "one_block_before": f"{spec.blocks}.-2",
+        "two_blocks_before": f"{spec.blocks}.-3",
+        "multi_layer_earlier": f"{spec.blocks}.-3" if spec.blocks_take_hidden_only else None,
+    }
+
+
+def variant_grid(model: nn.Module) -> dict[str, list[tuple[str, Variant]]]:
+    """Table name -> ``[(row label, variant)]``. Rows of different tables may share a variant (scored once)."""
+    points = model_split_points(model)
+    no_sc = ("No SC (energy)", Variant(kind="baseline"))
+    gsc = Variant()
+    tables: dict[str, list[tuple[str, Variant]]] = {
+        "baseline": [("MSP", Variant(kind="baseline", score="msp")), no_sc, ("GSC (defaults)", gsc)],
+        "mask_ratio": [no_sc] + [(f"{r:g}%", Variant(mask_ratio=r / 100)) for r in (1, 2, 5, 10, 20)],
+        "operation": [],
+        "selection": [
+            ("GSC (largest |g|)", gsc),
+            ("Random", Variant(selection="random")),
+            ("Reverse (smallest |g|)", Variant(selection="reverse")),
+        ],
+        "iterative": [no_sc] + [
+            (f"{t} step{'s' if t > 1 else ''} (5% total)", Variant(approximation="exact", steps=t)) for t in (1, 2, 3)
+        ],
+        "split_point": [no_sc],
+        "gsc_ash": [
+            no_sc,
+            ("ASH-S", Variant(kind="ash_s", split_point="penultimate")),
+            ("GSC at penultimate", Variant(split_point="penultimate")),
+            ("GSC at final encoder output (default)", gsc),
+            ("GSC + ASH", Variant(kind="gsc_ash", split_point="penultimate")),
+        ],
+    }
+    operations = [
+        ("Zero", dict(operation="zero")),
+        ("Small (perturb, alpha=0.1)", dict(operation="perturb", alpha=0.1)),
+        ("Orth (project)", dict(operation="project")),
+        ("Clip (+-1.0)", dict(operation="clip", clip_bound=1.0)),
+        ("Clip (+-0.5)", dict(operation="clip", clip_bound=0.5)),
+        ("Scale (0.5)", dict(operation="scale", beta=0.5)),
+    ]
+    for ratio in (5, 10):
+        for label, settings in operations:
+            tables["operation"].append((f"{label} @ {ratio}%", Variant(mask_ratio=ratio / 100, **settings)))
+    tables["split_point"] += [
+        (f"two blocks before the end ({points['two_blocks_before']})", Variant(split_point=points["two_blocks_before"])),
+        (f"one block before the end ({points['one_block_before']})", Variant(split_point=points["one_block_before"])),
+        ("final encoder output (default)", gsc),
+        ("penultimate", Variant(split_point="penultimate")),
+    ]
+    if points["multi_layer_earlier"] is not None:
+        tables["split_point"].append((
+            f"two at once ({points['multi_layer_earlier']} + final, shared 5%)",
+            Variant(kind="multi_layer", earlier_split_point=points["multi_layer_earlier"]),
+        ))
+    return tables
+
+
+def unique_variants(tables: Mapping[str, Sequence[tuple[str, Variant]]]) -> list[Variant]:
+    seen: dict[Variant, None] = {}
+    for rows in tables.values():
+        for _, variant in rows:
+            seen.setdefault(variant)
+    return list(seen)
+
+
+class _Scorer:
+    """Scores one variant on batches; keeps its own random generator across batches."""
+
+    def __init__(self, model: nn.Module, variant: Variant, seed: int = 0) -> None:
+        self.variant = variant
+        self.generator = torch.Generator().manual_seed(seed)
+        self.detector: Any = None
+        if variant.kind == "multi_layer":
+            self.detector = GSCForImageClassification(model, GSCConfig(
+                split_point=variant.split_point, earlier_split_point=variant.earlier_split_point,
+                mask_ratio=variant.mask_ratio, operation=variant.operation, approximation=variant.approximation,
+                score=variant.score,
+            ))
+        elif variant.kind in ("gsc_ash", "ash_s"):
+            from ..detectors import get_detector
+
+            settings = {} if variant.kind == "ash_s" else dict(
+                split_point=variant.split_point, mask_ratio=variant.mask_ratio, approximation=variant.approximation)
+            self.detector = get_detector(variant.kind, model, **settings)
+
+    def __call__(self, pixel_values: torch.Tensor, contexts: "_Contexts") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(scores (B,) float64, predictions (B,) or None)`` on the CPU."""
+        v = self.variant
+        if v.kind == "baseline":
+            logits = contexts[DEFAULT_SPLIT].logits
+        elif v.kind == "gsc":
+            logits = gsc_logits(contexts[v.split_point], v.mask_ratio, v.selection, v.operation, v.approximation,
+                                v.alpha, v.clip_bound, v.beta, v.steps, self.generator)
+        elif v.kind == "multi_layer":
+            logits = self.detector(pixel_values).gsc_logits
+        elif v.kind == "gsc_ash":
+            logits = self.detector.detector(pixel_values).gsc_logits
+        else:  # ash_s: a score without new logits
+            return self.detector.score(pixel_values).double().cpu(), None
+        return scores_of(logits, v.score), logits.argmax(dim=-1).cpu()
+
+
+class _Contexts(dict):
+    """Split point -> :class:`HeadContext` of the current batch, computed on first use."""
+
+    def __init__(self, model: nn.Module, pixel_values: torch.Tensor, splits: dict) -> None:
+        super().__init__()
+        self.model, self.pixel_values, self.splits = model, pixel_values, splits
+
+    def __missing__(self, name: str) -> HeadContext:
+        if name not in self.splits:
+            self.splits[name] = resolve_split_point(self.model, name)
+        context = head_context(self.splits[name], self.pixel_values)
+        self[name] = context
+        return context
+
+
+def _prepare_model(model: nn.Module) -> None:
+    """Eval mode, frozen, eager attention (torch has no forward-mode AD for fused SDPA; same function)."""
+    model.eval().requires_grad_(False)
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation("eager")
+
+
+def collect(
+    model: nn.Module,
+    data: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    tables: Mapping[str, Sequence[tuple[str, Variant]]],
+    approximation_split_points: Sequence[str] = (DEFAULT_SPLIT,),
+    concentration_split_points: Sequence[str] = (DEFAULT_SPLIT, "penultimate"),
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Score every variant, the approximation-error outputs and TopKRatio curves on every data split.
+
+    Args:
+        data: split name -> iterable of ``(pixel_values, labels)`` batches (labels ``-1`` for OOD).
+    Returns:
+        ``{"scores": {variant: {split: (N,)}}, "predictions": {...}, "labels": {split: (N,)},
+        "approximation": {split_point: {split: {...}}}, "concentration": {split_point: {split: (N, F)}},
+        "seconds": {variant: float}}``.
+    """
+    _prepare_model(model)
+    variants = unique_variants(tables)
+    scorers = {v: _Scorer(model, v) for v in variants}
+    splits: dict = {}
+    scores = {v: {} for v in variants}
+    predictions = {v: {} for v in variants}
+    labels: dict[str, torch.Tensor] = {}
+    approximation: dict = {p: {} for p in approximation_split_points}
+    concentration: dict = {p: {} for p in concentration_split_points}
+    seconds = {v: 0.0 for v in variants}
+    for split_name, batches in data.items():
+        started = time.perf_counter()
+        per_batch: dict[str, list] = {}
+        count = 0
+        for pixel_values, batch_labels in batches:
+            contexts = _Contexts(model, pixel_values, splits)
+            count += pixel_values.shape[0]
+            per_batch.setdefault("labels", []).append(torch.as_tensor(batch_labels).long().cpu())
+            for variant, scorer in scorers.items():
+                tick = time.perf_counter()
+                s, p = scorer(pixel_values, contexts)
+                seconds[variant] += time.perf_counter() - tick
+                per_batch.setdefault(("score", variant), []).append(s)
+                per_batch.setdefault(("prediction", variant), []).append(p)
+            for point in approximation_split_points:
+                per_batch.setdefault(("approximation", point), []).append(approximation_outputs(contexts[point]))
+            for point in concentration_split_points:
+                ratios = top_fraction_ratio(contexts[point].gradient, fractions)
+                per_batch.setdefault(("concentration", point), []).append(ratios)
+        labels[split_name] = torch.cat(per_batch["labels"])
+        for variant in variants:
+            scores[variant][split_name] = torch.cat(per_batch[("score", variant)])
+            preds = per_batch[("prediction", variant)]
+            predictions[variant][split_name] = None if preds[0] is None else torch.cat(preds)
+        for point in approximation_split_points:
+            parts = per_batch[("approximation", point)]
+            approximation[point][split_name] = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+        for point in concentration_split_points:
+            concentration[point][split_name] = torch.cat(per_batch[("concentration", point)])
+        log(f"  {split_name}: {count} samples, {time.perf_counter() - started:.1f}s")
+    return {"scores": scores, "predictions": predictions, "labels": labels, "approximation": approximation,
+            "concentration": concentration, "seconds": seconds, "split_points": {
+                name: split.module_path for name, split in splits.items()}}
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return float(np.mean(values)) if values else math.nan
+
+
+def summarise(
+    collected: Mapping[str, Any],
+    tables: Mapping[str, Sequence[tuple[str, Variant]]],
+    id_split: str,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+) -> dict[str, Any]:
+    """Metrics per variant (each OOD split and their mean), ID accuracy, error tables and concentration curves."""
+    labels = collected["labels"]
+    ood_splits = [s for s in labels if s != id_split]
+    id_labels = labels[id_split]
+    keep = id_labels >= 0
+    variants: dict[str, Any] = {}
+    for variant, per_split in collected["scores"].items():
+        per_ood = {s: ood_metrics(per_split[id_split], per_split[s]) for s in ood_splits}
+        mean = {m: _mean(r[m] for r in per_ood.values()) for m in ("fpr95", "auroc", "aupr_in", "aupr_out")}
+        prediction = collected["predictions"][variant][id_split]
+        accuracy = None
+        if prediction is not None and keep.any():
+            accuracy = float((prediction[keep] == id_labels[keep]).double().mean())
+        variants[variant.key()] = {
+            "settings": dataclasses.asdict(variant), "mean": mean, "per_ood_split": per_ood,
+            "id_accuracy": accuracy, "seconds": collected["seconds"][variant],
+        }
+    base = collected["predictions"][Variant(kind="baseline")][id_split] if Variant(kind="baseline") in collected["predictions"] else None
+    result_tables = {
+        table: [{"row": label, "variant": variant.key()} for label, variant in rows] for table, rows in tables.items()
+    }
+    approximation = {
+        point: summarise_errors(outputs, id_split, ood_splits, id_labels if keep.any() else None)
+        for point, outputs in collected["approximation"].items()
+    }
+    concentration: dict[str, Any] = {}
+    for point, per_split in collected["concentration"].items():
+        curves = {f"ID ({id_split})": curve_summary(per_split[id_split])}
+        curves["OOD (all)"] = curve_summary(torch.cat([per_split[s] for s in ood_splits]))
+        for s in ood_splits:
+            curves[f"OOD {s}"] = curve_summary(per_split[s])
+        concentration[point] = {"fractions": list(fractions), "curves": curves}
+    return {
+        "id_split": id_split,
+        "ood_splits": ood_splits,
+        "num_samples": {s: int(v.numel()) for s, v in labels.items()},
+        "id_accuracy_base": None if base is None or not keep.any() else float((base[keep] == id_labels[keep]).double().mean()),
+        "split_point_modules": collected.get("split_points", {}),
+        "variants": variants,
+        "tables": result_tables,
+        "approximation_error": approximation,
+        "gradient_concentration": concentration,
+    }
+
+
+# ------------------------------------------------------------------------------------------ markdown
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
+
+
+def markdown_tables(summary: Mapping[str, Any], title: str = "") -> str:
+    """The ablation tables, approximation error and concentration tables of one (benchmark, model) summary."""
+    lines = [f"## {title}", ""] if title else []
+    n = summary["num_samples"]
+    lines.append(
+        f"Samples: ID {summary['id_split']} {n[summary['id_split']]}, OOD "
+        + ", ".join(f"{s} {n[s]}" for s in summary["ood_splits"])
+        + f". Base ID accuracy {_pct(summary['id_accuracy_base'])}%. FPR95 / AUROC averaged over the OOD splits (%)."
+    )
+    lines.append("")
+    ood = summary["ood_splits"]
+    for table, rows in summary["tables"].items():
+        lines += [f"### {table}", ""]
+        header = "| variant | FPR95 | AUROC | ID acc |" + ("".join(f" {s} FPR95/AUROC |" for s in ood) if len(ood) > 1 else "")
+        lines += [header, "|" + "---|" * (header.count("|") - 1)]
+        for row in rows:
+            r = summary["variants"][row["variant"]]
+            cells = [row["row"], _pct(r["mean"]["fpr95"]), _pct(r["mean"]["auroc"]), _pct(r["id_accuracy"])]
+            if len(ood) > 1:
+                cells += [f"{_pct(r['per_ood_split'][s]['fpr95'])} / {_pct(r['per_ood_split'][s]['auroc'])}" for s in ood]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    for point, result in summary["approximation_error"].items():
+        lines += [f"### approximation error at {point} (5% zero-out): |score(approx) - score(exact)|", ""]
+        lines += ["| approximation | score | ID mean +- std | ID max | OOD mean +- std | OOD max |", "|---|---|---|---|---|---|"]
+        for approximation, per_score in result["errors"].items():
+            for score, groups in per_score.items():
+                i, o = groups["ID"], groups["OOD"]
+                lines.append(
+                    f"| {approximation} | {score} | {i['mean']:.3g} +- {i['std']:.3g} | {i['max']:.3g} | "
+                    f"{o['mean']:.3g} +- {o['std']:.3g} | {o['max']:.3g} |"
+                )
+        if result["id_accuracy"]:
+            acc = result["id_accuracy"]
+            lines += ["", "ID accuracy: " + ", ".join(f"{k} {_pct(v)}%" for k, v in acc.items())]
+        lines.append("")
+    for point, result in summary["gradient_concentration"].items():
+        fractions = result["fractions"]
+        cols = [column_of(f, fractions) for f in TABLE_FRACTIONS]
+        lines += [f"### gradient concentration at {point}: mean TopKRatio(k = f n) +- std", ""]
+        lines += ["| data | " + " | ".join(f"f={100 * f:g}%" for f in TABLE_FRACTIONS) + " |",
+                  "|---|" + "---|" * len(TABLE_FRACTIONS)]
+        for split, curve in result["curves"].items():
+            lines.append(f"| {split} | " + " | ".join(
+                f"{curve['mean'][c]:.3f} +- {curve['std'][c]:.3f}" for c in cols) + " |")
+        lines.append("")
+    return "\n".join(lines)

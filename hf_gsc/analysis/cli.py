@@ -1,0 +1,146 @@
+"""Command line of ``scripts/run_ablations.py``: load reference models and benchmarks, run the grid, write results.
+
+For each (benchmark, model): ``{output_dir}/{benchmark}_{model}.json`` (every variant's metrics per OOD split,
+approximation errors, TopKRatio curves), ``.md`` (the tables) and ``_concentration.png`` (TopKRatio curves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import torch
+
+from .ablations import DEFAULT_SPLIT, collect, markdown_tables, model_split_points, summarise, variant_grid
+from .gradient_concentration import DEFAULT_FRACTIONS, plot_curves
+
+BENCHMARKS = ("fmnist-ood", "fmnist-openset")
+ID_SPLIT = "id_test"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_ablations.py",
+        description="GSC ablations (mask ratio, operation, selection, iterative, split point, GSC+ASH), "
+        "approximation error and gradient concentration on the reference models.",
+    )
+    parser.add_argument("--models", default="resnet,vit,swin", help="comma list of reference archs or model paths")
+    parser.add_argument("--benchmarks", default=",".join(BENCHMARKS))
+    parser.add_argument("--max-samples", type=int, default=2000,
+                        help="at most this many samples per data split (ID test and each OOD split), drawn "
+                        "at random with --seed (default 2000)")
+    parser.add_argument("--batch-size", type=int, default=250)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: on a shared machine 2 threads were several times slower)")
+    parser.add_argument("--tables", default=None, help="comma list of tables to run (default: all)")
+    parser.add_argument("--output-dir", default="docs/results/ablations")
+    return parser
+
+
+def _batches(dataset: Any, transform: Any, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    from ..evaluation.loop import make_dataloader
+
+    for batch in make_dataloader(dataset, transform, batch_size):
+        yield batch["pixel_values"], batch["labels"]
+
+
+class _Lazy:
+    """An iterable that builds its batches afresh on each iteration."""
+
+    def __init__(self, *args: Any) -> None:
+        self.args = args
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return _batches(*self.args)
+
+
+def benchmark_data(
+    benchmark: str, model: torch.nn.Module, processor: Any, max_samples: int | None, batch_size: int, seed: int
+) -> dict[str, Iterable[tuple[torch.Tensor, torch.Tensor]]]:
+    """``{"id_test": batches, "<ood split>": batches}`` subsampled as ``scripts/evaluate_ood.py`` does."""
+    from ..data import load_benchmark
+    from ..evaluation.runner import image_transform, subset
+
+    bench = load_benchmark(benchmark)
+    splits = {ID_SPLIT: ("test", bench.id_splits["test"])}
+    splits.update({name: (name, dataset) for name, dataset in bench.ood_splits.items()})
+    return {
+        name: _Lazy(subset(dataset, max_samples, seed, key), image_transform(processor, model, name), batch_size)
+        for name, (key, dataset) in splits.items()
+    }
+
+
+def run_one(
+    model: torch.nn.Module,
+    data: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    output_dir: str | Path,
+    stem: str,
+    title: str,
+    tables: Sequence[str] | None = None,
+    provenance: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Collect, summarise and write ``{stem}.json``, ``{stem}.md``, ``{stem}_concentration.png``; returns the summary."""
+    grid = variant_grid(model)
+    if tables:
+        unknown = set(tables) - set(grid)
+        if unknown:
+            raise ValueError(f"unknown tables {sorted(unknown)}; known: {sorted(grid)}")
+        grid = {name: rows for name, rows in grid.items() if name in tables}
+    points = model_split_points(model)
+    started = time.perf_counter()
+    collected = collect(
+        model, data, grid,
+        approximation_split_points=(DEFAULT_SPLIT, points["two_blocks_before"]),
+        concentration_split_points=(DEFAULT_SPLIT, "penultimate"),
+    )
+    summary = summarise(collected, grid, ID_SPLIT)
+    summary["named_split_points"] = points
+    summary["provenance"] = {**(provenance or {}), "seconds": round(time.perf_counter() - started, 1)}
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / f"{stem}.json").write_text(json.dumps(summary, indent=1, default=float))
+    (output_dir / f"{stem}.md").write_text(markdown_tables(summary, title) + "\n")
+    curves = {
+        point: {name: c for name, c in result["curves"].items() if name.startswith("ID") or name.startswith("OOD ")}
+        for point, result in summary["gradient_concentration"].items()
+    }
+    plot_curves(curves, DEFAULT_FRACTIONS, output_dir / f"{stem}_concentration.png", title=f"TopKRatio: {title}")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import AutoModelForImageClassification
+
+    from ..data import load_image_processor
+    from ..reference_models import ARCHS, reference_model_path
+
+    missing = []
+    for benchmark in args.benchmarks.split(","):
+        for name in args.models.split(","):
+            try:
+                path = reference_model_path(name, benchmark) if name in ARCHS else Path(name)
+            except FileNotFoundError as error:
+                print(f"skipping {benchmark} / {name}: {error}", flush=True)
+                missing.append({"benchmark": benchmark, "model": name, "reason": str(error)})
+                continue
+            print(f"{benchmark} / {name} ({path})", flush=True)
+            model = AutoModelForImageClassification.from_pretrained(str(path))
+            processor = load_image_processor(str(path))
+            data = benchmark_data(benchmark, model, processor, args.max_samples, args.batch_size, args.seed)
+            stem = f"{benchmark}_{Path(str(name)).name}"
+            provenance = {"benchmark": benchmark, "model": str(name), "model_path": str(path),
+                          "max_samples": args.max_samples, "seed": args.seed, "threads": args.threads,
+                          "torch": torch.__version__}
+            run_one(model, data, args.output_dir, stem, f"{benchmark} / {name}",
+                    args.tables.split(",") if args.tables else None, provenance)
+            print(f"  wrote {Path(args.output_dir) / stem}.{{json,md}}", flush=True)
+    if missing:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "missing.json").write_text(json.dumps(missing, indent=1))
+    return 0
