@@ -140,6 +140,7 @@ def test_openset_label_sets(openset):
     # The ID splits hold exactly the 6 classes' images: 6 x 1,000 in test.
     assert len(openset.id_splits["test"]) == 6_000
     assert len(openset.id_splits["train"]) + len(openset.id_splits["validation"]) == 36_000
+    assert len(openset.id_splits["validation"]) == 3_029  # the 6 classes' rows of the fixed 5,000
 
 
 def _write_pngs(folder, count, rng):
