@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -45,7 +46,11 @@ def _methods(model: torch.nn.Module, split_point: str) -> dict[str, Callable[[to
 
 
 def _peak_memory_bytes(function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:
-    """Peak of (allocated - freed) tensor bytes during one call."""
+    """Peak of (allocated - freed) tensor bytes during one call.
+
+    On CPU each profiler event's *self* memory is used: ``cpu_memory_usage`` of an op includes that of the ops it
+    calls (``aten::linear`` -> ``aten::addmm``), so summing it would count one allocation several times.
+    """
     if x.is_cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -56,12 +61,12 @@ def _peak_memory_bytes(function: Callable[[torch.Tensor], torch.Tensor], x: torc
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
         function(x)
     events = sorted(
-        (event for event in profiler.events() if getattr(event, "cpu_memory_usage", 0)),
+        (event for event in profiler.events() if getattr(event, "self_cpu_memory_usage", 0)),
         key=lambda event: event.time_range.start,
     )
     current = peak = 0
     for event in events:
-        current += event.cpu_memory_usage
+        current += event.self_cpu_memory_usage
         peak = max(peak, current)
     return peak
 
@@ -75,6 +80,13 @@ def _time_once(function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
     if x.is_cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    quartiles = statistics.quantiles(values, n=4)
+    return quartiles[2] - quartiles[0]
 
 
 def benchmark_model(
@@ -101,12 +113,57 @@ def benchmark_model(
     return {
         name: {
             "median_seconds": statistics.median(times[name]),
+            "iqr_seconds": _iqr(times[name]),
             "relative_time": statistics.median(times[name]) / msp_time,
             "peak_memory_bytes": memory[name],
             "relative_memory": memory[name] / msp_memory if msp_memory else None,
         }
         for name in names
     }
+
+
+def profile_methods(model: torch.nn.Module, batch_size: int, split_point: str, device: str, label: str) -> None:
+    """Print the 12 operators with the most self time for msp, gsc_exact and gsc_first_order (5 calls each)."""
+    config = model.config
+    size = getattr(config, "image_size", 28)
+    size = size if isinstance(size, int) else size[0]
+    x = torch.randn(batch_size, config.num_channels, size, size).to(device)
+    methods = _methods(model, split_point)
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+    for name in ("msp", "gsc_exact", "gsc_first_order"):
+        for _ in range(2):
+            _time_once(methods[name], x)
+        with torch.profiler.profile(activities=activities) as profiler:
+            for _ in range(5):
+                _time_once(methods[name], x)
+        print(f"--- profile {label} {split_point} batch {batch_size} {name}")
+        print(profiler.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=40))
+
+
+def markdown(results: dict) -> str:
+    """One table per (model, split point): relative time (median, IQR/median) and relative peak memory per batch size."""
+    lines = []
+    for model, per_split in results["models"].items():
+        for split_point, per_batch in per_split.items():
+            batches = list(per_batch)
+            lines += [f"#### {model}, split point `{split_point}`", ""]
+            lines.append("| method | " + " | ".join(f"batch {b} time | batch {b} mem" for b in batches) + " |")
+            lines.append("|---|" + "---|---|" * len(batches))
+            for method in per_batch[batches[0]]:
+                cells = []
+                for b in batches:
+                    r = per_batch[b][method]
+                    spread = r.get("iqr_seconds", 0.0) / r["median_seconds"] * r["relative_time"]
+                    memory = "n/a" if r["relative_memory"] is None else f"{r['relative_memory']:.2f}x"
+                    cells += [f"{r['relative_time']:.2f}x (+-{spread / 2:.2f})", memory]
+                lines.append(f"| {method} | " + " | ".join(cells) + " |")
+            msp = {b: per_batch[b]["msp"] for b in batches}
+            lines += ["", "MSP: " + ", ".join(
+                f"batch {b} {1000 * msp[b]['median_seconds']:.1f} ms, {msp[b]['peak_memory_bytes'] / 2**20:.2f} MiB"
+                for b in batches), ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--output", required=True, help="JSON file to write")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the top operators by self CPU time of msp / gsc_exact / gsc_first_order at "
+                        "the largest batch size and first split point (where the overhead goes)")
+    parser.add_argument("--output", required=True, help="JSON file to write (and the same name with .md: tables)")
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")
@@ -131,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {
         "versions": {"hf_gsc": __version__, "torch": torch.__version__, "python": platform.python_version()},
         "machine": {"processor": platform.processor() or platform.machine(), "threads": args.threads,
-                    "device": args.device},
+                    "device": args.device, "cpu_count": os.cpu_count(),
+                    "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
         "settings": vars(args),
         "models": {},
     }
@@ -148,11 +209,23 @@ def main(argv: list[str] | None = None) -> int:
             for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                 row = benchmark_model(model, batch_size, args.repeats, args.warmup, split_point, args.device)
                 results["models"][name].setdefault(split_point, {})[str(batch_size)] = row
-                summary = ", ".join(f"{m} {r['relative_time']:.2f}x" for m, r in row.items())
+                summary = ", ".join(
+                    f"{m} {r['relative_time']:.2f}x/{r['relative_memory'] or 0:.2f}x mem" for m, r in row.items()
+                )
                 print(f"{name} {split_point} batch {batch_size}: {summary}", flush=True)
                 # Written after every cell so an interrupted run keeps what it measured.
                 output.write_text(json.dumps(results, indent=2))
-    print(f"wrote {output}")
+    if args.profile:
+        for name in args.models.split(","):
+            path = reference_model_path(name) if name in ("resnet", "vit", "swin") else name
+            model = AutoModelForImageClassification.from_pretrained(path).to(args.device).eval()
+            profile_methods(model, max(int(b) for b in args.batch_sizes.split(",")),
+                            args.split_points.split(",")[0], args.device, f"{name}")
+    if hasattr(os, "getloadavg"):
+        results["machine"]["load_average_at_end"] = list(os.getloadavg())
+        output.write_text(json.dumps(results, indent=2))
+    output.with_suffix(".md").write_text(markdown(results) + "\n")
+    print(f"wrote {output} and {output.with_suffix('.md')}")
     return 0
 
 

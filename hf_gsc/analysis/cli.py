@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import torch
 
 from .ablations import DEFAULT_SPLIT, collect, markdown_tables, model_split_points, summarise, variant_grid
-from .gradient_concentration import DEFAULT_FRACTIONS, plot_curves
+from .gradient_concentration import plot_curves
 
 BENCHMARKS = ("fmnist-ood", "fmnist-openset")
 ID_SPLIT = "id_test"
@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="torch intra-op threads (default 1: on a shared machine 2 threads were several times slower)")
     parser.add_argument("--tables", default=None, help="comma list of tables to run (default: all)")
     parser.add_argument("--output-dir", default="docs/results/ablations")
+    parser.add_argument("--summary-only", action="store_true",
+                        help="only rewrite {output_dir}/summary.md from the JSON files already there")
     return parser
 
 
@@ -104,12 +106,15 @@ def run_one(
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / f"{stem}.json").write_text(json.dumps(summary, indent=1, default=float))
     (output_dir / f"{stem}.md").write_text(markdown_tables(summary, title) + "\n")
-    curves = {
-        point: {name: c for name, c in result["curves"].items() if name.startswith("ID") or name.startswith("OOD ")}
-        for point, result in summary["gradient_concentration"].items()
-    }
-    plot_curves(curves, DEFAULT_FRACTIONS, output_dir / f"{stem}_concentration.png", title=f"TopKRatio: {title}")
+    plot_summary(summary, output_dir / f"{stem}_concentration.png", title)
     return summary
+
+
+def plot_summary(summary: Mapping[str, Any], path: str | Path, title: str) -> Path:
+    """TopKRatio curves (and their difference to ID) of one summary, one panel per split point."""
+    curves = {point: result["curves"] for point, result in summary["gradient_concentration"].items()}
+    fractions = next(iter(summary["gradient_concentration"].values()))["fractions"]
+    return plot_curves(curves, fractions, path, title=f"TopKRatio: {title}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..data import load_image_processor
     from ..reference_models import ARCHS, reference_model_path
 
+    if args.summary_only:
+        write_summary(args.output_dir)
+        return 0
     missing = []
     for benchmark in args.benchmarks.split(","):
         for name in args.models.split(","):
@@ -143,4 +151,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "missing.json").write_text(json.dumps(missing, indent=1))
+    write_summary(args.output_dir)
     return 0
+
+
+def write_summary(output_dir: str | Path) -> Path:
+    """``{output_dir}/summary.md``: the cross-model tables of every result JSON in ``output_dir``."""
+    from .report import combined_markdown, load_summaries
+
+    summaries = load_summaries(output_dir)
+    for stem, summary in summaries.items():
+        plot_summary(summary, Path(output_dir) / f"{stem}_concentration.png", stem.replace("_", " / ", 1))
+    path = Path(output_dir) / "summary.md"
+    path.write_text(combined_markdown(summaries))
+    print(f"wrote {path}")
+    return path

@@ -79,20 +79,27 @@ def plot_curves(
     import matplotlib.pyplot as plt
 
     panels = list(curves)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 6.2), squeeze=False)
     x = np.asarray(fractions) * 100
-    for ax, panel in zip(axes[0], panels):
+    for column, panel in enumerate(panels):
+        top, bottom = axes[0][column], axes[1][column]
+        reference = next((np.asarray(c["mean"]) for name, c in curves[panel].items() if name.startswith("ID")), None)
         for split, summary in curves[panel].items():
             mean, std = np.asarray(summary["mean"]), np.asarray(summary["std"])
             style = "-" if split.startswith("ID") else "--"
-            (line,) = ax.plot(x, mean, style, label=split, linewidth=1.5)
-            ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.12)
-        ax.set_xscale("log")
-        ax.set_xlabel("k / n (%)")
-        ax.set_ylabel("TopKRatio")
-        ax.set_title(panel, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+            (line,) = top.plot(x, mean, style, label=split, linewidth=1.5)
+            top.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.12)
+            if reference is not None:
+                bottom.plot(x, mean - reference, style, color=line.get_color(), label=split, linewidth=1.5)
+        top.set_title(panel, fontsize=9)
+        top.set_ylabel("TopKRatio (mean +- std)")
+        bottom.set_ylabel("mean TopKRatio - ID mean")
+        bottom.axhline(0.0, color="black", linewidth=0.8)
+        for ax in (top, bottom):
+            ax.set_xscale("log")
+            ax.set_xlabel("k / n (%)")
+            ax.grid(alpha=0.3)
+        top.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
