@@ -13,7 +13,14 @@ setup(
     long_description=Path("README.md").read_text(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["hf_gsc", "hf_gsc.*"]),
-    package_data={"hf_gsc": ["py.typed", "evaluation/ood_detection_metric/*.py"]},
+    package_data={
+        "hf_gsc": [
+            "py.typed",
+            "evaluation/ood_detection_metric/*.py",
+            "reference_models/*/*.json",
+            "reference_models/*/*.safetensors",
+        ]
+    },
     python_requires=">=3.10",
     # No torchvision: image processors run with the PIL backend.
     install_requires=[
