@@ -3,7 +3,7 @@
 default GSC and Energy, with a validation-only selection protocol. See docs/beyond_the_paper.md.
 
     python scripts/compare_variants.py --archs resnet,vit,swin --benchmarks fmnist-ood,fmnist-openset \\
-        --max-samples 2000 --max-fit-samples 5000 --output-dir runs/variants
+        --max-samples 1000 --max-fit-samples 5000 --output-dir runs/variants
 
 Writes ``{output-dir}/{benchmark}/{arch}.json`` (reused by a rerun with the same settings) and
 ``{output-dir}/variants.md``; logic in ``hf_gsc.analysis.variants``.
@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="compare_variants.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--archs", default=",".join(ARCHS), help="reference models, comma-separated")
     parser.add_argument("--benchmarks", default=",".join(BENCHMARK_NAMES), help="benchmarks, comma-separated")
-    parser.add_argument("--max-samples", type=int, default=2000, help="samples per split (test and validation)")
+    parser.add_argument("--max-samples", type=int, default=1000, help="samples per split (test and validation)")
     parser.add_argument("--max-fit-samples", type=int, default=5000, help="ID train samples for the Fisher fit")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)

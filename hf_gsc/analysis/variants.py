@@ -318,6 +318,7 @@ def compare(
 
     start = time.perf_counter()
     path = Path(model_dir) if model_dir is not None else reference_model_path(arch, benchmark)
+    sha256 = model_sha256(path)  # before loading, so that a checkpoint replaced during the run is noticed
     model = AutoModelForImageClassification.from_pretrained(path).eval().requires_grad_(False)
     processor = load_image_processor(path)
     bench = load_benchmark(benchmark)
@@ -338,6 +339,7 @@ def compare(
         "arch": arch,
         "benchmark": benchmark,
         "model": str(path),
+        "model_sha256": sha256,
         "settings": {"max_samples": max_samples, "max_fit_samples": max_fit_samples, "seed": seed,
                      "validation_seed": VALIDATION_SEED},
         "hyperparameters": {name: variant_hyperparameters(model)[name][1] for name in detectors},
@@ -349,6 +351,13 @@ def compare(
         "choice_beats_default_on_test": choice != "gsc" and test_avg[choice]["fpr95"] < test_avg["gsc"]["fpr95"],
         "seconds": time.perf_counter() - start,
     }
+
+
+def model_sha256(path: str | Path) -> str:
+    """SHA-256 of ``model.safetensors`` in ``path``: results are tied to the exact checkpoint."""
+    import hashlib
+
+    return hashlib.sha256((Path(path) / "model.safetensors").read_bytes()).hexdigest()
 
 
 # --------------------------------------------------------------------------------------- report
@@ -438,23 +447,23 @@ def run(
     results, missing = [], {}
     settings = {"max_samples": max_samples, "max_fit_samples": max_fit_samples, "seed": seed,
                 "validation_seed": VALIDATION_SEED}
+    from ..reference_models import reference_model_path
+
     for benchmark in benchmarks:
         for arch in archs:
-            path = output_dir / benchmark / f"{arch}.json"
-            if path.is_file():
-                saved = json.loads(path.read_text())
-                if saved.get("settings") == settings:
-                    log(f"{benchmark}/{arch}: reusing {path}")
-                    results.append(saved)
-                    continue
             try:
-                from ..reference_models import reference_model_path
-
-                reference_model_path(arch, benchmark)
+                model_dir = reference_model_path(arch, benchmark)
             except FileNotFoundError as error:
                 missing[f"{arch} on {benchmark}"] = f"no checkpoint: {error}"
                 log(f"{benchmark}/{arch}: skipped, {error}")
                 continue
+            path = output_dir / benchmark / f"{arch}.json"
+            if path.is_file():
+                saved = json.loads(path.read_text())
+                if saved.get("settings") == settings and saved.get("model_sha256") == model_sha256(model_dir):
+                    log(f"{benchmark}/{arch}: reusing {path}")
+                    results.append(saved)
+                    continue
             log(f"{benchmark}/{arch}: running")
             result = _jsonable(compare(arch, benchmark, max_samples, max_fit_samples, seed, batch_size))
             path.parent.mkdir(parents=True, exist_ok=True)
