@@ -158,3 +158,16 @@ def test_validation_noise_differs_from_the_test_noise():
     assert list(sets) == ["val_noise"]
     validation = np.stack([np.asarray(decode_image(v, "v", i)) for i, v in enumerate(sets["val_noise"]["image"])])
     assert not {bytes(x) for x in validation} & {bytes(x) for x in test_noise}
+
+
+def test_openset_validation_ood_is_heldout_classes_of_validation_not_test():
+    from hf_gsc.data import fashion_mnist
+    from hf_gsc.data.benchmarks import OPENSET_OOD_CLASSES
+
+    sets = V.build_validation_ood("fmnist-openset", None, 300)
+    assert list(sets) == ["val_heldout_classes"] and len(sets["val_heldout_classes"]) == 300
+    images = {bytes(np.asarray(decode_image(v, "v", i))) for i, v in enumerate(sets["val_heldout_classes"]["image"])}
+    arrays = fashion_mnist.load_arrays()
+    held_out = arrays["validation"].images[np.isin(arrays["validation"].labels, OPENSET_OOD_CLASSES)]
+    assert images <= {bytes(x) for x in held_out}
+    assert not images & {bytes(x) for x in arrays["test"].images}
