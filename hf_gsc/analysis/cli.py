@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = benchmark_data(benchmark, model, processor, args.max_samples, args.batch_size, args.seed)
             stem = f"{benchmark}_{Path(str(name)).name}"
             provenance = {"benchmark": benchmark, "model": str(name), "model_path": str(path),
+                          "checkpoint": checkpoint_record(Path(path)),
                           "max_samples": args.max_samples, "seed": args.seed, "threads": args.threads,
                           "torch": torch.__version__}
             run_one(model, data, args.output_dir, stem, f"{benchmark} / {name}",
@@ -153,6 +154,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         (Path(args.output_dir) / "missing.json").write_text(json.dumps(missing, indent=1))
     write_summary(args.output_dir)
     return 0
+
+
+def checkpoint_record(path: Path) -> dict[str, Any]:
+    """sha256 (first 16 hex digits) of ``model.safetensors`` and the test accuracy in ``training_results.json``."""
+    import hashlib
+
+    record: dict[str, Any] = {}
+    weights = path / "model.safetensors"
+    if weights.is_file():
+        record["model_safetensors_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+    results = path / "training_results.json"
+    if results.is_file():
+        record["test_accuracy"] = json.loads(results.read_text()).get("test_accuracy")
+    return record
 
 
 def write_summary(output_dir: str | Path) -> Path:
