@@ -249,3 +249,9 @@ def test_run_ablations_end_to_end(tmp_path, one_thread):
     md = (tmp_path / "tiny.md").read_text()
     assert "### iterative" in md and "approximation error" in md
     assert (tmp_path / "tiny_concentration.png").stat().st_size > 1000
+    # The command line rebuilds the cross-model summary from the JSON files.
+    assert script["main"].__module__ == "hf_gsc.analysis.cli"
+    from hf_gsc.analysis.cli import main
+
+    assert main(["--summary-only", "--output-dir", str(tmp_path)]) == 0
+    assert "### split point" in (tmp_path / "summary.md").read_text()
