@@ -352,7 +352,8 @@ def markdown_tables(summary: Mapping[str, Any], title: str = "") -> str:
         lines += [header, "|" + "---|" * (header.count("|") - 1)]
         for row in rows:
             r = summary["variants"][row["variant"]]
-            cells = [row["row"], _pct(r["mean"]["fpr95"]), _pct(r["mean"]["auroc"]), _pct(r["id_accuracy"])]
+            label = row["row"].replace("|", "\\|")  # a literal | would end the markdown cell
+            cells = [label, _pct(r["mean"]["fpr95"]), _pct(r["mean"]["auroc"]), _pct(r["id_accuracy"])]
             if len(ood) > 1:
                 cells += [f"{_pct(r['per_ood_split'][s]['fpr95'])} / {_pct(r['per_ood_split'][s]['auroc'])}" for s in ood]
             lines.append("| " + " | ".join(cells) + " |")

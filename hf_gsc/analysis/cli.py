@@ -171,11 +171,13 @@ def checkpoint_record(path: Path) -> dict[str, Any]:
 
 
 def write_summary(output_dir: str | Path) -> Path:
-    """``{output_dir}/summary.md``: the cross-model tables of every result JSON in ``output_dir``."""
+    """``{output_dir}/summary.md`` (cross-model tables) and each result's ``.md`` and plot, from the JSON files."""
     from .report import combined_markdown, load_summaries
 
     summaries = load_summaries(output_dir)
     for stem, summary in summaries.items():
+        title = stem.replace("_", " / ", 1)
+        (Path(output_dir) / f"{stem}.md").write_text(markdown_tables(summary, title) + "\n")
         plot_summary(summary, Path(output_dir) / f"{stem}_concentration.png", stem.replace("_", " / ", 1))
     path = Path(output_dir) / "summary.md"
     path.write_text(combined_markdown(summaries))

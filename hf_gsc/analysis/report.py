@@ -54,7 +54,8 @@ def combined_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
             continue
         lines += [f"### {title}", "", "| row | " + " | ".join(stems) + " |", "|---|" + "---|" * len(stems)]
         for label, cells in rows.items():
-            lines.append(f"| {label} | " + " | ".join(cells.get(s, "-") for s in stems) + " |")
+            escaped = label.replace("|", "\\|")
+            lines.append(f"| {escaped} | " + " | ".join(cells.get(s, "-") for s in stems) + " |")
         lines.append("")
 
     lines += ["### approximation error |score(approx) - score(exact)| (5% zero-out), mean +- std (max)", ""]
