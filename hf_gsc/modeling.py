@@ -337,7 +337,12 @@ class GSCForImageClassification(nn.Module):
             )
             delta = shorted - flat_features
 
-            if config.approximation == "first_order":
+            if config.approximation == "first_order" and split.head_is_linear and self.block_chain is None:
+                # An affine head makes y + J(F'-F) equal head(F') exactly, and a plain forward is cheaper
+                # than a forward-mode product (ResNet at final_encoder_output; any penultimate split).
+                with torch.no_grad():
+                    gsc_logits = head(shorted.view_as(features))
+            elif config.approximation == "first_order":
                 gsc_logits = first_order_logits(head, features, delta.view_as(features)).detach()
             elif config.approximation == "predicted_logit":
                 gsc_logits = predicted_logit_update(logits, predicted_class, flat_gradient, delta)
