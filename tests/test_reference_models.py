@@ -19,7 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_reference_mode
 #: Issue #3 asks for test accuracy >= 91% (ResNet) and >= 87% (ViT, Swin) within 15 minutes of
 #: training on 2 CPU cores. On the shared project machine (load 6-14 on 2 cores) a 14-minute run
 #: got ~0.35 of a core and fell short (see docs/data.md); these floors guard what is shipped.
-TARGETS = {"resnet": 0.89, "vit": 0.87, "swin": 0.85}
+TARGETS = {"resnet": 0.91, "vit": 0.87, "swin": 0.85}
 #: Recomputed here on the first 1,000 test images: allow for subset noise (1 s.d. ~1 point).
 SUBSET = 1_000
 SUBSET_SLACK = 0.03
