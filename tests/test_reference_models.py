@@ -111,6 +111,18 @@ def test_script_smoke_run(script, tmp_path, arch):
     assert saved["test_accuracy"] == results["test_accuracy"] and "torch" in saved["versions"]
 
 
+@pytest.mark.parametrize("arch", sorted(TARGETS))
+def test_openset_checkpoints_know_only_the_id_classes(arch):
+    from hf_gsc.data import BENCHMARKS
+
+    path = reference_model_path(arch, benchmark="fmnist-openset")
+    model = AutoModelForImageClassification.from_pretrained(path)
+    names = BENCHMARKS["fmnist-openset"].label_names
+    assert [model.config.id2label[i] for i in range(model.config.num_labels)] == list(names)
+    results = json.loads((path / "training_results.json").read_text())
+    assert results["benchmark"] == "fmnist-openset" and results["train_time_s"] <= 15 * 60
+
+
 def test_reference_model_path_errors():
     with pytest.raises(ValueError):
         reference_model_path("alexnet")
