@@ -272,11 +272,13 @@ def resolve_block_chain(model: nn.Module, earlier_split_point: str, split_point:
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     spec = ARCHITECTURES.get(model_type)
-    if split_point != "final_encoder_output" or spec is None or not spec.blocks_take_hidden_only:
-        supported = sorted(name for name, entry in ARCHITECTURES.items() if entry.blocks_take_hidden_only)
+    supported = sorted(name for name, entry in ARCHITECTURES.items() if entry.blocks_take_hidden_only)
+    if split_point != "final_encoder_output":
+        raise ValueError(f"earlier_split_point needs split_point='final_encoder_output', got {split_point!r}")
+    if spec is None or not spec.blocks_take_hidden_only:
         raise ValueError(
-            "earlier_split_point needs split_point='final_encoder_output' on one of the model types "
-            f"{supported}; got split_point={split_point!r} on model type {model_type!r}"
+            f"earlier_split_point is not supported for model type {model_type!r}: its encoder blocks need more "
+            f"than the hidden states to run (e.g. Swin's patch grid size); supported model types: {supported}"
         )
     path = _normalise_path(model, earlier_split_point)
     blocks = list(model.get_submodule(spec.blocks))

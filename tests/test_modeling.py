@@ -460,5 +460,7 @@ def test_multi_layer_short_circuit_matches_reference(arch, earlier, pixel_values
 def test_multi_layer_rejects_unsupported_settings():
     with pytest.raises(ValueError, match="before the last one"):
         GSCForImageClassification(make_tiny_model("vit"), earlier_split_point="vit.layers.-1")
-    with pytest.raises(ValueError, match="needs split_point='final_encoder_output'"):
+    with pytest.raises(ValueError, match="not supported for model type 'swin'.*supported model types"):
         GSCForImageClassification(make_tiny_model("swin"), earlier_split_point="swin.encoder.layers.0")
+    with pytest.raises(ValueError, match="needs split_point='final_encoder_output', got 'penultimate'"):
+        GSCForImageClassification(make_tiny_model("vit"), split_point="penultimate", earlier_split_point="vit.layers.0")
