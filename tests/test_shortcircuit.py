@@ -1,0 +1,38 @@
+"""The pure mask and update functions against direct references."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_gsc.shortcircuit import _mask_from_priority, num_masked
+
+
+def _stable_argsort_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    rows = []
+    for row, size in zip(priority.tolist(), k.tolist()):
+        ranked = sorted(range(len(row)), key=lambda j: (-row[j], j))
+        chosen = set(ranked[:size])
+        rows.append([j in chosen for j in range(len(row))])
+    return torch.tensor(rows, dtype=torch.bool)
+
+
+def test_mask_keeps_top_k_with_ties_to_the_lower_index():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        width = int(torch.randint(1, 30, (1,), generator=generator))
+        if trial % 2:
+            priority = torch.randint(-2, 3, (4, width), generator=generator).double()  # many ties
+            priority[priority == -2] = -float("inf")  # unread coordinates
+        else:
+            priority = torch.randn(4, width, generator=generator, dtype=torch.float64)
+        k = torch.randint(0, width + 1, (4,), generator=generator)
+        mask = _mask_from_priority(priority, k)
+        assert torch.equal(mask, _stable_argsort_mask(priority, k)), (priority, k)
+        assert mask.sum(dim=1).tolist() == k.tolist()
+
+
+def test_num_masked_counts_nonzero_gradient_coordinates():
+    gradient = torch.tensor([[0.0, 1.0, -2.0, 0.0] + [0.5] * 96, [0.0] * 100])
+    # 98 read coordinates: ceil(0.05 * 98) = 5; nothing read: 0.
+    assert num_masked(gradient, 0.05).tolist() == [5, 0]
+    assert num_masked(torch.ones(1, 100), 0.05).tolist() == [5]  # no float round-up to 6
