@@ -39,7 +39,8 @@ from .approximation_error import approximation_outputs, summarise_errors
 from .context import HeadContext, gsc_logits, head_context, scores_of
 from .gradient_concentration import DEFAULT_FRACTIONS, TABLE_FRACTIONS, column_of, curve_summary, top_fraction_ratio
 
-DEFAULT_SPLIT = "final_encoder_output"
+_GSC_DEFAULTS = GSCConfig()
+DEFAULT_SPLIT = _GSC_DEFAULTS.split_point
 
 
 @dataclass(frozen=True)
@@ -47,18 +48,19 @@ class Variant:
     """One scored configuration. ``kind``: ``baseline`` (score of the unchanged logits), ``gsc`` (head only at
     ``split_point``), ``multi_layer`` (``earlier_split_point`` + ``split_point``), ``gsc_ash`` or ``ash_s`` (detectors)."""
 
+    # GSC settings default to the library's own defaults, so ablations vary one thing away from them.
     kind: str = "gsc"
-    split_point: str = DEFAULT_SPLIT
-    mask_ratio: float = 0.05
-    selection: str = "gradient"
-    operation: str = "zero"
-    alpha: float = 0.1
-    clip_bound: float = 1.0
-    beta: float = 0.5
-    approximation: str = "first_order"
+    split_point: str = _GSC_DEFAULTS.split_point
+    mask_ratio: float = _GSC_DEFAULTS.mask_ratio
+    selection: str = _GSC_DEFAULTS.selection
+    operation: str = _GSC_DEFAULTS.operation
+    alpha: float = _GSC_DEFAULTS.alpha
+    clip_bound: float = _GSC_DEFAULTS.clip_bound
+    beta: float = _GSC_DEFAULTS.beta
+    approximation: str = _GSC_DEFAULTS.approximation
     steps: int = 1
-    score: str = "energy"
-    earlier_split_point: str | None = None
+    score: str = _GSC_DEFAULTS.score
+    earlier_split_point: str | None = _GSC_DEFAULTS.earlier_split_point
 
     def key(self) -> str:
         """A short stable name: the fields that differ from the defaults."""
