@@ -18,6 +18,8 @@ from .shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from .split_points import validate_split_point_name
 
 CONFIG_NAME = "gsc_config.json"
+# Fitted tensors of a detector (GSC options or baselines), next to its config; safetensors, never pickle.
+STATE_FILE = "detector_state.safetensors"
 
 
 def _check_number(name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:

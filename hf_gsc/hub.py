@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .config import CONFIG_NAME, GSCConfig
+from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 
 if TYPE_CHECKING:
     from .modeling import GSCForImageClassification
@@ -150,7 +150,7 @@ def save_detector(
     detector.config.save_pretrained(directory)
     state = detector.state_dict_for_saving()
     if state:
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / "detector_state.safetensors")
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / STATE_FILE)
     if save_base_model:
         detector.model.save_pretrained(directory)
         if detector.image_processor is not None:

@@ -22,9 +22,7 @@ from torch import nn
 from transformers import AutoModelForImageClassification, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .config import CONFIG_NAME, GSCConfig
-
-STATE_FILE = "detector_state.safetensors"
+from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 from .scores import ood_score
 from .shortcircuit import (
     diagonal_fisher_sum,

@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..config import STATE_FILE
+
 DETECTORS: dict[str, type["Detector"]] = {}
-STATE_FILE = "detector_state.safetensors"
 HYPERPARAMETERS_FILE = "detector_config.json"
 
 
