@@ -26,14 +26,14 @@ from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 from .scores import ood_score
 from .shortcircuit import (
     diagonal_fisher_sum,
-    first_order_logits,
     num_masked,
     num_masked_adaptive,
     predicted_logit_update,
     short_circuit,
     short_circuit_mask,
 )
-from .split_points import SplitPoint, resolve_block_chain, resolve_split_point
+from .head_derivatives import LinearizedHead
+from .split_points import SplitPoint, linearize_with_autograd, resolve_block_chain, resolve_split_point
 
 
 @dataclass
@@ -233,19 +233,15 @@ class GSCForImageClassification(nn.Module):
                     f"pixel_values has spatial size {tuple(pixel_values.shape[2:])} but the base model expects "
                     f"{expected}; resize with the model's image processor"
                 )
-        if not torch.isfinite(pixel_values).all():
+        # The sum of finite values is finite unless it overflows, so one reduction clears the common case.
+        if not torch.isfinite(pixel_values.sum()) and not torch.isfinite(pixel_values).all():
             bad = (~torch.isfinite(pixel_values)).flatten(1).any(dim=1).nonzero().flatten().tolist()
             raise ValueError(f"pixel_values contains NaN or infinite values in batch rows {bad}")
         dtype = next(self.model.parameters()).dtype
         return pixel_values.to(dtype)
 
-    def _features_logits_gradient(
-        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-        """``F``, ``y``, the per-sample gradient w.r.t. ``F`` (all detached) and the head ``H`` with ``H(F) = y``.
-
-        Without ``labels`` the gradient is ``d y_c / dF`` for the predicted class ``c``; with labels it is the
-        gradient of the cross-entropy loss (what the diagonal Fisher is made of). Call with grad enabled.
+    def _linearize(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, LinearizedHead]:
+        """``F`` (no gradient, backbone stopped at the split point) and the head linearized there.
 
         With ``earlier_split_point`` the feature is the concatenation ``[F_earlier, F_final]`` flattened,
         ``(B, d_earlier + d_final)``, and ``H([F1, F2]) = head(blocks(F1) + F2 - F2_0)``: its gradient
@@ -253,37 +249,43 @@ class GSCForImageClassification(nn.Module):
         """
         split = self.split_point
         if self.block_chain is None:
-            features = split.features(pixel_values).detach().clone().requires_grad_(True)
-            logits = split.head(features, pixel_values)
-            inputs = [features]
-        else:
-            earlier, run_blocks = self.block_chain
-            earlier_features = earlier.features(pixel_values).detach().clone().requires_grad_(True)
-            final_features = run_blocks(earlier_features)
-            logits = split.head(final_features, pixel_values)
-            inputs = [earlier_features, final_features]
-        if labels is None:
-            # Heads are batch-separable, so one backward of sum_i y[i, c_i] gives every per-sample g.
-            objective = logits.gather(1, logits.argmax(dim=-1)[:, None]).sum()
-        else:
-            objective = nn.functional.cross_entropy(logits, labels.to(logits.device), reduction="sum")
-        gradients = torch.autograd.grad(objective, inputs)
-        if self.block_chain is None:
-            return features.detach(), logits.detach(), gradients[0].detach(), lambda f: split.head(f, pixel_values)
+            features = split.features(pixel_values)
+            return features, split.linearize(features, pixel_values)
 
-        shapes = [t.shape[1:] for t in inputs]
-        sizes = [t[0].numel() for t in inputs]
-        final_0 = final_features.detach()
+        earlier, run_blocks = self.block_chain
+        earlier_features = earlier.features(pixel_values)
+        with torch.no_grad():
+            final_0 = run_blocks(earlier_features)
+        shapes = [earlier_features.shape[1:], final_0.shape[1:]]
+        self._layer_sizes = sizes = [earlier_features[0].numel(), final_0[0].numel()]
 
-        def joint_head(joint: torch.Tensor) -> torch.Tensor:
+        def joint_head(joint: torch.Tensor, pixel_values: torch.Tensor | None) -> torch.Tensor:
             f1, f2 = joint.split(sizes, dim=1)
             moved = run_blocks(f1.reshape(-1, *shapes[0])) + (f2.reshape(-1, *shapes[1]) - final_0)
             return split.head(moved, pixel_values)
 
-        joint_features = torch.cat([t.detach().flatten(1) for t in inputs], dim=1)
-        joint_gradient = torch.cat([g.detach().flatten(1) for g in gradients], dim=1)
-        self._layer_sizes = sizes
-        return joint_features, logits.detach(), joint_gradient, joint_head
+        joint_features = torch.cat([earlier_features.flatten(1), final_0.flatten(1)], dim=1)
+        return joint_features, linearize_with_autograd(joint_head, joint_features, pixel_values)
+
+    def _feature_gradient(
+        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, LinearizedHead, torch.Tensor]:
+        """``F``, the linearized head and the per-sample gradient w.r.t. ``F``.
+
+        Without ``labels`` the gradient is ``g = d y_c / dF`` for the predicted class ``c`` (the cotangent is
+        one-hot); with labels it is the gradient of the cross-entropy loss, ``softmax(y) - onehot(label)``
+        pulled back (what the diagonal Fisher is made of). Heads are batch-separable, so one product for
+        the whole batch gives every per-sample gradient.
+        """
+        features, head = self._linearize(pixel_values)
+        logits = head.logits
+        num_classes = logits.shape[-1]
+        if labels is None:
+            cotangent = nn.functional.one_hot(logits.argmax(dim=-1), num_classes).to(logits.dtype)
+        else:
+            target = nn.functional.one_hot(labels.to(logits.device).long(), num_classes).to(logits.dtype)
+            cotangent = logits.softmax(dim=-1) - target
+        return features, head, head.vjp(cotangent)
 
     def _selection_gradient(self, gradient: torch.Tensor) -> torch.Tensor:
         """The gradient that ranks coordinates: per-layer RMS-normalised under a shared multi-layer budget
@@ -308,45 +310,35 @@ class GSCForImageClassification(nn.Module):
         """
         pixel_values = self._check_pixel_values(pixel_values)
         config = self.config
-        split = self.split_point
         if config.selection == "fisher" and self.fisher_diagonal is None:
             raise RuntimeError("selection='fisher' needs a fitted diagonal Fisher: call fit_fisher(id_train_batches)")
         if config.mask_size == "adaptive" and config.gradient_mass is None:
             raise RuntimeError(
                 "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
             )
-        # The gradient w.r.t. F is part of inference, so autograd is switched back on locally.
-        with torch.inference_mode(False), torch.enable_grad():
-            # clone(): tensors made under inference mode cannot be saved for backward.
-            pixel_values = pixel_values.clone()
-            features, logits, gradient, head = self._features_logits_gradient(pixel_values)
-            predicted_class = logits.argmax(dim=-1)
+        features, head, gradient = self._feature_gradient(pixel_values)
+        logits = head.logits
+        predicted_class = logits.argmax(dim=-1)
 
-            flat_features, flat_gradient = features.flatten(1), gradient.flatten(1)
-            ranking = self._selection_gradient(flat_gradient)
-            if config.mask_size == "adaptive":
-                k = num_masked_adaptive(ranking, config.gradient_mass)
-            else:
-                k = num_masked(flat_gradient, config.mask_ratio)
-            generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
-            mask = short_circuit_mask(ranking, k, config.selection, self.fisher_diagonal, generator)
-            shorted = short_circuit(
-                flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
-            )
-            delta = shorted - flat_features
+        flat_features, flat_gradient = features.flatten(1), gradient.flatten(1)
+        ranking = self._selection_gradient(flat_gradient)
+        if config.mask_size == "adaptive":
+            k = num_masked_adaptive(ranking, config.gradient_mass)
+        else:
+            k = num_masked(flat_gradient, config.mask_ratio)
+        generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
+        mask = short_circuit_mask(ranking, k, config.selection, self.fisher_diagonal, generator)
+        shorted = short_circuit(
+            flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
+        )
+        delta = shorted - flat_features
 
-            if config.approximation == "first_order" and split.head_is_linear and self.block_chain is None:
-                # An affine head makes y + J(F'-F) equal head(F') exactly, and a plain forward is cheaper
-                # than a forward-mode product (ResNet at final_encoder_output; any penultimate split).
-                with torch.no_grad():
-                    gsc_logits = head(shorted.view_as(features))
-            elif config.approximation == "first_order":
-                gsc_logits = first_order_logits(head, features, delta.view_as(features)).detach()
-            elif config.approximation == "predicted_logit":
-                gsc_logits = predicted_logit_update(logits, predicted_class, flat_gradient, delta)
-            else:
-                with torch.no_grad():
-                    gsc_logits = head(shorted.view_as(features))
+        if config.approximation == "first_order":
+            gsc_logits = logits + head.jvp(delta.view_as(features))
+        elif config.approximation == "predicted_logit":
+            gsc_logits = predicted_logit_update(logits, predicted_class, flat_gradient, delta)
+        else:
+            gsc_logits = head.function(shorted.view_as(features))
 
         scores = ood_score(gsc_logits, config.score, config.temperature)
         is_ood = None if config.threshold is None else scores < config.threshold
@@ -401,8 +393,7 @@ class GSCForImageClassification(nn.Module):
         """
         gradients = []
         for pixel_values, _ in _batches(id_validation_data, "id_validation_data"):
-            with torch.inference_mode(False), torch.enable_grad():
-                gradient = self._features_logits_gradient(self._check_pixel_values(pixel_values).clone())[2]
+            gradient = self._feature_gradient(self._check_pixel_values(pixel_values))[2]
             gradients.append(self._selection_gradient(gradient.flatten(1)))
         gradient = torch.cat(gradients)
         read = (gradient != 0).sum(dim=1).clamp_min(1).double()
@@ -430,8 +421,7 @@ class GSCForImageClassification(nn.Module):
         for pixel_values, labels in _batches(id_train_data, "id_train_data"):
             if labels is None:
                 raise ValueError("fit_fisher needs labels: pass (pixel_values, labels) batches of ID training data")
-            with torch.inference_mode(False), torch.enable_grad():
-                gradient = self._features_logits_gradient(self._check_pixel_values(pixel_values).clone(), labels)[2]
+            gradient = self._feature_gradient(self._check_pixel_values(pixel_values), labels)[2]
             batch_sum = diagonal_fisher_sum(gradient.flatten(1))
             total = batch_sum if total is None else total + batch_sum
             count += gradient.shape[0]

@@ -102,11 +102,12 @@ def short_circuit_mask(
         ``(B, d)`` bool. Coordinates with ``g = 0`` (not read by the head) are chosen last.
     """
     magnitude = gradient.abs()
+    if selection == "gradient":
+        # Unread coordinates (g = 0) already rank last; k never exceeds the number of read ones.
+        return _mask_from_priority(magnitude, k)
     read = gradient != 0
     unread = torch.full_like(magnitude, -math.inf)
-    if selection == "gradient":
-        priority = magnitude
-    elif selection == "fisher":
+    if selection == "fisher":
         if fisher_diagonal is None:
             raise ValueError("selection='fisher' needs the diagonal Fisher: fit it on ID training data first")
         scale = fisher_diagonal.to(magnitude).sqrt().clamp_min(torch.finfo(magnitude.dtype).tiny)

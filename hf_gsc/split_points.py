@@ -24,32 +24,42 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-HeadFunction = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead
 
+@dataclass(frozen=True)
+class HeadSpec:
+    """The head after the final encoder output, ``y = W · norm(pool(F)) + b`` or ``W · pool(norm(F)) + b``.
 
-def _vit_like_head(prefix: str) -> HeadFunction:
-    """Final LayerNorm, CLS token, classifier: ``(B, N, D) -> (B, K)``."""
+    Attributes:
+        pool: how tokens or positions are reduced (see :data:`hf_gsc.head_derivatives.POOLS`).
+        classifier: dotted path of the ``nn.Linear`` classifier.
+        layernorm: dotted path of the final ``nn.LayerNorm``; ``None`` = none.
+        norm_before_pool: the LayerNorm runs per token before pooling (Swin) rather than on the pooled
+            vector. For ViT either order gives the same logits (LayerNorm is per token and the head reads
+            the first token only); normalising after pooling is cheaper.
+    """
 
-    def head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-        backbone = getattr(model, prefix)
-        return model.classifier(backbone.layernorm(features)[:, 0])
+    pool: Pool
+    classifier: str
+    layernorm: str | None = None
+    norm_before_pool: bool = False
 
-    return head
-
-
-def _swin_head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """Final LayerNorm, mean over tokens, classifier: ``(B, L, C) -> (B, K)``."""
-    return model.classifier(model.swin.layernorm(features).mean(dim=1))
-
-
-def _resnet_head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """Global average pool, flatten, linear: ``(B, C, H, W) -> (B, K)``; affine in ``F``."""
-    return model.classifier(model.resnet.pooler(features))
-
-
-def _convnext_head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-    """Mean over space, final LayerNorm, classifier: ``(B, C, H, W) -> (B, K)``."""
-    return model.classifier(model.convnext.layernorm(features.mean(dim=(-2, -1))))
+    def bind(self, model: nn.Module) -> PoolNormLinearHead:
+        """The head with ``model``'s current parameters."""
+        linear = model.get_submodule(self.classifier)
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(
+                f"{self.classifier} is a {type(linear).__name__}, not nn.Linear: the model has no classifier "
+                "(num_labels=0?), so there are no logits to short-circuit"
+            )
+        if self.layernorm is None:
+            return PoolNormLinearHead(self.pool, linear.weight, linear.bias)
+        norm = model.get_submodule(self.layernorm)
+        if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
+            raise ValueError(f"{self.layernorm} must be an nn.LayerNorm over the last dimension, got {norm}")
+        return PoolNormLinearHead(
+            self.pool, linear.weight, linear.bias, norm.eps, norm.weight, norm.bias, self.norm_before_pool
+        )
 
 
 def _call_block(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -64,25 +74,30 @@ class ArchitectureSpec:
     Attributes:
         blocks: dotted path of the ``nn.ModuleList`` of encoder blocks; the last one's output is the
             final encoder output ``F``.
-        head: ``head(model, F) -> logits`` from the final encoder output.
-        head_is_linear: whether ``head`` is affine in ``F`` (then ``g`` is input independent).
+        head: the head from the final encoder output ``F`` to the logits.
         blocks_take_hidden_only: whether ``block(hidden)`` alone runs a block, so a split at an
             earlier block can run the remaining blocks directly instead of replaying the model.
     """
 
     blocks: str
-    head: HeadFunction
-    head_is_linear: bool
+    head: HeadSpec
     blocks_take_hidden_only: bool
+
+    @property
+    def head_is_linear(self) -> bool:
+        """Whether the head is affine in ``F`` (then ``g`` is input independent)."""
+        return self.head.layernorm is None
 
 
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
-    "vit": ArchitectureSpec("vit.layers", _vit_like_head("vit"), head_is_linear=False, blocks_take_hidden_only=True),
-    "deit": ArchitectureSpec("deit.layers", _vit_like_head("deit"), head_is_linear=False, blocks_take_hidden_only=True),
-    "swin": ArchitectureSpec("swin.encoder.layers", _swin_head, head_is_linear=False, blocks_take_hidden_only=False),
-    "resnet": ArchitectureSpec("resnet.encoder.stages", _resnet_head, head_is_linear=True, blocks_take_hidden_only=True),
+    "vit": ArchitectureSpec("vit.layers", HeadSpec("first_token", "classifier", "vit.layernorm"), True),
+    "deit": ArchitectureSpec("deit.layers", HeadSpec("first_token", "classifier", "deit.layernorm"), True),
+    "swin": ArchitectureSpec(
+        "swin.encoder.layers", HeadSpec("mean_tokens", "classifier", "swin.layernorm", norm_before_pool=True), False
+    ),
+    "resnet": ArchitectureSpec("resnet.encoder.stages", HeadSpec("mean_spatial", "classifier.1"), True),
     "convnext": ArchitectureSpec(
-        "convnext.encoder.stages", _convnext_head, head_is_linear=False, blocks_take_hidden_only=True
+        "convnext.encoder.stages", HeadSpec("mean_spatial", "classifier", "convnext.layernorm"), True
     ),
 }
 
@@ -141,6 +156,38 @@ def _replace_first(output: Any, replacement: torch.Tensor) -> Any:
     raise TypeError(f"cannot replace the output of type {type(output).__name__} at the split point")
 
 
+def linearize_with_autograd(
+    head: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
+    features: torch.Tensor,
+    pixel_values: torch.Tensor | None,
+) -> LinearizedHead:
+    """:class:`LinearizedHead` of any batch-separable ``head(F, pixel_values)``: reverse mode by autograd,
+    forward mode by ``torch.func.jvp``. The head's graph is built once and used for one ``vjp``.
+
+    Works inside ``torch.inference_mode()``: tensors made there cannot be saved for backward, so ``F`` and
+    ``pixel_values`` are cloned with inference mode switched off.
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        primal = features.clone().requires_grad_(True)
+        pixel_values = None if pixel_values is None else pixel_values.clone()
+        logits = head(primal, pixel_values)
+
+    def vjp(cotangent: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(False):
+            return torch.autograd.grad(logits, primal, cotangent.clone())[0].detach()
+
+    def jvp(tangent: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(False), torch.enable_grad():
+            point, direction = primal.detach(), tangent.clone()
+            return torch.func.jvp(lambda f: head(f, pixel_values), (point,), (direction,))[1].detach()
+
+    def function(moved: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return head(moved, pixel_values)
+
+    return LinearizedHead(logits.detach(), vjp, jvp, function)
+
+
 @dataclass
 class SplitPoint:
     """A resolved split point of one model: ``features(x) = F`` and ``head(F, x) = logits``.
@@ -149,6 +196,9 @@ class SplitPoint:
         name: the configured split point (``"final_encoder_output"``, ``"penultimate"`` or a path).
         module_path: the resolved module whose output (or, for ``penultimate``, input) is ``F``.
         head_is_linear: whether the head is affine in ``F``.
+        head_spec: the pool/LayerNorm/linear form of the head where it has one (``final_encoder_output``
+            of a registered architecture, and ``penultimate``): its derivatives are then computed in
+            closed form (:mod:`hf_gsc.head_derivatives`) instead of by autograd.
     """
 
     model: nn.Module
@@ -156,7 +206,8 @@ class SplitPoint:
     module_path: str
     capture_input: bool
     head_is_linear: bool
-    _direct_head: Callable[[torch.Tensor], torch.Tensor] | None
+    head_spec: HeadSpec | None = None
+    _block_head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def module(self) -> nn.Module:
@@ -192,8 +243,10 @@ class SplitPoint:
         the model's forward with the split module's output replaced by ``F`` (the prefix recomputes
         without gradient because the base parameters do not require it).
         """
-        if self._direct_head is not None:
-            return self._direct_head(features)
+        if self.head_spec is not None:
+            return self.head_spec.bind(self.model)(features)
+        if self._block_head is not None:
+            return self._block_head(features)
         if pixel_values is None:
             raise ValueError(f"split point {self.name!r} has no direct head: pass pixel_values to replay the model")
 
@@ -205,6 +258,13 @@ class SplitPoint:
             return self.model(pixel_values=pixel_values).logits
         finally:
             handle.remove()
+
+    def linearize(self, features: torch.Tensor, pixel_values: torch.Tensor | None = None) -> LinearizedHead:
+        """The head at ``F`` with its vector-Jacobian and Jacobian-vector products (closed form where the
+        head has a :class:`HeadSpec`, autograd otherwise)."""
+        if self.head_spec is not None:
+            return self.head_spec.bind(self.model).linearize(features)
+        return linearize_with_autograd(self.head, features, pixel_values)
 
 
 def _last_linear_path(model: nn.Module) -> str:
@@ -231,8 +291,7 @@ def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_outp
 
     if split_point == "penultimate":
         path = _last_linear_path(model)
-        linear = model.get_submodule(path)
-        return SplitPoint(model, split_point, path, capture_input=True, head_is_linear=True, _direct_head=linear)
+        return SplitPoint(model, split_point, path, True, head_is_linear=True, head_spec=HeadSpec("identity", path))
 
     if split_point == "final_encoder_output":
         if spec is None:
@@ -243,24 +302,25 @@ def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_outp
                 "'encoder.layers.-1'), or register it in hf_gsc.split_points.ARCHITECTURES."
             )
         path = _normalise_path(model, spec.blocks + ".-1")
-        return SplitPoint(
-            model, split_point, path, False, spec.head_is_linear, _direct_head=lambda f: spec.head(model, f)
-        )
+        spec.head.bind(model)  # fail here, not at the first forward, when the head is not as registered
+        return SplitPoint(model, split_point, path, False, spec.head_is_linear, head_spec=spec.head)
 
     path = _normalise_path(model, split_point)
-    direct_head = None
+    block_head = None
     if spec is not None and spec.blocks_take_hidden_only and path.startswith(spec.blocks + "."):
         # A block of the registered encoder: run the remaining blocks, then the registered head.
         index = int(path[len(spec.blocks) + 1 :].split(".")[0])
         if path == f"{spec.blocks}.{index}":
             remaining = list(model.get_submodule(spec.blocks))[index + 1 :]
+            if not remaining:  # the last block: this is the final encoder output
+                return SplitPoint(model, split_point, path, False, spec.head_is_linear, head_spec=spec.head)
 
-            def direct_head(features: torch.Tensor) -> torch.Tensor:
+            def block_head(features: torch.Tensor) -> torch.Tensor:
                 for block in remaining:
                     features = _call_block(block, features)
-                return spec.head(model, features)
+                return spec.head.bind(model)(features)
 
-    return SplitPoint(model, split_point, path, False, head_is_linear=False, _direct_head=direct_head)
+    return SplitPoint(model, split_point, path, False, head_is_linear=False, _block_head=block_head)
 
 
 def resolve_block_chain(model: nn.Module, earlier_split_point: str, split_point: str) -> tuple[SplitPoint, Callable[[torch.Tensor], torch.Tensor]]:
@@ -296,5 +356,5 @@ def resolve_block_chain(model: nn.Module, earlier_split_point: str, split_point:
             features = _call_block(block, features)
         return features
 
-    earlier = SplitPoint(model, earlier_split_point, path, False, head_is_linear=False, _direct_head=None)
+    earlier = SplitPoint(model, earlier_split_point, path, False, head_is_linear=False)
     return earlier, run_blocks
