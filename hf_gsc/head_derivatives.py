@@ -34,15 +34,25 @@ class LinearizedHead:
 
     Attributes:
         logits: ``y = head(F)``, ``(B, K)``, detached.
-        vjp: ``(B, K) cotangent v -> (B, *feature_shape)`` ``v^T J`` per sample (``g`` for a one-hot ``v``).
+        vjp: ``(B, K) cotangent v -> (B, *feature_shape)`` ``v^T J`` per sample.
         jvp: ``(B, *feature_shape) tangent t -> (B, K)`` ``J t`` per sample, all ``K`` logits.
         function: the head itself, ``(B, *feature_shape) -> (B, K)``, for the exact update ``head(F')``.
+        class_gradient: ``(B,) classes c -> (B, *feature_shape)`` ``g = d y_c / dF``, the ``vjp`` of a one-hot
+            cotangent (defaults to exactly that; closed forms pick the classifier row instead).
     """
 
     logits: torch.Tensor
     vjp: Callable[[torch.Tensor], torch.Tensor]
     jvp: Callable[[torch.Tensor], torch.Tensor]
     function: Callable[[torch.Tensor], torch.Tensor]
+    class_gradient: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if self.class_gradient is None:
+            num_classes = self.logits.shape[-1]
+            self.class_gradient = lambda c: self.vjp(
+                torch.nn.functional.one_hot(c, num_classes).to(self.logits.dtype)
+            )
 
 
 def pool(features: torch.Tensor, kind: Pool) -> torch.Tensor:
@@ -74,11 +84,11 @@ def pool_adjoint(pooled: torch.Tensor, kind: Pool, feature_shape: torch.Size) ->
 
 
 def layer_norm_statistics(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x - mean) * rstd`` and ``rstd = 1 / sqrt(var + eps)`` over the last dimension (biased variance, as
-    ``torch.nn.LayerNorm``); ``rstd`` keeps a trailing dimension of size 1."""
-    variance, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
-    rstd = torch.rsqrt(variance + eps)
-    return (x - mean) * rstd, rstd
+    """``x̂ = (x - mean) * rstd`` and ``rstd = 1 / sqrt(var + eps)`` over the last dimension (biased variance,
+    as ``torch.nn.LayerNorm``); ``rstd`` keeps a trailing dimension of size 1."""
+    # The aten kernel behind nn.LayerNorm returns mean and rstd with the output: one op instead of four.
+    normalized, mean, rstd = torch.native_layer_norm(x, x.shape[-1:], None, None, eps)
+    return normalized, rstd
 
 
 def layer_norm_jacobian_product(u: torch.Tensor, normalized: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
@@ -130,18 +140,19 @@ class PoolNormLinearHead:
         shape = features.shape[1:]
         if self.norm_eps is None:
             logits = self._classify(pool(features, self.pool))
-            return LinearizedHead(
-                logits,
-                vjp=lambda v: pool_adjoint(v @ self.weight, self.pool, shape),
-                jvp=lambda t: pool(t, self.pool) @ self.weight.T,
-                function=self,
-            )
-        if self.norm_before_pool:
+
+            def pullback(pulled: torch.Tensor) -> torch.Tensor:
+                return pool_adjoint(pulled, self.pool, shape)
+
+            def jvp(t: torch.Tensor) -> torch.Tensor:
+                return pool(t, self.pool) @ self.weight.T
+
+        elif self.norm_before_pool:
             normalized, rstd = layer_norm_statistics(features, self.norm_eps)
             logits = self._classify(pool(self._affine(normalized), self.pool))
 
-            def vjp(v: torch.Tensor) -> torch.Tensor:
-                spread = pool_adjoint(v @ self.weight, self.pool, shape)
+            def pullback(pulled: torch.Tensor) -> torch.Tensor:
+                spread = pool_adjoint(pulled, self.pool, shape)
                 scaled = spread if self.norm_weight is None else spread * self.norm_weight
                 return layer_norm_jacobian_product(scaled, normalized, rstd)
 
@@ -150,19 +161,24 @@ class PoolNormLinearHead:
                 scaled = moved if self.norm_weight is None else moved * self.norm_weight
                 return pool(scaled, self.pool) @ self.weight.T
 
-            return LinearizedHead(logits, vjp, jvp, self)
+        else:
+            normalized, rstd = layer_norm_statistics(pool(features, self.pool), self.norm_eps)
+            logits = self._classify(self._affine(normalized))
 
-        normalized, rstd = layer_norm_statistics(pool(features, self.pool), self.norm_eps)
-        logits = self._classify(self._affine(normalized))
+            def pullback(pulled: torch.Tensor) -> torch.Tensor:
+                scaled = pulled if self.norm_weight is None else pulled * self.norm_weight
+                return pool_adjoint(layer_norm_jacobian_product(scaled, normalized, rstd), self.pool, shape)
 
-        def vjp(v: torch.Tensor) -> torch.Tensor:
-            pulled = v @ self.weight
-            scaled = pulled if self.norm_weight is None else pulled * self.norm_weight
-            return pool_adjoint(layer_norm_jacobian_product(scaled, normalized, rstd), self.pool, shape)
+            def jvp(t: torch.Tensor) -> torch.Tensor:
+                moved = layer_norm_jacobian_product(pool(t, self.pool), normalized, rstd)
+                scaled = moved if self.norm_weight is None else moved * self.norm_weight
+                return scaled @ self.weight.T
 
-        def jvp(t: torch.Tensor) -> torch.Tensor:
-            moved = layer_norm_jacobian_product(pool(t, self.pool), normalized, rstd)
-            scaled = moved if self.norm_weight is None else moved * self.norm_weight
-            return scaled @ self.weight.T
-
-        return LinearizedHead(logits, vjp, jvp, self)
+        # v^T J = pullback(v^T W); for a one-hot v that is the classifier row W[c].
+        return LinearizedHead(
+            logits,
+            vjp=lambda v: pullback(v @ self.weight),
+            jvp=jvp,
+            function=self,
+            class_gradient=lambda c: pullback(self.weight.index_select(0, c)),
+        )

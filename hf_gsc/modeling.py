@@ -108,6 +108,14 @@ class GSCForImageClassification(nn.Module):
         self.fisher_diagonal: torch.Tensor | None = None
         self.model.eval()
         self.model.requires_grad_(False)
+        # Read once: transformers' config attribute access is slow enough to show in GSC's per-batch cost.
+        base_config = getattr(model, "config", None)
+        self._expected_channels: int | None = getattr(base_config, "num_channels", None)
+        image_size = getattr(base_config, "image_size", None)
+        self._expected_size: tuple[int, int] | None = (
+            None if image_size is None
+            else tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
+        )
         self.split_point: SplitPoint = resolve_split_point(model, config.split_point)
         # Multi-layer short-circuit: the earlier split point and the blocks from it to the final one.
         self.block_chain = (
@@ -218,23 +226,19 @@ class GSCForImageClassification(nn.Module):
             raise ValueError("pixel_values is an empty batch (B=0); pass at least one image")
         if not pixel_values.is_floating_point():
             raise ValueError(f"pixel_values must be floating point (the image processor's output), got {pixel_values.dtype}")
-        base_config = getattr(self.model, "config", None)
-        channels = getattr(base_config, "num_channels", None)
+        channels, expected = self._expected_channels, self._expected_size
         if channels is not None and pixel_values.shape[1] != channels:
             raise ValueError(
                 f"pixel_values has {pixel_values.shape[1]} channels but the base model expects {channels}; "
                 "convert the images (e.g. grayscale to RGB) with the model's image processor"
             )
-        image_size = getattr(base_config, "image_size", None)
-        if image_size is not None:
-            expected = tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
-            if tuple(pixel_values.shape[2:]) != expected:
-                raise ValueError(
-                    f"pixel_values has spatial size {tuple(pixel_values.shape[2:])} but the base model expects "
-                    f"{expected}; resize with the model's image processor"
-                )
+        if expected is not None and tuple(pixel_values.shape[2:]) != expected:
+            raise ValueError(
+                f"pixel_values has spatial size {tuple(pixel_values.shape[2:])} but the base model expects "
+                f"{expected}; resize with the model's image processor"
+            )
         # The sum of finite values is finite unless it overflows, so one reduction clears the common case.
-        if not torch.isfinite(pixel_values.sum()) and not torch.isfinite(pixel_values).all():
+        if not math.isfinite(pixel_values.sum().item()) and not torch.isfinite(pixel_values).all():
             bad = (~torch.isfinite(pixel_values)).flatten(1).any(dim=1).nonzero().flatten().tolist()
             raise ValueError(f"pixel_values contains NaN or infinite values in batch rows {bad}")
         dtype = next(self.model.parameters()).dtype
@@ -272,20 +276,17 @@ class GSCForImageClassification(nn.Module):
     ) -> tuple[torch.Tensor, LinearizedHead, torch.Tensor]:
         """``F``, the linearized head and the per-sample gradient w.r.t. ``F``.
 
-        Without ``labels`` the gradient is ``g = d y_c / dF`` for the predicted class ``c`` (the cotangent is
-        one-hot); with labels it is the gradient of the cross-entropy loss, ``softmax(y) - onehot(label)``
-        pulled back (what the diagonal Fisher is made of). Heads are batch-separable, so one product for
-        the whole batch gives every per-sample gradient.
+        Without ``labels`` the gradient is ``g = d y_c / dF`` for the predicted class ``c``; with labels it is
+        the gradient of the cross-entropy loss, ``softmax(y) - onehot(label)`` pulled back (what the diagonal
+        Fisher is made of). Heads are batch-separable, so one product for the whole batch gives every
+        per-sample gradient.
         """
         features, head = self._linearize(pixel_values)
         logits = head.logits
-        num_classes = logits.shape[-1]
         if labels is None:
-            cotangent = nn.functional.one_hot(logits.argmax(dim=-1), num_classes).to(logits.dtype)
-        else:
-            target = nn.functional.one_hot(labels.to(logits.device).long(), num_classes).to(logits.dtype)
-            cotangent = logits.softmax(dim=-1) - target
-        return features, head, head.vjp(cotangent)
+            return features, head, head.class_gradient(logits.argmax(dim=-1))
+        target = nn.functional.one_hot(labels.to(logits.device).long(), logits.shape[-1]).to(logits.dtype)
+        return features, head, head.vjp(logits.softmax(dim=-1) - target)
 
     def _selection_gradient(self, gradient: torch.Tensor) -> torch.Tensor:
         """The gradient that ranks coordinates: per-layer RMS-normalised under a shared multi-layer budget

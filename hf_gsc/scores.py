@@ -12,11 +12,15 @@ SCORES: tuple[str, ...] = ("energy", "msp", "max_logit")
 
 def energy_score(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Negative free energy ``T * logsumexp(y / T)``; ``(B, K) -> (B,)``."""
+    if temperature == 1.0:  # two fewer ops on the per-batch path (GSC's overhead is counted in ops)
+        return torch.logsumexp(logits, dim=-1)
     return temperature * torch.logsumexp(logits / temperature, dim=-1)
 
 
 def msp_score(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Maximum softmax probability ``max softmax(y / T)``; ``(B, K) -> (B,)``."""
+    if temperature == 1.0:
+        return torch.softmax(logits, dim=-1).amax(dim=-1)
     return torch.softmax(logits / temperature, dim=-1).amax(dim=-1)
 
 

@@ -12,6 +12,8 @@ coordinate is read (``g = W[c] / (H*W)``), so ``n = C*H*W``. Per sample ``k = ce
 
 from __future__ import annotations
 
+import fractions
+import functools
 import math
 from typing import Callable, Literal
 
@@ -27,8 +29,17 @@ MASK_SIZES: tuple[str, ...] = ("fixed", "adaptive")
 APPROXIMATIONS: tuple[str, ...] = ("first_order", "predicted_logit", "exact")
 
 
+@functools.lru_cache(maxsize=64)
+def _as_fraction(ratio: float) -> tuple[int, int]:
+    fraction = fractions.Fraction(ratio).limit_denominator(1_000_000)
+    return fraction.numerator, fraction.denominator
+
+
 def num_masked(gradient: torch.Tensor, mask_ratio: float) -> torch.Tensor:
     """Per-sample mask size ``k = ceil(mask_ratio * n)``, ``n`` = number of nonzero gradient coordinates.
+
+    ``mask_ratio`` is read as the nearest fraction ``p / q`` with ``q <= 10**6`` and ``k`` is computed in
+    integers, so ``0.05 * 100`` is exactly 5 (float arithmetic gives 5.000000000000001 and would round up).
 
     Args:
         gradient: ``(B, d)``.
@@ -36,9 +47,9 @@ def num_masked(gradient: torch.Tensor, mask_ratio: float) -> torch.Tensor:
     Returns:
         ``(B,)`` int64.
     """
-    n = (gradient != 0).sum(dim=1)
-    # The small epsilon keeps ceil(0.05 * 100) at 5 despite float rounding (0.05 * 100 = 5.000000000000001).
-    return torch.ceil(n.double() * mask_ratio - 1e-9).clamp(min=0).long()
+    numerator, denominator = _as_fraction(float(mask_ratio))
+    n = torch.count_nonzero(gradient, dim=1)
+    return (n * numerator + (denominator - 1)).div_(denominator, rounding_mode="floor")
 
 
 def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float) -> torch.Tensor:
@@ -74,6 +85,10 @@ def _mask_from_priority(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor
         return torch.zeros_like(priority, dtype=torch.bool)
     top_values = priority.topk(k_max, dim=1, sorted=True).values
     kth = top_values.gather(1, (k - 1).clamp(min=0).unsqueeze(1))
+    at_least = priority >= kth
+    # Common case, checked exactly: no row has a tie across its cut, so "at least the k-th value" is the mask.
+    if bool((at_least.sum(dim=1) == k).all()):
+        return at_least
     above = priority > kth
     tied = priority == kth
     room = k.unsqueeze(1) - above.sum(dim=1, keepdim=True)
@@ -155,7 +170,7 @@ def short_circuit(
         ``F'``, ``(B, d)``, same dtype as ``features``.
     """
     if operation == "zero":
-        return torch.where(mask, torch.zeros_like(features), features)
+        return features.masked_fill(mask, 0.0)
     if operation == "perturb":
         return features - alpha * torch.sign(gradient) * mask
     if operation == "project":
