@@ -61,6 +61,15 @@ class GSCOutput(ModelOutput):
     mask: torch.Tensor | None = None
 
 
+@dataclass
+class _PerClassTables:
+    """``gradient`` ``(K, d)`` and ``mask`` ``(K, d)`` bool of every class, valid while ``key`` matches."""
+
+    key: tuple
+    gradient: torch.Tensor
+    mask: torch.Tensor
+
+
 def _split_overrides(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Separate ``GSCConfig`` fields from the keyword arguments meant for the base model loader."""
     names = GSCConfig.field_names()
@@ -106,6 +115,8 @@ class GSCForImageClassification(nn.Module):
         self.image_processor: Any = None
         # (d,) diagonal Fisher of the feature, fitted on ID training data for selection="fisher".
         self.fisher_diagonal: torch.Tensor | None = None
+        # Per-class gradients and masks where the head is affine (see _per_class_tables).
+        self._tables: _PerClassTables | None = None
         self.model.eval()
         self.model.requires_grad_(False)
         # Read once: transformers' config attribute access is slow enough to show in GSC's per-batch cost.
@@ -300,6 +311,45 @@ class GSCForImageClassification(nn.Module):
             parts.append(part / rms.clamp_min(torch.finfo(part.dtype).tiny))
         return torch.cat(parts, dim=1)
 
+    def _mask(self, flat_gradient: torch.Tensor) -> torch.Tensor:
+        """The short-circuit mask ``(B, d)`` of the configured size and selection for gradients ``(B, d)``."""
+        config = self.config
+        ranking = self._selection_gradient(flat_gradient)
+        if config.mask_size == "adaptive":
+            k = num_masked_adaptive(ranking, config.gradient_mass)
+        else:
+            k = num_masked(flat_gradient, config.mask_ratio)
+        generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
+        return short_circuit_mask(ranking, k, config.selection, self.fisher_diagonal, generator)
+
+    def _per_class_tables(self, head: LinearizedHead, feature_shape: torch.Size) -> "_PerClassTables | None":
+        """Gradient and mask of every class, where they depend on the class alone; ``None`` elsewhere.
+
+        With an affine head (ResNet at the final encoder output, any ``penultimate`` split) ``g = d y_c / dF``
+        is the classifier row ``W[c]`` pulled back through the pooling, whatever the input, so the mask is a
+        function of ``c`` too: both are computed for all ``K`` classes once and looked up per sample. They
+        are recomputed when the configuration, the fitted Fisher or the classifier weights change. Random
+        selection draws per batch and is never tabulated.
+        """
+        split = self.split_point
+        if self.block_chain is not None or not split.head_is_linear or split.head_spec is None:
+            return None
+        config = self.config
+        if config.selection == "random":
+            return None
+        weight = self.model.get_submodule(split.head_spec.classifier).weight
+        fisher = self.fisher_diagonal
+        key = (
+            tuple(feature_shape), weight.data_ptr(), weight._version, weight.dtype, weight.device,
+            config.mask_ratio, config.mask_size, config.gradient_mass, config.selection,
+            None if fisher is None else (fisher.data_ptr(), fisher._version),
+        )
+        if self._tables is None or self._tables.key != key:
+            classes = torch.arange(weight.shape[0], device=weight.device)
+            gradient = head.class_gradient(classes).flatten(1)
+            self._tables = _PerClassTables(key, gradient, self._mask(gradient))
+        return self._tables
+
     def forward(self, pixel_values: torch.Tensor, output_short_circuit: bool = False) -> GSCOutput:
         """Score a batch.
 
@@ -317,18 +367,17 @@ class GSCForImageClassification(nn.Module):
             raise RuntimeError(
                 "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
             )
-        features, head, gradient = self._feature_gradient(pixel_values)
+        features, head = self._linearize(pixel_values)
         logits = head.logits
         predicted_class = logits.argmax(dim=-1)
-
-        flat_features, flat_gradient = features.flatten(1), gradient.flatten(1)
-        ranking = self._selection_gradient(flat_gradient)
-        if config.mask_size == "adaptive":
-            k = num_masked_adaptive(ranking, config.gradient_mass)
+        flat_features = features.flatten(1)
+        tables = self._per_class_tables(head, features.shape[1:])
+        if tables is None:
+            flat_gradient = head.class_gradient(predicted_class).flatten(1)
+            mask = self._mask(flat_gradient)
         else:
-            k = num_masked(flat_gradient, config.mask_ratio)
-        generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
-        mask = short_circuit_mask(ranking, k, config.selection, self.fisher_diagonal, generator)
+            flat_gradient = tables.gradient.index_select(0, predicted_class)
+            mask = tables.mask.index_select(0, predicted_class)
         shorted = short_circuit(
             flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
         )
@@ -345,7 +394,7 @@ class GSCForImageClassification(nn.Module):
         is_ood = None if config.threshold is None else scores < config.threshold
         extra = {}
         if output_short_circuit:
-            extra = dict(features=features, gradient=gradient, mask=mask.view_as(features))
+            extra = dict(features=features, gradient=flat_gradient.view_as(features), mask=mask.view_as(features))
         return GSCOutput(
             logits=logits,
             gsc_logits=gsc_logits,

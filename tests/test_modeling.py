@@ -474,3 +474,23 @@ def test_multi_layer_rejects_unsupported_settings():
         GSCForImageClassification(make_tiny_model("swin"), earlier_split_point="swin.encoder.layers.0")
     with pytest.raises(ValueError, match="needs split_point='final_encoder_output', got 'penultimate'"):
         GSCForImageClassification(make_tiny_model("vit"), split_point="penultimate", earlier_split_point="vit.layers.0")
+
+
+@pytest.mark.parametrize("split_point", ["final_encoder_output", "penultimate"])
+def test_per_class_tables_follow_config_and_weight_changes(split_point, pixel_values):
+    """Affine heads look gradients and masks up per class; a stale table would silently give old scores."""
+    model = make_tiny_model("resnet" if split_point == "final_encoder_output" else "vit")
+    gsc = GSCForImageClassification(model, split_point=split_point, mask_ratio=0.05)
+    gsc(pixel_values)
+    assert gsc._tables is not None
+    gsc.config.mask_ratio = 0.3
+    fresh = GSCForImageClassification(model, split_point=split_point, mask_ratio=0.3)
+    torch.testing.assert_close(gsc(pixel_values).gsc_logits, fresh(pixel_values).gsc_logits)
+    with torch.no_grad():  # in place, as load_state_dict does; a new ranking of |W[c]|
+        weight = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1].weight
+        weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(9), dtype=weight.dtype))
+    out = gsc(pixel_values, output_short_circuit=True)
+    fresh = GSCForImageClassification(model, split_point=split_point, mask_ratio=0.3)
+    reference = fresh(pixel_values, output_short_circuit=True)
+    torch.testing.assert_close(out.gsc_logits, reference.gsc_logits)
+    assert torch.equal(out.mask, reference.mask)
