@@ -60,6 +60,19 @@ class GSCOutput(ModelOutput):
     gradient: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        # ModelOutput.__post_init__ re-validates the class and re-registers it as a pytree node on every
+        # instance (50 µs, 1% of a batch of 16 on the reference ViT). Registration happens once per class
+        # (ModelOutput.__init_subclass__) and every field here is a tensor or None, so only its last step is
+        # needed: the fields that are set become the mapping's items, in field order.
+        for name in _GSC_OUTPUT_FIELDS:
+            value = self.__dict__[name]
+            if value is not None:
+                self[name] = value
+
+
+_GSC_OUTPUT_FIELDS = tuple(field.name for field in dataclasses.fields(GSCOutput))
+
 
 @dataclass
 class _PerClassTables:

@@ -494,3 +494,14 @@ def test_per_class_tables_follow_config_and_weight_changes(split_point, pixel_va
     reference = fresh(pixel_values, output_short_circuit=True)
     torch.testing.assert_close(out.gsc_logits, reference.gsc_logits)
     assert torch.equal(out.mask, reference.mask)
+
+
+def test_output_behaves_like_a_model_output(pixel_values):
+    """GSCOutput skips ModelOutput's per-instance checks; it must still index, iterate and tuple like one."""
+    out = GSCForImageClassification(make_tiny_model("vit"))(pixel_values)
+    assert list(out.keys()) == ["logits", "gsc_logits", "ood_score", "predicted_class"]  # None fields left out
+    assert out["ood_score"] is out.ood_score and out[0] is out.logits
+    assert len(out.to_tuple()) == 4
+    full = GSCForImageClassification(make_tiny_model("vit"), threshold=0.0)(pixel_values, output_short_circuit=True)
+    assert list(full.keys()) == ["logits", "gsc_logits", "ood_score", "is_ood", "predicted_class", "features",
+                                 "gradient", "mask"]
