@@ -11,8 +11,10 @@ All per-architecture knowledge lives in :data:`ARCHITECTURES`. A split point is 
 * a dotted module path inside the base model (``"vit.layers.2"``, negative indices allowed), whose
   output (first element when it returns a tuple) is ``F``. Paths are resolved by attribute lookup only.
 
-Backward and forward-mode products run through the head only: the backbone runs once, without
-gradient, and stops at the split point.
+The backbone runs once, without gradient, and stops at the split point. Derivatives involve the head
+only: in closed form where the head has the registered pool / LayerNorm / linear form (every
+``final_encoder_output`` of :data:`ARCHITECTURES` and every ``penultimate``; see
+:mod:`hf_gsc.head_derivatives`), by autograd and ``torch.func.jvp`` through the head elsewhere.
 """
 
 from __future__ import annotations
