@@ -216,3 +216,20 @@ def test_unreadable_image_names_dataset_and_row(gray_processor):
         next(iter(torch.utils.data.DataLoader(prepared, batch_size=3, collate_fn=collate)))
     with pytest.raises(ValueError, match="num_channels"):
         make_transform(gray_processor, num_channels=2)
+
+
+def test_texture_sources_do_not_depend_on_where_the_packages_live(tmp_path, monkeypatch):
+    """The split's crops follow the source order; it must not change with the virtual environment's path."""
+    from hf_gsc.data import textures
+
+    orders = []
+    for skimage_parent, opencv_parent in [("a", "z"), ("z", "a")]:
+        skimage_dir, opencv_dir = tmp_path / skimage_parent / "skimage", tmp_path / opencv_parent / "opencv"
+        for directory, names in [(skimage_dir, ["b.png", "a.jpg"]), (opencv_dir, ["d.png", "c.jpg", "digits.png"])]:
+            directory.mkdir(parents=True)
+            for name in names:
+                (directory / name).write_bytes(b"")
+        monkeypatch.setattr(textures, "_skimage_dir", lambda skimage_dir=skimage_dir: skimage_dir)
+        monkeypatch.setattr(textures, "OPENCV_DATA", opencv_dir)
+        orders.append([path.name for path in textures.source_files()])
+    assert orders[0] == orders[1] == ["c.jpg", "d.png", "a.jpg", "b.png"]

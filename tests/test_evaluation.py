@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -168,8 +170,6 @@ def test_threshold_comes_from_validation_scores(single_run: tuple[Path, dict]) -
 
 
 def test_plots_written(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path) -> None:
-    import shutil
-
     output_dir = tmp_path / "plots_run"
     shutil.copytree(single_run[0], output_dir)  # all scores cached: only the report and plots are made
     argv = [arg for arg in _argv(tiny, output_dir) if arg != "--no-plots"]
@@ -191,13 +191,8 @@ def test_model_fingerprint_follows_weights() -> None:
 
 
 # -------------------------------------------------------------------------------- cache and resume
-def test_rerun_reuses_cache_and_resumes_after_crash(
-    tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import shutil
-
-    output_dir = tmp_path / "resume"
-    shutil.copytree(single_run[0], output_dir)
+def _record_scored_splits(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Any]:
+    """Patch ``runner.score_split`` to record the split of every call; returns the record and the spy."""
     scored: list[str] = []
     real_score_split = runner.score_split
 
@@ -206,6 +201,15 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
         return real_score_split(accelerator, dataloader, scorers, description)
 
     monkeypatch.setattr(runner, "score_split", spy)
+    return scored, spy
+
+
+def test_rerun_reuses_cache_and_resumes_after_crash(
+    tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    output_dir = tmp_path / "resume"
+    shutil.copytree(single_run[0], output_dir)
+    scored, spy = _record_scored_splits(monkeypatch)
     # 1. Everything cached: no split is scored again, same numbers.
     again = runner.run_evaluation(_argv(tiny, output_dir))
     assert scored == []
@@ -240,6 +244,26 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
     runner.run_evaluation(argv)
     assert len(scored) == 4  # the 4 splits, for gsc only
     assert json.loads((output_dir / "results.json").read_text())["methods"]["gsc"]["hyperparameters"]["mask_ratio"] == 0.2
+
+
+def test_cache_follows_the_data_content(tiny: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OOD split with new images under the same path and size is scored again, for every method;
+    a cache keyed on the name alone would silently report the old images' metrics."""
+    import datasets
+
+    flat = tmp_path / "flat"
+    original = datasets.load_from_disk(tiny["flat"])
+    original.save_to_disk(flat)
+    argv = _argv(dict(tiny, flat=str(flat)), tmp_path / "out")
+    runner.run_evaluation(argv)
+    scored, _ = _record_scored_splits(monkeypatch)
+    new_images = _images(np.random.default_rng(7), len(original), "flat")
+    replaced = datasets.Dataset.from_dict({"image": new_images, "label": [-1] * len(original)}, features=original.features)
+    replaced.save_to_disk(tmp_path / "staging")
+    shutil.rmtree(flat)
+    shutil.copytree(tmp_path / "staging", flat)
+    runner.run_evaluation(argv)
+    assert scored == ["ood_flat"]
 
 
 def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:

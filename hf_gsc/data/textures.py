@@ -1,6 +1,6 @@
 """The ``textures`` OOD split: random crops of real photographs and texture images.
 
-Sources (all local, read in sorted order for determinism):
+Sources (all local, read in a fixed order for determinism: OpenCV's, then scikit-image's, by file name):
 
 * the images bundled with scikit-image (``skimage/data/*.png|jpg``: brick, grass, gravel, camera,
   coins, moon, astronaut, coffee, ...; BSD-3-Clause / public domain / CC0, see skimage's README);
@@ -47,9 +47,16 @@ def _skimage_dir() -> Path | None:
 
 def source_files() -> tuple[Path, ...]:
     """The photographs / textures sampled from, sorted; raises when none is installed."""
-    dirs = [d for d in (_skimage_dir(), OPENCV_DATA) if d is not None and d.is_dir()]
+    # OpenCV's folder first, then scikit-image's, each by file name. Sorting full paths instead made the
+    # order (and so every crop of the split) depend on where the virtual environment lives: a clone under
+    # /tmp put scikit-image first, one under /work put OpenCV first. This is the /work order, in which
+    # the committed results in docs/ were computed.
+    dirs = [d for d in (OPENCV_DATA, _skimage_dir()) if d is not None and d.is_dir()]
     files = tuple(
-        sorted(f for d in dirs for f in d.iterdir() if f.suffix.lower() in _SUFFIXES and not _excluded(f.name))
+        f
+        for d in dirs
+        for f in sorted(d.iterdir(), key=lambda path: path.name)
+        if f.suffix.lower() in _SUFFIXES and not _excluded(f.name)
     )
     if not files:
         raise FileNotFoundError(

@@ -335,6 +335,27 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:32]
 
 
+def dataset_fingerprint(dataset: Any) -> str:
+    """Hash of the rows' content (every column's Arrow buffers), so cached scores follow the data, not its name.
+
+    A generated split (``textures``, ``notmnist``) or a Hub dataset can change under the same name and size;
+    a cache keyed on the name alone would silently serve scores of the old images.
+    """
+    import pyarrow as pa
+
+    digest = hashlib.blake2b(digest_size=16)
+    if not hasattr(dataset, "with_format"):  # not a datasets.Dataset: fall back to its repr
+        digest.update(repr(dataset).encode())
+        return digest.hexdigest()
+    for table in dataset.with_format("arrow").iter(batch_size=4096):
+        # The IPC stream holds exactly these rows; the batch's own buffers can be slices of the whole table.
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table.combine_chunks())
+        digest.update(memoryview(sink.getvalue()))
+    return digest.hexdigest()
+
+
 def _load_split(spec: str, what: str) -> Any:
     """``hf_gsc.data.load_split`` with errors naming the argument."""
     from ..data import load_split
@@ -572,6 +593,7 @@ def make_plan(
             "rows": len(dataset),
             "max_samples": args.max_samples,
             "seed": args.seed,
+            "content": dataset_fingerprint(dataset),
         }
         for split, dataset in splits.items()
     }
@@ -583,7 +605,7 @@ def make_plan(
     fit_fps = {
         name: fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters.get(name, {}),
                            "fit_split": detectors[name].fit_split, "source": source,
-                           "num_samples": len(dataset), "seed": args.seed})
+                           "num_samples": len(dataset), "seed": args.seed, "content": dataset_fingerprint(dataset)})
         for name, dataset in fit_data.items()
     }
     score_fps = {
