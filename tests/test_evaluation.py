@@ -266,6 +266,20 @@ def test_cache_follows_the_data_content(tiny: dict[str, str], tmp_path: Path, mo
     assert scored == ["ood_flat"]
 
 
+def test_odin_takes_the_image_std_from_the_processor(tiny: dict[str, str], tmp_path: Path) -> None:
+    """ODIN's epsilon is in pixel units: the evaluation divides it by the processor's std unless told otherwise."""
+    from types import SimpleNamespace
+
+    base = ["--model", tiny["model"], "--id-dataset", tiny["id"], "--ood-dataset", tiny["noise"],
+            "--methods", "msp,odin", "--no-plots"]
+    automatic = runner.run_evaluation([*base, "--output-dir", str(tmp_path / "auto")])
+    assert automatic["methods"]["odin"]["hyperparameters"]["image_std"] == [0.5]  # the tiny processor's std
+    given = runner.run_evaluation([*base, "--output-dir", str(tmp_path / "given"), "--hyperparameter", "odin.image_std=2.0"])
+    assert given["methods"]["odin"]["hyperparameters"]["image_std"] == 2.0
+    assert runner.processor_image_std(SimpleNamespace(image_std=[0.2, 0.3], do_normalize=False)) == [1.0]
+    assert runner.processor_image_std(SimpleNamespace(image_std=0.25)) == [0.25]
+
+
 def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:
     """--model may be a saved GSC detector: its GSCConfig is the default, CLI GSC options override it."""
     from hf_gsc import GSCForImageClassification

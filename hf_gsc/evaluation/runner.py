@@ -426,6 +426,18 @@ def subset(dataset: Any, max_samples: int | None, seed: int, key: str) -> Any:
 
 
 # ------------------------------------------------------------------------------------ detectors
+def processor_image_std(processor: Any) -> list[float]:
+    """The normalisation std of ``processor`` per channel (``[1.0]`` when it does not normalise).
+
+    ODIN's ``epsilon`` is a step in [0, 1] pixel units; on normalised ``pixel_values`` it is ``epsilon / std``,
+    so the evaluation passes this unless ``--hyperparameter odin.image_std=...`` is given.
+    """
+    std = getattr(processor, "image_std", None)
+    if std is None or not getattr(processor, "do_normalize", True):
+        return [1.0]
+    return [float(value) for value in (std if isinstance(std, (list, tuple)) else [std])]
+
+
 def build_detectors(
     model: torch.nn.Module, methods: Sequence[str], hyperparameters: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -739,6 +751,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     hyperparameters = {name: dict(values) for name, values in parsed["hyperparameters"].items()}
     if "gsc" in methods:
         hyperparameters["gsc"] = {**saved_gsc, **parsed["gsc_overrides"], **hyperparameters["gsc"]}
+    if "odin" in methods and "image_std" not in hyperparameters["odin"]:
+        hyperparameters["odin"]["image_std"] = processor_image_std(processor)
     detectors = build_detectors(model, methods, hyperparameters)
     id_splits, ood_splits = load_data(args, parsed, needed_id_splits(detectors))
     plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits)
