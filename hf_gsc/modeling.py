@@ -15,7 +15,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import nn

@@ -317,10 +317,12 @@ def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_outp
             if not remaining:  # the last block: this is the final encoder output
                 return SplitPoint(model, split_point, path, False, spec.head_is_linear, head_spec=spec.head)
 
-            def block_head(features: torch.Tensor) -> torch.Tensor:
+            def run_remaining_then_head(features: torch.Tensor) -> torch.Tensor:
                 for block in remaining:
                     features = _call_block(block, features)
                 return spec.head.bind(model)(features)
+
+            block_head = run_remaining_then_head
 
     return SplitPoint(model, split_point, path, False, head_is_linear=False, _block_head=block_head)
 
