@@ -163,8 +163,13 @@ def linearize_with_autograd(
     features: torch.Tensor,
     pixel_values: torch.Tensor | None,
 ) -> LinearizedHead:
-    """:class:`LinearizedHead` of any batch-separable ``head(F, pixel_values)``: reverse mode by autograd,
-    forward mode by ``torch.func.jvp``. The head's graph is built once and used for one ``vjp``.
+    """:class:`LinearizedHead` of any batch-separable ``head(F, pixel_values)`` by autograd. The head's graph is
+    built once; ``vjp`` and ``jvp`` both run backward through it.
+
+    ``jvp`` uses two reverse passes instead of forward mode: ``v -> v^T J`` is linear in ``v``, so the gradient
+    of ``<v^T J, t>`` with respect to ``v`` is ``J t``. Through two ViT blocks that is 2-3x faster than
+    ``torch.func.jvp``, which runs LayerNorm as a Python decomposition and gives the constant weights slow
+    zero tangents. It needs a twice-differentiable head (eager attention, as for forward mode).
 
     Works inside ``torch.inference_mode()``: tensors made there cannot be saved for backward, so ``F`` and
     ``pixel_values`` are cloned with inference mode switched off.
@@ -176,12 +181,13 @@ def linearize_with_autograd(
 
     def vjp(cotangent: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(False):
-            return torch.autograd.grad(logits, primal, cotangent.clone())[0].detach()
+            return torch.autograd.grad(logits, primal, cotangent.clone(), retain_graph=True)[0].detach()
 
     def jvp(tangent: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(False), torch.enable_grad():
-            point, direction = primal.detach(), tangent.clone()
-            return torch.func.jvp(lambda f: head(f, pixel_values), (point,), (direction,))[1].detach()
+            cotangent = torch.zeros_like(logits, requires_grad=True)
+            (pulled,) = torch.autograd.grad(logits, primal, cotangent, retain_graph=True, create_graph=True)
+            return torch.autograd.grad(pulled, cotangent, tangent.clone())[0].detach()
 
     def function(moved: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
