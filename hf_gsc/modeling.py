@@ -276,9 +276,11 @@ class GSCForImageClassification(nn.Module):
         holds ``d y_c / dF1`` (through the blocks) and ``d y_c / dF2``, and moving both parts moves both layers.
         """
         split = self.split_point
+        # Only the first-order update needs J t; otherwise autograd may free the head's graph after g.
+        keep_graph = self.config.approximation == "first_order"
         if self.block_chain is None:
             features = split.features(pixel_values)
-            return features, split.linearize(features, pixel_values)
+            return features, split.linearize(features, pixel_values, keep_graph)
 
         earlier, run_blocks = self.block_chain
         earlier_features = earlier.features(pixel_values)
@@ -293,7 +295,7 @@ class GSCForImageClassification(nn.Module):
             return split.head(moved, pixel_values)
 
         joint_features = torch.cat([earlier_features.flatten(1), final_0.flatten(1)], dim=1)
-        return joint_features, linearize_with_autograd(joint_head, joint_features, pixel_values)
+        return joint_features, linearize_with_autograd(joint_head, joint_features, pixel_values, keep_graph)
 
     def _feature_gradient(
         self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None

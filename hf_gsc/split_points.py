@@ -162,9 +162,11 @@ def linearize_with_autograd(
     head: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
     features: torch.Tensor,
     pixel_values: torch.Tensor | None,
+    keep_graph_for_jvp: bool = True,
 ) -> LinearizedHead:
     """:class:`LinearizedHead` of any batch-separable ``head(F, pixel_values)`` by autograd. The head's graph is
-    built once; ``vjp`` and ``jvp`` both run backward through it.
+    built once; ``vjp`` and ``jvp`` both run backward through it. With ``keep_graph_for_jvp=False`` the first
+    ``vjp`` frees the graph (its saved activations would otherwise stay alive) and ``jvp`` is unavailable.
 
     ``jvp`` uses two reverse passes instead of forward mode: ``v -> v^T J`` is linear in ``v``, so the gradient
     of ``<v^T J, t>`` with respect to ``v`` is ``J t``. Through two ViT blocks that is 2-3x faster than
@@ -181,9 +183,11 @@ def linearize_with_autograd(
 
     def vjp(cotangent: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(False):
-            return torch.autograd.grad(logits, primal, cotangent.clone(), retain_graph=True)[0].detach()
+            return torch.autograd.grad(logits, primal, cotangent.clone(), retain_graph=keep_graph_for_jvp)[0].detach()
 
     def jvp(tangent: torch.Tensor) -> torch.Tensor:
+        if not keep_graph_for_jvp:
+            raise RuntimeError("this head was linearized with keep_graph_for_jvp=False; it has no jvp")
         with torch.inference_mode(False), torch.enable_grad():
             cotangent = torch.zeros_like(logits, requires_grad=True)
             (pulled,) = torch.autograd.grad(logits, primal, cotangent, retain_graph=True, create_graph=True)
@@ -267,12 +271,14 @@ class SplitPoint:
         finally:
             handle.remove()
 
-    def linearize(self, features: torch.Tensor, pixel_values: torch.Tensor | None = None) -> LinearizedHead:
+    def linearize(
+        self, features: torch.Tensor, pixel_values: torch.Tensor | None = None, keep_graph_for_jvp: bool = True
+    ) -> LinearizedHead:
         """The head at ``F`` with its vector-Jacobian and Jacobian-vector products (closed form where the
-        head has a :class:`HeadSpec`, autograd otherwise)."""
+        head has a :class:`HeadSpec`, autograd otherwise; see :func:`linearize_with_autograd` for the flag)."""
         if self.head_spec is not None:
             return self.head_spec.bind(self.model).linearize(features)
-        return linearize_with_autograd(self.head, features, pixel_values)
+        return linearize_with_autograd(self.head, features, pixel_values, keep_graph_for_jvp)
 
 
 def _last_linear_path(model: nn.Module) -> str:

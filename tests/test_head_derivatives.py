@@ -71,3 +71,20 @@ def test_closed_form_is_used_only_where_the_head_has_the_registered_form(pixel_v
     model = make_tiny_model("vit")
     assert resolve_split_point(model, "vit.layers.-1").head_spec is not None  # the last block = final output
     assert resolve_split_point(model, "vit.layers.0").head_spec is None  # a block precedes the head: autograd
+
+
+def test_autograd_head_frees_its_graph_unless_a_jvp_is_needed(pixel_values):
+    model = make_tiny_model("vit")
+    split = resolve_split_point(model, "vit.layers.0")
+    features = split.features(pixel_values)
+    kept = split.linearize(features, pixel_values)
+    classes = kept.logits.argmax(dim=-1)
+    gradient = kept.class_gradient(classes)
+    tangent = torch.randn(features.shape, generator=torch.Generator().manual_seed(2), dtype=features.dtype)
+    step = 1e-6
+    difference = (split.head(features + step * tangent) - split.head(features - step * tangent)) / (2 * step)
+    torch.testing.assert_close(kept.jvp(tangent), difference, rtol=1e-5, atol=1e-6)  # after the vjp
+    freed = split.linearize(features, pixel_values, keep_graph_for_jvp=False)
+    torch.testing.assert_close(freed.class_gradient(classes), gradient)
+    with pytest.raises(RuntimeError, match="keep_graph_for_jvp=False"):
+        freed.jvp(tangent)
