@@ -14,7 +14,7 @@ All per-architecture knowledge lives in :data:`ARCHITECTURES`. A split point is 
 The backbone runs once, without gradient, and stops at the split point. Derivatives involve the head
 only: in closed form where the head has the registered pool / LayerNorm / linear form (every
 ``final_encoder_output`` of :data:`ARCHITECTURES` and every ``penultimate``; see
-:mod:`hf_gsc.head_derivatives`), by autograd and ``torch.func.jvp`` through the head elsewhere.
+:mod:`hf_gsc.head_derivatives`), by autograd through the head elsewhere.
 """
 
 from __future__ import annotations
