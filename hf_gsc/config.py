@@ -57,7 +57,7 @@ class GSCConfig:
             or ``reverse`` (ablation controls).
         operation: ``zero`` | ``perturb`` (``F - alpha*sign(g)``) | ``project`` (remove the component along
             ``g``) | ``clip`` (to ``[-clip_bound, clip_bound]``) | ``scale`` (``beta * F``), on masked coordinates.
-        approximation: ``first_order`` (``y + J(F'-F)`` for all K logits, forward-mode AD),
+        approximation: ``first_order`` (``y + J(F'-F)`` for all K logits, one Jacobian-vector product),
             ``predicted_logit`` (only ``y_c`` moves by ``g.(F'-F)``, the paper's O(d) update) or
             ``exact`` (a second pass through the head only).
         score: ``energy`` | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.

@@ -151,8 +151,8 @@ class GSCForImageClassification(nn.Module):
             and (config.split_point not in ("final_encoder_output", "penultimate") or self.block_chain is not None)
             and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
         ):
-            # A head made of encoder blocks contains attention, and torch has no forward-mode AD for
-            # its fused SDPA kernels; eager attention computes the same function and supports jvp.
+            # A head made of encoder blocks contains attention; J t there takes a double backward, which the
+            # fused SDPA kernels lack. Eager attention computes the same function and has one.
             model.set_attn_implementation("eager")
 
     # ------------------------------------------------------------------ loading and saving
