@@ -120,12 +120,12 @@ class PoolNormLinearHead:
     norm_bias: torch.Tensor | None = None
     norm_before_pool: bool = False
 
+    def _times_norm_weight(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.norm_weight is None else x * self.norm_weight
+
     def _affine(self, normalized: torch.Tensor) -> torch.Tensor:
-        if self.norm_weight is not None:
-            normalized = normalized * self.norm_weight
-        if self.norm_bias is not None:
-            normalized = normalized + self.norm_bias
-        return normalized
+        scaled = self._times_norm_weight(normalized)
+        return scaled if self.norm_bias is None else scaled + self.norm_bias
 
     def _classify(self, pooled: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(pooled, self.weight, self.bias)
@@ -156,26 +156,23 @@ class PoolNormLinearHead:
 
             def pullback(pulled: torch.Tensor) -> torch.Tensor:
                 spread = pool_adjoint(pulled, self.pool, shape)
-                scaled = spread if self.norm_weight is None else spread * self.norm_weight
-                return layer_norm_jacobian_product(scaled, normalized, rstd)
+                return layer_norm_jacobian_product(self._times_norm_weight(spread), normalized, rstd)
 
             def jvp(t: torch.Tensor) -> torch.Tensor:
                 moved = layer_norm_jacobian_product(t, normalized, rstd)
-                scaled = moved if self.norm_weight is None else moved * self.norm_weight
-                return pool(scaled, self.pool) @ self.weight.T
+                return pool(self._times_norm_weight(moved), self.pool) @ self.weight.T
 
         else:
             normalized, rstd = layer_norm_statistics(pool(features, self.pool), self.norm_eps)
             logits = self._classify(self._affine(normalized))
 
             def pullback(pulled: torch.Tensor) -> torch.Tensor:
-                scaled = pulled if self.norm_weight is None else pulled * self.norm_weight
+                scaled = self._times_norm_weight(pulled)
                 return pool_adjoint(layer_norm_jacobian_product(scaled, normalized, rstd), self.pool, shape)
 
             def jvp(t: torch.Tensor) -> torch.Tensor:
                 moved = layer_norm_jacobian_product(pool(t, self.pool), normalized, rstd)
-                scaled = moved if self.norm_weight is None else moved * self.norm_weight
-                return scaled @ self.weight.T
+                return self._times_norm_weight(moved) @ self.weight.T
 
         # v^T J = pullback(v^T W); for a one-hot v that is the classifier row W[c].
         return LinearizedHead(
