@@ -9,17 +9,20 @@ LayerNorm over the last dimension and ``W, b`` the classifier. GSC needs ``y``, 
 (``g = d y_c / dF``) and, for ``first_order``, one Jacobian-vector product ``J (F' - F)`` of all ``K`` logits.
 
 Why not autograd: on these heads the arithmetic is a few microseconds, and GSC's time next to a small
-backbone is bookkeeping. Measured on the ViT reference head at batch 16 (2 CPU threads): autograd's
-forward + backward 280 µs; ``torch.func.jvp`` 2.0 ms, because functorch runs LayerNorm through a Python
-decomposition and the classifier's constant weights get zero tangents that fall back to slow kernels.
-The closed forms below take about 130 µs for ``y`` and ``g`` together. Split points without such a head
-(earlier blocks, arbitrary module paths) use autograd (:func:`hf_gsc.split_points.linearize_with_autograd`);
-the tests compare both on every registered head.
+backbone is bookkeeping: the number of ops. Measured on the ViT reference head at batch 16 (2 CPU threads):
+autograd's forward + backward 280 µs; ``torch.func.jvp`` 2.0 ms, because functorch runs LayerNorm through a
+Python decomposition and the classifier's constant weights get zero tangents that fall back to slow kernels.
+The closed forms below, with the LayerNorm's affine part folded into the classifier once per parameter
+version, take about 100 µs for ``y`` and ``g`` together and 20 µs for ``J t`` (on the first token only, see
+:func:`read_pool`). Split points without such a head (earlier blocks, arbitrary module paths) use autograd
+(:func:`hf_gsc.split_points.linearize_with_autograd`); the tests compare the closed forms with autograd through
+the model's own LayerNorm and Linear modules, and with a central difference, on every registered head.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import torch
@@ -94,91 +97,175 @@ def layer_norm_statistics(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, to
     return normalized, rstd
 
 
-def layer_norm_jacobian_product(u: torch.Tensor, normalized: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+def layer_norm_jacobian_product(
+    u: torch.Tensor, normalized: torch.Tensor, rstd: torch.Tensor, skip_mean_term: bool = False
+) -> torch.Tensor:
     """``J u`` for the Jacobian ``J = rstd (I - 1 1^T / D - x̂ x̂^T / D)`` of ``x -> x̂`` (LayerNorm without its
-    affine part), over the last dimension. ``J`` is symmetric, so this is also ``u^T J``."""
-    return rstd * (u - u.mean(dim=-1, keepdim=True) - normalized * (u * normalized).mean(dim=-1, keepdim=True))
+    affine part), over the last dimension. ``J`` is symmetric, so this is also ``u^T J``.
+
+    ``skip_mean_term``: leave out ``1 1^T u / D`` (two ops fewer). Exact when ``u`` has zero mean, or when the
+    result only goes through a map that sends constant vectors to zero (the centred classifier ``W'_c``).
+    """
+    if not skip_mean_term:
+        u = u - u.mean(dim=-1, keepdim=True)
+    along_normalized = (u * normalized).sum(dim=-1, keepdim=True)
+    return torch.addcmul(u, normalized, along_normalized, value=-1.0 / u.shape[-1]).mul(rstd)
 
 
 @dataclass(frozen=True)
 class PoolNormLinearHead:
-    """``y = W · norm(pool(F)) + b`` (``norm_before_pool=False``) or ``y = W · pool(norm(F)) + b``.
+    """``y = W · norm(pool(F)) + b`` (``norm_before_pool=False``) or ``y = W · pool(norm(F)) + b``, folded.
+
+    Build it with :meth:`fold`. Every pool here averages (its weights sum to one) and LayerNorm is
+    ``norm(x) = a ⊙ x̂ + β`` with ``x̂`` the normalised vector, so both forms are
+
+        y = W' · pool(x̂) + b'    (or W' · x̂(pool(F)) + b'),   W' = W diag(a),  b' = b + W β,
+
+    and the LayerNorm's Jacobian ``J = rstd (I - 1 1^T / D - x̂ x̂^T / D)`` reaches the classes as
+    ``W' J = rstd (W'_c - (W'_c x̂) x̂^T / D)``, with ``W'_c`` the rows of ``W'`` minus their means (``1^T x̂ = 0``).
+    The folded ``W'``, ``b'`` and ``W'_c`` are computed once per parameter version (see
+    :class:`hf_gsc.split_points.SplitPoint`); what remains per batch is a few small ops, which is what GSC's
+    overhead next to a small backbone consists of.
 
     Attributes:
-        pool: how tokens or positions are reduced (linear).
-        weight: ``(K, D)`` classifier weight; bias: ``(K,)`` or ``None``.
-        norm_weight, norm_bias: LayerNorm affine parameters ``(D,)`` (``None`` = no affine part).
-        norm_eps: LayerNorm epsilon; ``None`` = no LayerNorm.
-        norm_before_pool: apply the LayerNorm per token before pooling (Swin) instead of after (ConvNeXt).
+        pool: how tokens or positions are reduced (linear, weights summing to one).
+        weight: ``(K, D)`` ``W'``; bias: ``(K,)`` ``b'`` or ``None``.
+        norm_eps: LayerNorm epsilon; ``None`` = no LayerNorm (then ``W' = W``, ``b' = b``).
+        norm_before_pool: the LayerNorm runs per token before pooling (Swin) instead of after (ConvNeXt).
+        centered_weight: ``(K, D)`` ``W'_c`` (``None`` without LayerNorm).
     """
 
     pool: Pool
     weight: torch.Tensor
     bias: torch.Tensor | None
     norm_eps: float | None = None
-    norm_weight: torch.Tensor | None = None
-    norm_bias: torch.Tensor | None = None
     norm_before_pool: bool = False
+    centered_weight: torch.Tensor | None = None
+    # Transposed copies, (D, K): ``x @ W^T`` is then one op (``addmm`` / ``mm``) instead of two (``t`` + ``mm``).
+    weight_t: torch.Tensor = field(init=False, repr=False)
+    centered_weight_t: torch.Tensor | None = field(init=False, repr=False)
 
-    def _times_norm_weight(self, x: torch.Tensor) -> torch.Tensor:
-        return x if self.norm_weight is None else x * self.norm_weight
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weight_t", self.weight.T.contiguous())
+        centered = self.centered_weight
+        object.__setattr__(self, "centered_weight_t", None if centered is None else centered.T.contiguous())
 
-    def _affine(self, normalized: torch.Tensor) -> torch.Tensor:
-        scaled = self._times_norm_weight(normalized)
-        return scaled if self.norm_bias is None else scaled + self.norm_bias
+    @classmethod
+    def fold(
+        cls,
+        pool: Pool,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        norm_eps: float | None = None,
+        norm_weight: torch.Tensor | None = None,
+        norm_bias: torch.Tensor | None = None,
+        norm_before_pool: bool = False,
+    ) -> "PoolNormLinearHead":
+        """The head of classifier ``(weight, bias)`` after an optional LayerNorm ``(norm_eps, norm_weight,
+        norm_bias)``; the LayerNorm's affine part is folded into the classifier (in float64, then cast back)."""
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        if norm_before_pool and pool not in ("first_token", "mean_tokens"):
+            raise ValueError(f"a LayerNorm before pooling normalises tokens; pool {pool!r} does not pool tokens")
+        if norm_eps is None:
+            return cls(pool, weight.detach(), None if bias is None else bias.detach())
+        with torch.no_grad():
+            folded = weight.double()
+            if norm_weight is not None:
+                folded = folded * norm_weight.double()
+            folded_bias = None if bias is None else bias.double()
+            if norm_bias is not None:
+                shift = weight.double() @ norm_bias.double()
+                folded_bias = shift if folded_bias is None else folded_bias + shift
+            centered = folded - folded.mean(dim=1, keepdim=True)
+        dtype = weight.dtype
+        return cls(
+            pool,
+            folded.to(dtype),
+            None if folded_bias is None else folded_bias.to(dtype),
+            norm_eps,
+            norm_before_pool,
+            centered.to(dtype),
+        )
 
     def _classify(self, pooled: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(pooled, self.weight, self.bias)
+        """``(B, D) -> (B, K)``."""
+        return pooled @ self.weight_t if self.bias is None else torch.addmm(self.bias, pooled, self.weight_t)
+
+    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm_statistics(x, self.norm_eps)[0]
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         """``(B, *feature_shape) -> (B, K)``."""
         if self.norm_eps is None:
             return self._classify(pool(features, self.pool))
         if self.norm_before_pool:
-            return self._classify(pool(self._affine(layer_norm_statistics(features, self.norm_eps)[0]), self.pool))
-        return self._classify(self._affine(layer_norm_statistics(pool(features, self.pool), self.norm_eps)[0]))
+            return self._classify(pool(self._normalized(features), self.pool))
+        return self._classify(self._normalized(pool(features, self.pool)))
 
     def linearize(self, features: torch.Tensor) -> LinearizedHead:
         """``y`` at ``F`` and closures for ``v^T J`` and ``J t``; the LayerNorm statistics are computed once."""
         shape = features.shape[1:]
+        kind = self.pool
         if self.norm_eps is None:
-            logits = self._classify(pool(features, self.pool))
+            logits = self._classify(pool(features, kind))
+            return LinearizedHead(
+                logits,
+                vjp=lambda v: pool_adjoint(v @ self.weight, kind, shape),
+                jvp=lambda t: pool(t, kind) @ self.weight_t,
+                function=self,
+                class_gradient=lambda c: pool_adjoint(self.weight.index_select(0, c), kind, shape),
+            )
 
-            def pullback(pulled: torch.Tensor) -> torch.Tensor:
-                return pool_adjoint(pulled, self.pool, shape)
-
-            def jvp(t: torch.Tensor) -> torch.Tensor:
-                return pool(t, self.pool) @ self.weight.T
-
-        elif self.norm_before_pool:
+        # Products with W' go through W'_c: W' J = W'_c J (J 1 = 0), and W'_c 1 = 0 lets J's 1 1^T / D term be
+        # skipped (skip_mean_term) on either side.
+        centered, centered_t = self.centered_weight, self.centered_weight_t
+        if self.norm_before_pool:
+            # Per token: x̂, rstd (B, N, D), (B, N, 1); the classes see pool(x̂).
             normalized, rstd = layer_norm_statistics(features, self.norm_eps)
-            logits = self._classify(pool(self._affine(normalized), self.pool))
+            logits = self._classify(pool(normalized, kind))
 
-            def pullback(pulled: torch.Tensor) -> torch.Tensor:
-                spread = pool_adjoint(pulled, self.pool, shape)
-                return layer_norm_jacobian_product(self._times_norm_weight(spread), normalized, rstd)
+            def pullback(rows: torch.Tensor) -> torch.Tensor:  # rows (B, D) of W'_c -> (B, *shape)
+                spread = pool_adjoint(rows, kind, shape)
+                return layer_norm_jacobian_product(spread, normalized, rstd, skip_mean_term=True)
 
-            def jvp(t: torch.Tensor) -> torch.Tensor:
-                moved = layer_norm_jacobian_product(t, normalized, rstd)
-                return pool(self._times_norm_weight(moved), self.pool) @ self.weight.T
+            def jvp(t: torch.Tensor) -> torch.Tensor:  # pool (linear) before the product with W'_c
+                return pool(layer_norm_jacobian_product(t, normalized, rstd, skip_mean_term=True), kind) @ centered_t
 
         else:
-            normalized, rstd = layer_norm_statistics(pool(features, self.pool), self.norm_eps)
-            logits = self._classify(self._affine(normalized))
+            normalized, rstd = layer_norm_statistics(pool(features, kind), self.norm_eps)
+            logits = self._classify(normalized)
 
-            def pullback(pulled: torch.Tensor) -> torch.Tensor:
-                scaled = self._times_norm_weight(pulled)
-                return pool_adjoint(layer_norm_jacobian_product(scaled, normalized, rstd), self.pool, shape)
+            def pullback(rows: torch.Tensor) -> torch.Tensor:
+                pulled = layer_norm_jacobian_product(rows, normalized, rstd, skip_mean_term=True)
+                return pool_adjoint(pulled, kind, shape)
 
             def jvp(t: torch.Tensor) -> torch.Tensor:
-                moved = layer_norm_jacobian_product(pool(t, self.pool), normalized, rstd)
-                return self._times_norm_weight(moved) @ self.weight.T
+                return layer_norm_jacobian_product(pool(t, kind), normalized, rstd, skip_mean_term=True) @ centered_t
 
-        # v^T J = pullback(v^T W); for a one-hot v that is the classifier row W[c].
+        # v^T W' J = pullback(v^T W'_c); for a one-hot v that is the row W'_c[c].
         return LinearizedHead(
             logits,
-            vjp=lambda v: pullback(v @ self.weight),
+            vjp=lambda v: pullback(v @ centered),
             jvp=jvp,
             function=self,
-            class_gradient=lambda c: pullback(self.weight.index_select(0, c)),
+            class_gradient=lambda c: pullback(centered.index_select(0, c)),
         )
+
+
+def read_pool(kind: Pool) -> Pool:
+    """The pool that keeps exactly the coordinates of ``F`` a ``kind`` head reads.
+
+    A first-token head (ViT, DeiT) reads ``F[:, 0]`` only: its gradient is zero on every other token, so
+    the mask, the short-circuit and the logit update can all run on ``pool(F, "first_token")`` (``(B, D)``
+    instead of ``(B, N, D)``) and be spread back with :func:`pool_adjoint`. Every other head reads all of ``F``.
+    """
+    return "first_token" if kind == "first_token" else "identity"
+
+
+def restrict_to_read_part(head: PoolNormLinearHead) -> PoolNormLinearHead:
+    """``head`` as a function of ``pool(F, read_pool(head.pool))``: a first-token head becomes an identity-pool
+    head on the first token (a per-token LayerNorm commutes with picking the token); other heads are unchanged."""
+    if read_pool(head.pool) == "identity":
+        return head
+    return dataclasses.replace(head, pool="identity", norm_before_pool=False)

@@ -32,8 +32,14 @@ from .shortcircuit import (
     short_circuit,
     short_circuit_mask,
 )
-from .head_derivatives import LinearizedHead
-from .split_points import SplitPoint, linearize_with_autograd, resolve_block_chain, resolve_split_point
+from .head_derivatives import LinearizedHead, Pool, pool, pool_adjoint
+from .split_points import (
+    SplitPoint,
+    linearize_with_autograd,
+    resolve_block_chain,
+    resolve_split_point,
+    submodule,
+)
 
 
 @dataclass
@@ -268,8 +274,14 @@ class GSCForImageClassification(nn.Module):
         dtype = next(self.model.parameters()).dtype
         return pixel_values.to(dtype)
 
-    def _linearize(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, LinearizedHead]:
-        """``F`` (no gradient, backbone stopped at the split point) and the head linearized there.
+    def _linearize(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, Pool, torch.Tensor, LinearizedHead]:
+        """``F`` (no gradient, backbone stopped at the split point), the pool ``read`` keeping the part of ``F``
+        the head reads, that part ``pool(F, read)``, and the head linearized as a function of it.
+
+        ``read`` is ``first_token`` for ViT and DeiT at the final encoder output (only the first token reaches
+        the classifier, so masks and updates run on ``(B, D)`` instead of ``(B, N, D)``) and ``identity``
+        elsewhere. Random selection keeps ``identity``: it draws one number per coordinate of ``F``, and a
+        seeded ablation must draw the same numbers whatever the head reads.
 
         With ``earlier_split_point`` the feature is the concatenation ``[F_earlier, F_final]`` flattened,
         ``(B, d_earlier + d_final)``, and ``H([F1, F2]) = head(blocks(F1) + F2 - F2_0)``: its gradient
@@ -280,7 +292,11 @@ class GSCForImageClassification(nn.Module):
         keep_graph = self.config.approximation == "first_order"
         if self.block_chain is None:
             features = split.features(pixel_values)
-            return features, split.linearize(features, pixel_values, keep_graph)
+            read = split.read_pool if self.config.selection != "random" else "identity"
+            if read != "identity":
+                read_features = pool(features, read)
+                return features, read, read_features, split.linearize_read_part(read_features)
+            return features, read, features, split.linearize(features, pixel_values, keep_graph)
 
         earlier, run_blocks = self.block_chain
         earlier_features = earlier.features(pixel_values)
@@ -295,24 +311,27 @@ class GSCForImageClassification(nn.Module):
             return split.head(moved, pixel_values)
 
         joint_features = torch.cat([earlier_features.flatten(1), final_0.flatten(1)], dim=1)
-        return joint_features, linearize_with_autograd(joint_head, joint_features, pixel_values, keep_graph)
+        head = linearize_with_autograd(joint_head, joint_features, pixel_values, keep_graph)
+        return joint_features, "identity", joint_features, head
 
     def _feature_gradient(
         self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, LinearizedHead, torch.Tensor]:
-        """``F``, the linearized head and the per-sample gradient w.r.t. ``F``.
+        """``F``, the linearized head and the per-sample gradient w.r.t. ``F``, ``(B, *feature_shape)``.
 
         Without ``labels`` the gradient is ``g = d y_c / dF`` for the predicted class ``c``; with labels it is
         the gradient of the cross-entropy loss, ``softmax(y) - onehot(label)`` pulled back (what the diagonal
         Fisher is made of). Heads are batch-separable, so one product for the whole batch gives every
         per-sample gradient.
         """
-        features, head = self._linearize(pixel_values)
+        features, read, _, head = self._linearize(pixel_values)
         logits = head.logits
         if labels is None:
-            return features, head, head.class_gradient(logits.argmax(dim=-1))
-        target = nn.functional.one_hot(labels.to(logits.device).long(), logits.shape[-1]).to(logits.dtype)
-        return features, head, head.vjp(logits.softmax(dim=-1) - target)
+            gradient = head.class_gradient(logits.argmax(dim=-1))
+        else:
+            target = nn.functional.one_hot(labels.to(logits.device).long(), logits.shape[-1]).to(logits.dtype)
+            gradient = head.vjp(logits.softmax(dim=-1) - target)
+        return features, head, pool_adjoint(gradient, read, features.shape[1:])
 
     def _selection_gradient(self, gradient: torch.Tensor) -> torch.Tensor:
         """The gradient that ranks coordinates: per-layer RMS-normalised under a shared multi-layer budget
@@ -326,8 +345,11 @@ class GSCForImageClassification(nn.Module):
             parts.append(part / rms.clamp_min(torch.finfo(part.dtype).tiny))
         return torch.cat(parts, dim=1)
 
-    def _mask(self, flat_gradient: torch.Tensor) -> torch.Tensor:
-        """The short-circuit mask ``(B, d)`` of the configured size and selection for gradients ``(B, d)``."""
+    def _mask(
+        self, flat_gradient: torch.Tensor, read: Pool = "identity", feature_shape: torch.Size | None = None
+    ) -> torch.Tensor:
+        """The short-circuit mask ``(B, d)`` of the configured size and selection for gradients ``(B, d)``
+        taken w.r.t. ``pool(F, read)`` (``F`` of shape ``(B, *feature_shape)``)."""
         config = self.config
         ranking = self._selection_gradient(flat_gradient)
         if config.mask_size == "adaptive":
@@ -335,9 +357,14 @@ class GSCForImageClassification(nn.Module):
         else:
             k = num_masked(flat_gradient, config.mask_ratio)
         generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
-        return short_circuit_mask(ranking, k, config.selection, self.fisher_diagonal, generator)
+        fisher = self.fisher_diagonal
+        if fisher is not None and read != "identity":
+            fisher = pool(fisher.view(1, *feature_shape), read).flatten()
+        return short_circuit_mask(ranking, k, config.selection, fisher, generator)
 
-    def _per_class_tables(self, head: LinearizedHead, feature_shape: torch.Size) -> "_PerClassTables | None":
+    def _per_class_tables(
+        self, head: LinearizedHead, read: Pool, feature_shape: torch.Size
+    ) -> "_PerClassTables | None":
         """Gradient and mask of every class, where they depend on the class alone; ``None`` elsewhere.
 
         With an affine head (ResNet at the final encoder output, any ``penultimate`` split) ``g = d y_c / dF``
@@ -352,17 +379,17 @@ class GSCForImageClassification(nn.Module):
         config = self.config
         if config.selection == "random":
             return None
-        weight = self.model.get_submodule(split.head_spec.classifier).weight
+        weight = submodule(self.model, split.head_spec.classifier).weight
         fisher = self.fisher_diagonal
         key = (
-            tuple(feature_shape), weight.data_ptr(), weight._version, weight.dtype, weight.device,
+            read, tuple(feature_shape), weight.data_ptr(), weight._version, weight.dtype, weight.device,
             config.mask_ratio, config.mask_size, config.gradient_mass, config.selection,
             None if fisher is None else (fisher.data_ptr(), fisher._version),
         )
         if self._tables is None or self._tables.key != key:
             classes = torch.arange(weight.shape[0], device=weight.device)
             gradient = head.class_gradient(classes).flatten(1)
-            self._tables = _PerClassTables(key, gradient, self._mask(gradient))
+            self._tables = _PerClassTables(key, gradient, self._mask(gradient, read, feature_shape))
         return self._tables
 
     def forward(self, pixel_values: torch.Tensor, output_short_circuit: bool = False) -> GSCOutput:
@@ -382,34 +409,38 @@ class GSCForImageClassification(nn.Module):
             raise RuntimeError(
                 "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
             )
-        features, head = self._linearize(pixel_values)
+        features, read, read_features, head = self._linearize(pixel_values)
         logits = head.logits
         predicted_class = logits.argmax(dim=-1)
-        flat_features = features.flatten(1)
-        tables = self._per_class_tables(head, features.shape[1:])
+        flat_features = read_features.flatten(1)
+        tables = self._per_class_tables(head, read, features.shape[1:])
         if tables is None:
             flat_gradient = head.class_gradient(predicted_class).flatten(1)
-            mask = self._mask(flat_gradient)
+            mask = self._mask(flat_gradient, read, features.shape[1:])
         else:
             flat_gradient = tables.gradient.index_select(0, predicted_class)
             mask = tables.mask.index_select(0, predicted_class)
         shorted = short_circuit(
             flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
         )
-        delta = shorted - flat_features
 
         if config.approximation == "first_order":
-            gsc_logits = logits + head.jvp(delta.view_as(features))
+            gsc_logits = logits + head.jvp((shorted - flat_features).view_as(read_features))
         elif config.approximation == "predicted_logit":
-            gsc_logits = predicted_logit_update(logits, predicted_class, flat_gradient, delta)
+            gsc_logits = predicted_logit_update(logits, predicted_class, flat_gradient, shorted - flat_features)
         else:
-            gsc_logits = head.function(shorted.view_as(features))
+            gsc_logits = head.function(shorted.view_as(read_features))
 
         scores = ood_score(gsc_logits, config.score, config.temperature)
         is_ood = None if config.threshold is None else scores < config.threshold
         extra = {}
         if output_short_circuit:
-            extra = dict(features=features, gradient=flat_gradient.view_as(features), mask=mask.view_as(features))
+            shape = features.shape[1:]
+            extra = dict(
+                features=features,
+                gradient=pool_adjoint(flat_gradient.view_as(read_features), read, shape),
+                mask=pool_adjoint(mask.view_as(read_features), read, shape),
+            )
         return GSCOutput(
             logits=logits,
             gsc_logits=gsc_logits,

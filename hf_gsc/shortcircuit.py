@@ -49,6 +49,14 @@ def num_masked(gradient: torch.Tensor, mask_ratio: float) -> torch.Tensor:
     """
     numerator, denominator = _as_fraction(float(mask_ratio))
     n = torch.count_nonzero(gradient, dim=1)
+    return _mask_sizes(gradient.shape[1], numerator, denominator, gradient.device).index_select(0, n)
+
+
+@functools.lru_cache(maxsize=16)
+def _mask_sizes(d: int, numerator: int, denominator: int, device: torch.device) -> torch.Tensor:
+    """``ceil(n * numerator / denominator)`` for ``n = 0 .. d``, ``(d + 1,)`` int64 (a lookup is one op per
+    batch instead of three)."""
+    n = torch.arange(d + 1, dtype=torch.int64, device=device)
     return (n * numerator + (denominator - 1)).div_(denominator, rounding_mode="floor")
 
 
@@ -80,14 +88,18 @@ def _mask_from_priority(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor
     and the ties at ``v`` are filled in index order. This equals a stable descending argsort cut at
     ``k[i]``, without sorting all ``d`` coordinates (most of which the head does not even read).
     """
-    k_max = int(k.max()) if k.numel() else 0
+    sizes = k.tolist()  # a few Python ints: cheaper than reducing on the tensor and reading two scalars
+    k_min, k_max = (min(sizes), max(sizes)) if sizes else (0, 0)
     if k_max == 0:
         return torch.zeros_like(priority, dtype=torch.bool)
     top_values = priority.topk(k_max, dim=1, sorted=True).values
-    kth = top_values.gather(1, (k - 1).clamp(min=0).unsqueeze(1))
+    if k_min == k_max:  # every row has the same size (they read the same coordinates): no gather
+        kth = top_values.narrow(1, k_max - 1, 1)
+    else:
+        kth = top_values.gather(1, (k - 1).clamp(min=0).unsqueeze(1))
     at_least = priority >= kth
     # Common case, checked exactly: no row has a tie across its cut, so "at least the k-th value" is the mask.
-    if bool((at_least.sum(dim=1) == k).all()):
+    if torch.equal(at_least.sum(dim=1), k):
         return at_least
     above = priority > kth
     tied = priority == kth

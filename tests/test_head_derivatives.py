@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_gsc.head_derivatives import POOLS, layer_norm_jacobian_product, layer_norm_statistics, pool, pool_adjoint
-from hf_gsc.split_points import linearize_with_autograd, resolve_split_point
+from hf_gsc.split_points import HeadSpec, linearize_with_autograd, resolve_split_point
 
 from conftest import make_tiny_model
 
@@ -44,6 +44,19 @@ def _with_random_layer_norms(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _module_head(model: torch.nn.Module, spec: HeadSpec):
+    """The registered head run through the model's own modules (its LayerNorm and Linear, nothing folded)."""
+    linear = model.get_submodule(spec.classifier)
+    norm = model.get_submodule(spec.layernorm) if spec.layernorm is not None else torch.nn.Identity()
+
+    def head(features: torch.Tensor, _pixel_values=None) -> torch.Tensor:
+        if spec.norm_before_pool:
+            return linear(pool(norm(features), spec.pool))
+        return linear(norm(pool(features, spec.pool)))
+
+    return head
+
+
 @pytest.mark.parametrize("arch", ["vit", "deit", "swin", "resnet", "convnext"])
 @pytest.mark.parametrize("split_point", ["final_encoder_output", "penultimate"])
 def test_closed_form_head_matches_autograd(arch, split_point, pixel_values):
@@ -52,7 +65,7 @@ def test_closed_form_head_matches_autograd(arch, split_point, pixel_values):
     assert split.head_spec is not None
     features = split.features(pixel_values)
     closed = split.linearize(features)
-    reference = linearize_with_autograd(lambda f, _: split.head_spec.bind(model)(f), features, None)
+    reference = linearize_with_autograd(_module_head(model, split.head_spec), features, None)
     generator = torch.Generator().manual_seed(5)
     cotangent = torch.randn(closed.logits.shape, generator=generator, dtype=features.dtype)
     tangent = torch.randn(features.shape, generator=generator, dtype=features.dtype)
@@ -62,9 +75,44 @@ def test_closed_form_head_matches_autograd(arch, split_point, pixel_values):
     torch.testing.assert_close(closed.vjp(cotangent), reference.vjp(cotangent))
     torch.testing.assert_close(closed.jvp(tangent), reference.jvp(tangent))
     torch.testing.assert_close(closed.function(features), closed.logits)
-    step = 1e-6  # central difference in float64: an independent check of J t
-    difference = (closed.function(features + step * tangent) - closed.function(features - step * tangent)) / (2 * step)
+    moved = features + tangent
+    torch.testing.assert_close(closed.function(moved), reference.function(moved))
+    step = 1e-6  # central difference in float64 of the module head: an independent check of J t
+    head = _module_head(model, split.head_spec)
+    difference = (head(features + step * tangent) - head(features - step * tangent)) / (2 * step)
     torch.testing.assert_close(closed.jvp(tangent), difference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ["vit", "deit", "swin", "resnet", "convnext"])
+def test_head_on_its_read_part_matches_the_full_head(arch, pixel_values):
+    """ViT and DeiT read the first token only: the head restricted to it gives the same logits and products."""
+    model = _with_random_layer_norms(make_tiny_model(arch))
+    split = resolve_split_point(model, "final_encoder_output")
+    assert split.read_pool == ("first_token" if arch in ("vit", "deit") else "identity")
+    features = split.features(pixel_values)
+    full = split.linearize(features)
+    part = split.linearize_read_part(pool(features, split.read_pool))
+    classes = full.logits.argmax(dim=-1)
+    tangent = torch.randn(features.shape, generator=torch.Generator().manual_seed(4), dtype=features.dtype)
+    torch.testing.assert_close(part.logits, full.logits)
+    spread = pool_adjoint(part.class_gradient(classes), split.read_pool, features.shape[1:])
+    torch.testing.assert_close(spread, full.class_gradient(classes))
+    # Only the read part of a tangent moves the logits.
+    torch.testing.assert_close(part.jvp(pool(tangent, split.read_pool)), full.jvp(tangent))
+
+
+def test_folded_head_follows_parameter_changes(pixel_values):
+    """The LayerNorm is folded into the classifier once per parameter version; a stale fold gives old logits."""
+    model = make_tiny_model("swin")
+    split = resolve_split_point(model, "final_encoder_output")
+    features = split.features(pixel_values)
+    split.linearize(features)
+    with torch.no_grad():
+        model.swin.layernorm.weight.mul_(1.5)  # in place, as load_state_dict does
+        model.swin.layernorm.bias.add_(0.25)
+    torch.testing.assert_close(split.linearize(features).logits, _module_head(model, split.head_spec)(features))
+    model.classifier = torch.nn.Linear(model.classifier.in_features, 3).double()  # a replaced module
+    torch.testing.assert_close(split.head(features), _module_head(model, split.head_spec)(features))
 
 
 def test_closed_form_is_used_only_where_the_head_has_the_registered_form(pixel_values):
