@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
+from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead, pool, read_pool, restrict_to_read_part
 
 def submodule(model: nn.Module, path: str) -> nn.Module:
     """``model.get_submodule(path)`` for a normalised dotted path (names and non-negative indices), by plain
@@ -69,6 +69,17 @@ class HeadSpec:
         if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
             raise ValueError(f"{self.layernorm} must be an nn.LayerNorm over the last dimension, got {norm}")
         return linear.weight, linear.bias, norm.weight, norm.bias
+
+    def through_modules(self, model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+        """The head run through ``model``'s own LayerNorm and Linear (nothing folded), for autograd through
+        the encoder blocks before it: ``(B, *feature_shape) -> (B, K)``."""
+        linear = submodule(model, self.classifier)
+        if self.layernorm is None:
+            return linear(pool(features, self.pool))
+        norm = submodule(model, self.layernorm)
+        if self.norm_before_pool:
+            return linear(pool(norm(features), self.pool))
+        return linear(norm(pool(features, self.pool)))
 
     def bind(self, model: nn.Module) -> PoolNormLinearHead:
         """The head with ``model``'s current parameters (LayerNorm affine part folded into the classifier)."""
@@ -375,7 +386,7 @@ def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_outp
             def run_remaining_then_head(features: torch.Tensor) -> torch.Tensor:
                 for block in remaining:
                     features = _call_block(block, features)
-                return spec.head.bind(model)(features)
+                return spec.head.through_modules(model, features)
 
             block_head = run_remaining_then_head
 
