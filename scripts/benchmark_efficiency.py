@@ -110,11 +110,16 @@ def benchmark_model(
             times[name].append(_time_once(methods[name], x))
     memory = {name: _peak_memory_bytes(methods[name], x) for name in names}
     msp_time, msp_memory = statistics.median(times["msp"]), memory["msp"]
+    # Paired: each repeat's time over MSP's in the same repeat (adjacent calls), so that load changes slower
+    # than one round cancel; reported next to the ratio of medians, which is the headline number.
+    paired = {name: [t / m for t, m in zip(times[name], times["msp"])] for name in names}
     return {
         name: {
             "median_seconds": statistics.median(times[name]),
             "iqr_seconds": _iqr(times[name]),
             "relative_time": statistics.median(times[name]) / msp_time,
+            "relative_time_paired": statistics.median(paired[name]),
+            "relative_time_paired_iqr": _iqr(paired[name]),
             "peak_memory_bytes": memory[name],
             "relative_memory": memory[name] / msp_memory if msp_memory else None,
         }
@@ -143,21 +148,24 @@ def profile_methods(model: torch.nn.Module, batch_size: int, split_point: str, d
 
 
 def markdown(results: dict) -> str:
-    """One table per (model, split point): relative time (median, IQR/median) and relative peak memory per batch size."""
+    """One table per (model, split point) and batch size: relative time (ratio of medians, +- half the IQR), the
+    median of per-repeat ratios to MSP (paired), and relative peak memory."""
     lines = []
     for model, per_split in results["models"].items():
         for split_point, per_batch in per_split.items():
             batches = list(per_batch)
             lines += [f"#### {model}, split point `{split_point}`", ""]
-            lines.append("| method | " + " | ".join(f"batch {b} time | batch {b} mem" for b in batches) + " |")
-            lines.append("|---|" + "---|---|" * len(batches))
+            lines.append("| method | " + " | ".join(
+                f"batch {b} time | batch {b} time, paired | batch {b} mem" for b in batches) + " |")
+            lines.append("|---|" + "---|---|---|" * len(batches))
             for method in per_batch[batches[0]]:
                 cells = []
                 for b in batches:
                     r = per_batch[b][method]
                     spread = r.get("iqr_seconds", 0.0) / r["median_seconds"] * r["relative_time"]
                     memory = "n/a" if r["relative_memory"] is None else f"{r['relative_memory']:.2f}x"
-                    cells += [f"{r['relative_time']:.2f}x (+-{spread / 2:.2f})", memory]
+                    paired = f"{r['relative_time_paired']:.2f}x (+-{r['relative_time_paired_iqr'] / 2:.2f})"
+                    cells += [f"{r['relative_time']:.2f}x (+-{spread / 2:.2f})", paired, memory]
                 lines.append(f"| {method} | " + " | ".join(cells) + " |")
             msp = {b: per_batch[b]["msp"] for b in batches}
             lines += ["", "MSP: " + ", ".join(

@@ -1,0 +1,43 @@
+"""scripts/benchmark_efficiency.py end to end on the ResNet reference model (tiny run: the numbers are not checked,
+only that every method and split point is measured against MSP and written out)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+METHODS = {"msp", "energy", "odin", "gsc_exact", "gsc_first_order", "gsc_predicted_logit"}
+
+
+def test_benchmark_writes_every_method_relative_to_msp(tmp_path):
+    output = tmp_path / "efficiency.json"
+    command = [
+        sys.executable, str(REPO / "scripts" / "benchmark_efficiency.py"), "--models", "resnet", "--batch-sizes", "2",
+        "--repeats", "3", "--warmup", "1", "--threads", "1",
+        "--split-points", "final_encoder_output,resnet.encoder.stages.-3,vit.layers.-3", "--output", str(output),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "skipping split point 'vit.layers.-3' for resnet" in result.stderr
+
+    results = json.loads(output.read_text())
+    assert results["settings"]["threads"] == 1 and results["settings"]["repeats"] == 3
+    cells = results["models"]["resnet"]
+    assert set(cells) == {"final_encoder_output", "resnet.encoder.stages.-3"}
+    for per_batch in cells.values():
+        row = per_batch["2"]
+        assert set(row) == METHODS
+        assert row["msp"]["relative_time"] == 1.0 and row["msp"]["relative_time_paired"] == 1.0
+        for method in METHODS:
+            measured = row[method]
+            assert measured["median_seconds"] > 0 and measured["peak_memory_bytes"] > 0
+            assert measured["relative_time"] == measured["median_seconds"] / row["msp"]["median_seconds"]
+            assert measured["relative_time_paired"] > 0
+    # ODIN backpropagates to the input: it must allocate more than MSP's forward.
+    assert cells["final_encoder_output"]["2"]["odin"]["relative_memory"] > 1.0
+    table = output.with_suffix(".md").read_text()
+    assert "#### resnet, split point `resnet.encoder.stages.-3`" in table
+    assert "| gsc_first_order |" in table and "batch 2 time, paired" in table
