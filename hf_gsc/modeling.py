@@ -278,9 +278,9 @@ class GSCForImageClassification(nn.Module):
         dtype = next(self.model.parameters()).dtype
         return pixel_values.to(dtype)
 
-    def _linearize(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, Pool, torch.Tensor, LinearizedHead]:
+    def _linearize(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, Pool, LinearizedHead]:
         """``F`` (no gradient, backbone stopped at the split point), the pool ``read`` keeping the part of ``F``
-        the head reads, that part ``pool(F, read)``, and the head linearized as a function of it.
+        the head reads, and the head linearized as a function of that part, ``pool(F, read)``.
 
         ``read`` is ``first_token`` for ViT and DeiT at the final encoder output (only the first token reaches
         the classifier, so masks and updates run on ``(B, D)`` instead of ``(B, N, D)``) and ``identity``
@@ -298,9 +298,8 @@ class GSCForImageClassification(nn.Module):
             features = split.features(pixel_values)
             read = split.read_pool if self.config.selection != "random" else "identity"
             if read != "identity":
-                read_features = pool(features, read)
-                return features, read, read_features, split.linearize_read_part(read_features)
-            return features, read, features, split.linearize(features, pixel_values, keep_graph)
+                return features, read, split.linearize_read_part(pool(features, read))
+            return features, read, split.linearize(features, pixel_values, keep_graph)
 
         earlier, run_blocks = self.block_chain
         earlier_features = earlier.features(pixel_values)
@@ -315,8 +314,7 @@ class GSCForImageClassification(nn.Module):
             return split.head(moved, pixel_values)
 
         joint_features = torch.cat([earlier_features.flatten(1), final_0.flatten(1)], dim=1)
-        head = linearize_with_autograd(joint_head, joint_features, pixel_values, keep_graph)
-        return joint_features, "identity", joint_features, head
+        return joint_features, "identity", linearize_with_autograd(joint_head, joint_features, pixel_values, keep_graph)
 
     def _feature_gradient(
         self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
@@ -328,7 +326,7 @@ class GSCForImageClassification(nn.Module):
         Fisher is made of). Heads are batch-separable, so one product for the whole batch gives every
         per-sample gradient.
         """
-        features, read, _, head = self._linearize(pixel_values)
+        features, read, head = self._linearize(pixel_values)
         logits = head.logits
         if labels is None:
             gradient = head.class_gradient(logits.argmax(dim=-1))
@@ -413,7 +411,8 @@ class GSCForImageClassification(nn.Module):
             raise RuntimeError(
                 "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
             )
-        features, read, read_features, head = self._linearize(pixel_values)
+        features, read, head = self._linearize(pixel_values)
+        read_features = pool(features, read)
         logits = head.logits
         predicted_class = logits.argmax(dim=-1)
         flat_features = read_features.flatten(1)
