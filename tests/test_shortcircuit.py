@@ -36,3 +36,19 @@ def test_num_masked_counts_nonzero_gradient_coordinates():
     # 98 read coordinates: ceil(0.05 * 98) = 5; nothing read: 0.
     assert num_masked(gradient, 0.05).tolist() == [5, 0]
     assert num_masked(torch.ones(1, 100), 0.05).tolist() == [5]  # no float round-up to 6
+
+
+def test_mask_with_one_size_for_every_row_handles_ties():
+    # Every row the same size takes the no-gather path; rows with ties across the cut still need the fill.
+    generator = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        width = int(torch.randint(1, 30, (1,), generator=generator))
+        if trial % 2:
+            priority = torch.randint(-2, 3, (4, width), generator=generator).double()
+            priority[priority == -2] = -float("inf")
+        else:
+            priority = torch.randn(4, width, generator=generator, dtype=torch.float64)
+        k = torch.full((4,), int(torch.randint(0, width + 1, (1,), generator=generator)))
+        expected = _stable_argsort_mask(priority, k)
+        assert torch.equal(_mask_from_priority(priority, k), expected), (priority, k)
+
