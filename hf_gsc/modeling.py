@@ -25,7 +25,9 @@ from transformers.utils import ModelOutput
 
 from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 from .scores import ood_score
+from .fused_update import UpdateOutput, mask_size_bound
 from .shortcircuit import (
+    _as_fraction,
     diagonal_fisher_sum,
     num_masked,
     num_masked_adaptive,
@@ -140,6 +142,8 @@ class GSCForImageClassification(nn.Module):
         self.fisher_diagonal: torch.Tensor | None = None
         # Per-class gradients and masks where the head is affine (see _per_class_tables).
         self._tables: _PerClassTables | None = None
+        # torch.compile'd hf_gsc.fused_update.gsc_update, set by compile_update().
+        self._compiled_update: Any = None
         self.model.eval()
         self.model.requires_grad_(False)
         # Read once: transformers' config attribute access is slow enough to show in GSC's per-batch cost.
@@ -278,7 +282,9 @@ class GSCForImageClassification(nn.Module):
         dtype = next(self.model.parameters()).dtype
         return pixel_values.to(dtype)
 
-    def _linearize(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, Pool, LinearizedHead]:
+    def _linearize(
+        self, pixel_values: torch.Tensor, features: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Pool, LinearizedHead]:
         """``F`` (no gradient, backbone stopped at the split point), the pool ``read`` keeping the part of ``F``
         the head reads, and the head linearized as a function of that part, ``pool(F, read)``.
 
@@ -290,12 +296,14 @@ class GSCForImageClassification(nn.Module):
         With ``earlier_split_point`` the feature is the concatenation ``[F_earlier, F_final]`` flattened,
         ``(B, d_earlier + d_final)``, and ``H([F1, F2]) = head(blocks(F1) + F2 - F2_0)``: its gradient
         holds ``d y_c / dF1`` (through the blocks) and ``d y_c / dF2``, and moving both parts moves both layers.
+
+        ``features``: ``F`` when the backbone already ran (single split point only).
         """
         split = self.split_point
         # Only the first-order update needs J t; otherwise autograd may free the head's graph after g.
         keep_graph = self.config.approximation == "first_order"
         if self.block_chain is None:
-            features = split.features(pixel_values)
+            features = split.features(pixel_values) if features is None else features
             read = split.read_pool if self.config.selection != "random" else "identity"
             if read != "identity":
                 return features, read, split.linearize_read_part(pool(features, read))
@@ -394,6 +402,68 @@ class GSCForImageClassification(nn.Module):
             self._tables = _PerClassTables(key, gradient, self._mask(gradient, read, feature_shape))
         return self._tables
 
+    def compile_update(self, **compile_kwargs: Any) -> "GSCForImageClassification":
+        """Run GSC's per-batch work after the backbone as one ``torch.compile``'d function; returns ``self``.
+
+        That work is 25-35 small ops (:func:`hf_gsc.fused_update.gsc_update`); next to a small backbone on a
+        CPU their dispatch cost is most of GSC's overhead, and compiled they fuse into a few kernels. The
+        results equal the eager path's to float rounding (tested); a batch with a tie across some sample's
+        mask cut is recomputed eagerly, which fills ties in index order.
+
+        It applies where the head has a registered closed form and ``g`` varies over the coordinates it reads
+        (``final_encoder_output`` of ViT, DeiT and Swin), with ``selection="gradient"`` and
+        ``mask_size="fixed"``; with other settings, and with ``output_short_circuit=True``, ``forward`` runs
+        eagerly. It does not apply where the head is affine (ResNet at ``final_encoder_output``, any
+        ``penultimate``: gradients and masks are per-class lookups already), nor where the head averages
+        positions before its LayerNorm (ConvNeXt): ``g`` is then equal over the positions of a channel, every
+        sample's mask has ties across its cut, and the eager path fills them. The first call per batch shape and configuration compiles
+        (about 10 s on a CPU; inductor's CPU backend needs a C++ compiler) and ``torch.compile`` recompiles
+        when they change; past ``torch._dynamo.config.recompile_limit`` (shared by every detector in the
+        process) it runs the same function eagerly. The backbone is not compiled here (``detector.model.compile()``
+        does that).
+
+        Args:
+            **compile_kwargs: passed to ``torch.compile`` (e.g. ``dynamic=False``, ``backend="aot_eager"``).
+        Raises:
+            ValueError: the head is not one of those, or ``earlier_split_point`` is set.
+        """
+        split, spec = self.split_point, self.split_point.head_spec
+        if self.block_chain is not None:
+            raise ValueError("compile_update does not support earlier_split_point; unset it or run eagerly")
+        if spec is None:
+            reason = "has no registered closed form"
+        elif split.head_is_linear:
+            reason = "is affine, so its gradients and masks are per-class lookups already"
+        elif spec.pool != "first_token" and not spec.norm_before_pool:
+            reason = "averages positions before its LayerNorm, so every mask has ties, which only the eager path fills"
+        else:
+            reason = None
+        if reason is not None:
+            raise ValueError(
+                f"compile_update: the head at split_point={self.config.split_point!r} {reason}; it applies to "
+                "split_point='final_encoder_output' of ViT, DeiT and Swin"
+            )
+        from .fused_update import gsc_update
+
+        self._compiled_update = torch.compile(gsc_update, **compile_kwargs)
+        return self
+
+    def _compiled_update_result(self, features: torch.Tensor) -> UpdateOutput | None:
+        """The compiled update of ``F`` where it applies to the current configuration, else ``None``."""
+        config = self.config
+        if config.selection != "gradient" or config.mask_size != "fixed":
+            return None
+        split = self.split_point
+        read_part = pool(features, split.read_pool)
+        mask_ratio = _as_fraction(float(config.mask_ratio))
+        k_bound = mask_size_bound(read_part[0].numel(), *mask_ratio)
+        if k_bound == 0:
+            return None
+        return self._compiled_update(
+            read_part, split.bound_head(on_read_part=True), mask_ratio, k_bound, config.operation, config.alpha,
+            config.clip_bound, config.beta, config.approximation, config.score, config.temperature,
+        )
+
     def forward(self, pixel_values: torch.Tensor, output_short_circuit: bool = False) -> GSCOutput:
         """Score a batch.
 
@@ -411,7 +481,21 @@ class GSCForImageClassification(nn.Module):
             raise RuntimeError(
                 "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
             )
-        features, read, head = self._linearize(pixel_values)
+        features = None
+        if self._compiled_update is not None and not output_short_circuit:
+            features = self.split_point.features(pixel_values)
+            update = self._compiled_update_result(features)
+            if update is not None and not update.tied:
+                return GSCOutput(
+                    logits=update.logits,
+                    gsc_logits=update.gsc_logits,
+                    ood_score=update.ood_score,
+                    is_ood=None if config.threshold is None else update.ood_score < config.threshold,
+                    predicted_class=update.predicted_class,
+                )
+            # Settings the compiled update does not cover, or a tie across some sample's cut: the eager path
+            # below fills ties in index order. The backbone does not run again.
+        features, read, head = self._linearize(pixel_values, features)
         read_features = pool(features, read)
         logits = head.logits
         predicted_class = logits.argmax(dim=-1)
