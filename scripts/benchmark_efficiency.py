@@ -6,6 +6,9 @@ warm-up with a fixed number of threads, and summarised by the median. Peak memor
 mark of tensor memory allocated during one call, read from the torch profiler's memory events on CPU
 (``torch.cuda.max_memory_allocated`` on GPU). Results go to a JSON file; nothing here asserts a speed.
 
+With ``--compile`` the GSC methods are also run with ``compile_update(dynamic=False)`` (``gsc_<approximation>_compiled``,
+where it applies); compilation happens before the warm-up and its time is reported, not timed with the calls.
+
 Example::
 
     python scripts/benchmark_efficiency.py --models resnet,vit,swin --batch-sizes 1,16,64 \\
@@ -34,7 +37,9 @@ from transformers import AutoModelForImageClassification
 GSC_APPROXIMATIONS = ("exact", "first_order", "predicted_logit")
 
 
-def _methods(model: torch.nn.Module, split_point: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+def _methods(
+    model: torch.nn.Module, split_point: str, compile_update: bool = False
+) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     methods: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
     for name in ("msp", "energy", "odin"):
         detector = get_detector(name, model)
@@ -42,6 +47,14 @@ def _methods(model: torch.nn.Module, split_point: str) -> dict[str, Callable[[to
     for approximation in GSC_APPROXIMATIONS:
         gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
         methods[f"gsc_{approximation}"] = lambda x, gsc=gsc: gsc(x).ood_score
+    if compile_update:
+        for approximation in GSC_APPROXIMATIONS:
+            gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
+            try:
+                gsc.compile_update(dynamic=False)
+            except ValueError:  # a head compile_update does not cover (affine, no closed form): nothing to add
+                break
+            methods[f"gsc_{approximation}_compiled"] = lambda x, gsc=gsc: gsc(x).ood_score
     return methods
 
 
@@ -90,15 +103,27 @@ def _iqr(values: list[float]) -> float:
 
 
 def benchmark_model(
-    model: torch.nn.Module, batch_size: int, repeats: int, warmup: int, split_point: str, device: str
+    model: torch.nn.Module,
+    batch_size: int,
+    repeats: int,
+    warmup: int,
+    split_point: str,
+    device: str,
+    compile_update: bool = False,
 ) -> dict:
     config = model.config
     channels = config.num_channels
     size = getattr(config, "image_size", 28)
     size = size if isinstance(size, int) else size[0]
     x = torch.randn(batch_size, channels, size, size, generator=torch.Generator().manual_seed(0)).to(device)
-    methods = _methods(model, split_point)
+    # Each cell compiles afresh: every detector compiles the same function, and its recompile limit is shared.
+    torch._dynamo.reset()
+    methods = _methods(model, split_point, compile_update)
     names = list(methods)
+    compile_seconds = {}
+    for name in names:
+        if name.endswith("_compiled"):
+            compile_seconds[name] = _time_once(methods[name], x)  # the first call compiles
     for _ in range(warmup):
         for name in names:
             _time_once(methods[name], x)
@@ -122,6 +147,7 @@ def benchmark_model(
             "relative_time_paired_iqr": _iqr(paired[name]),
             "peak_memory_bytes": memory[name],
             "relative_memory": memory[name] / msp_memory if msp_memory else None,
+            **({"compile_seconds": compile_seconds[name]} if name in compile_seconds else {}),
         }
         for name in names
     }
@@ -185,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run the GSC methods with compile_update(dynamic=False), where it applies")
     parser.add_argument("--profile", action="store_true",
                         help="also print the top operators by self CPU time of msp / gsc_exact / gsc_first_order at "
                         "the largest batch size and first split point (where the overhead goes)")
@@ -215,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skipping split point {split_point!r} for {name}: {error}", file=sys.stderr)
                 continue
             for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-                row = benchmark_model(model, batch_size, args.repeats, args.warmup, split_point, args.device)
+                row = benchmark_model(
+                    model, batch_size, args.repeats, args.warmup, split_point, args.device, args.compile
+                )
                 results["models"][name].setdefault(split_point, {})[str(batch_size)] = row
                 summary = ", ".join(
                     f"{m} {r['relative_time']:.2f}x/{r['relative_memory'] or 0:.2f}x mem" for m, r in row.items()
