@@ -149,6 +149,12 @@ class GSCForImageClassification(nn.Module):
         # Read once: transformers' config attribute access is slow enough to show in GSC's per-batch cost.
         base_config = getattr(model, "config", None)
         self._expected_channels: int | None = getattr(base_config, "num_channels", None)
+        # pixel_values take the dtype of the first parameter (the embeddings'): its module and name are found
+        # once; next(model.parameters()) walks the module tree on every batch.
+        self._first_parameter: tuple[nn.Module, str] | None = next(
+            ((module, name) for module in model.modules() for name, p in module._parameters.items() if p is not None),
+            None,
+        )
         image_size = getattr(base_config, "image_size", None)
         self._expected_size: tuple[int, int] | None = (
             None if image_size is None
@@ -279,8 +285,10 @@ class GSCForImageClassification(nn.Module):
         if not math.isfinite(pixel_values.sum().item()) and not torch.isfinite(pixel_values).all():
             bad = (~torch.isfinite(pixel_values)).flatten(1).any(dim=1).nonzero().flatten().tolist()
             raise ValueError(f"pixel_values contains NaN or infinite values in batch rows {bad}")
-        dtype = next(self.model.parameters()).dtype
-        return pixel_values.to(dtype)
+        if self._first_parameter is None:
+            return pixel_values
+        module, name = self._first_parameter
+        return pixel_values.to(module._parameters[name].dtype)
 
     def _linearize(
         self, pixel_values: torch.Tensor, features: torch.Tensor | None = None
@@ -416,11 +424,12 @@ class GSCForImageClassification(nn.Module):
         eagerly. It does not apply where the head is affine (ResNet at ``final_encoder_output``, any
         ``penultimate``: gradients and masks are per-class lookups already), nor where the head averages
         positions before its LayerNorm (ConvNeXt): ``g`` is then equal over the positions of a channel, every
-        sample's mask has ties across its cut, and the eager path fills them. The first call per batch shape and configuration compiles
-        (about 10 s on a CPU; inductor's CPU backend needs a C++ compiler) and ``torch.compile`` recompiles
-        when they change; past ``torch._dynamo.config.recompile_limit`` (shared by every detector in the
-        process) it runs the same function eagerly. The backbone is not compiled here (``detector.model.compile()``
-        does that).
+        sample's mask has ties across its cut, and the eager path fills them.
+
+        The first call per batch shape and configuration compiles (about 10 s on a CPU; inductor's CPU backend
+        needs a C++ compiler), and ``torch.compile`` recompiles when they change; past
+        ``torch._dynamo.config.recompile_limit`` (shared by every detector in the process) the same function
+        runs eagerly. The backbone is not compiled here (``detector.model.compile()`` does that).
 
         Args:
             **compile_kwargs: passed to ``torch.compile`` (e.g. ``dynamic=False``, ``backend="aot_eager"``).
@@ -456,7 +465,7 @@ class GSCForImageClassification(nn.Module):
         split = self.split_point
         read_part = pool(features, split.read_pool)
         mask_ratio = _as_fraction(float(config.mask_ratio))
-        k_bound = mask_size_bound(read_part[0].numel(), *mask_ratio)
+        k_bound = mask_size_bound(math.prod(read_part.shape[1:]), *mask_ratio)
         if k_bound == 0:
             return None
         return self._compiled_update(

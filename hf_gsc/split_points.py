@@ -30,12 +30,23 @@ from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead, pool, re
 
 
 def submodule(model: nn.Module, path: str) -> nn.Module:
-    """``model.get_submodule(path)`` for a normalised dotted path (names and non-negative indices), by plain
-    attribute lookup: 1 µs instead of 6, and it runs on every batch."""
+    """``model.get_submodule(path)`` for a normalised dotted path (names and non-negative indices).
+
+    It runs several times per batch: a lookup in each module's ``_modules`` takes 0.1 µs per level, against
+    1.5 µs for ``nn.Module.__getattr__`` and 6 µs for ``get_submodule`` (more right after the backbone, whose
+    kernels evict the interpreter from the caches). Attribute lookup is the fallback, for its error message.
+    """
     module = model
     for name in path.split("."):
-        module = getattr(module, name)
+        child = module._modules.get(name)
+        module = getattr(module, name) if child is None else child
     return module
+
+
+def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
+    """``module.<name>`` for a registered parameter, without ``nn.Module.__getattr__``."""
+    parameters = module._parameters
+    return parameters[name] if name in parameters else getattr(module, name)
 
 
 @dataclass(frozen=True)
@@ -65,11 +76,16 @@ class HeadSpec:
                 "(num_labels=0?), so there are no logits to short-circuit"
             )
         if self.layernorm is None:
-            return linear.weight, linear.bias, None, None
+            return _parameter(linear, "weight"), _parameter(linear, "bias"), None, None
         norm = submodule(model, self.layernorm)
         if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
             raise ValueError(f"{self.layernorm} must be an nn.LayerNorm over the last dimension, got {norm}")
-        return linear.weight, linear.bias, norm.weight, norm.bias
+        return (
+            _parameter(linear, "weight"),
+            _parameter(linear, "bias"),
+            _parameter(norm, "weight"),
+            _parameter(norm, "bias"),
+        )
 
     def through_modules(self, model: nn.Module, features: torch.Tensor) -> torch.Tensor:
         """The head run through ``model``'s own LayerNorm and Linear (nothing folded), for autograd through

@@ -253,6 +253,13 @@ def test_half_precision_model_runs():
     assert out.ood_score.dtype == torch.float32 and torch.isfinite(out.ood_score).all()
 
 
+def test_inputs_follow_a_dtype_change_after_wrapping(pixel_values):
+    detector = GSCForImageClassification(make_tiny_model("swin"))
+    detector.to(torch.bfloat16)  # after wrapping: float64 pixel values must now be cast to bfloat16
+    out = detector(pixel_values)
+    assert out.logits.dtype == torch.bfloat16 and torch.isfinite(out.ood_score).all()
+
+
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "shape_or_value, message",
