@@ -145,6 +145,8 @@ def benchmark_model(
             "relative_time": statistics.median(times[name]) / msp_time,
             "relative_time_paired": statistics.median(paired[name]),
             "relative_time_paired_iqr": _iqr(paired[name]),
+            # Every round's time, in round order, for paired comparisons between any two methods.
+            "round_seconds": times[name],
             "peak_memory_bytes": memory[name],
             "relative_memory": memory[name] / msp_memory if msp_memory else None,
             **({"compile_seconds": compile_seconds[name]} if name in compile_seconds else {}),

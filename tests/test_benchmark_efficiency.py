@@ -36,6 +36,7 @@ def test_benchmark_writes_every_method_relative_to_msp(tmp_path):
             assert measured["median_seconds"] > 0 and measured["peak_memory_bytes"] > 0
             assert measured["relative_time"] == measured["median_seconds"] / row["msp"]["median_seconds"]
             assert measured["relative_time_paired"] > 0
+            assert len(measured["round_seconds"]) == 3 and sorted(measured["round_seconds"])[1] == measured["median_seconds"]
     # ODIN backpropagates to the input: it must allocate more than MSP's forward.
     assert cells["final_encoder_output"]["2"]["odin"]["relative_memory"] > 1.0
     table = output.with_suffix(".md").read_text()
