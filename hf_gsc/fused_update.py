@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import torch
 
-from .head_derivatives import PoolNormLinearHead
+from .head_derivatives import LinearizedHead, PoolNormLinearHead
 from .scores import ood_score
-from .shortcircuit import predicted_logit_update, short_circuit
+from .shortcircuit import mask_size, predicted_logit_update, short_circuit
 
 
 class UpdateOutput(NamedTuple):
@@ -35,11 +35,6 @@ class UpdateOutput(NamedTuple):
     gsc_logits: torch.Tensor
     ood_score: torch.Tensor
     tied: torch.Tensor
-
-
-def mask_size_bound(num_coordinates: int, numerator: int, denominator: int) -> int:
-    """``ceil(d * p / q)``: the largest mask size any sample of ``d`` coordinates can get at ratio ``p / q``."""
-    return (num_coordinates * numerator + denominator - 1) // denominator
 
 
 def top_k_mask_with_bound(priority: torch.Tensor, k: torch.Tensor, k_bound: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,22 +71,38 @@ def gsc_update(
         read_part: ``pool(F, read)``, the part of ``F`` the head reads, ``(B, *shape)``; ``head`` maps it to
             the logits.
         mask_ratio: ``(p, q)``, the mask ratio as an exact fraction (see :func:`hf_gsc.shortcircuit.num_masked`).
-        k_bound: :func:`mask_size_bound` of the number of coordinates of ``read_part`` per sample, ``>= 1``.
+        k_bound: the :func:`hf_gsc.shortcircuit.mask_size` of a fully read sample of ``read_part``, ``>= 1``.
         operation, alpha, clip_bound, beta, approximation, score, temperature: as in :class:`hf_gsc.GSCConfig`.
     """
     linear = head.linearize(read_part)
     logits = linear.logits
     predicted_class = logits.argmax(dim=-1)
     gradient = linear.class_gradient(predicted_class).flatten(1)
-    numerator, denominator = mask_ratio
-    k = (torch.count_nonzero(gradient, dim=1) * numerator + (denominator - 1)).div(denominator, rounding_mode="floor")
+    k = mask_size(torch.count_nonzero(gradient, dim=1), *mask_ratio)
     mask, tied = top_k_mask_with_bound(gradient.abs(), k, k_bound)
     features = read_part.flatten(1)
     shorted = short_circuit(features, gradient, mask, operation, alpha, clip_bound, beta)
-    if approximation == "first_order":
-        gsc_logits = logits + linear.jvp((shorted - features).view_as(read_part))
-    elif approximation == "predicted_logit":
-        gsc_logits = predicted_logit_update(logits, predicted_class, gradient, shorted - features)
-    else:
-        gsc_logits = linear.function(shorted.view_as(read_part))
+    gsc_logits = updated_logits(linear, approximation, predicted_class, gradient, features, shorted, read_part.shape)
     return UpdateOutput(logits, predicted_class, gsc_logits, ood_score(gsc_logits, score, temperature), tied)
+
+
+def updated_logits(
+    linear: LinearizedHead,
+    approximation: str,
+    predicted_class: torch.Tensor,
+    gradient: torch.Tensor,
+    features: torch.Tensor,
+    shorted: torch.Tensor,
+    shape: torch.Size,
+) -> torch.Tensor:
+    """``gsc_logits`` ``(B, K)`` after moving ``F`` to ``F'``, by the configured approximation (eager and compiled).
+
+    Args:
+        linear: the head linearized at ``F``. gradient, features, shorted: ``g``, ``F``, ``F'`` flattened,
+            ``(B, d)``. shape: the shape ``linear`` takes, ``(B, *shape)`` with ``d`` coordinates per sample.
+    """
+    if approximation == "first_order":
+        return linear.logits + linear.jvp((shorted - features).view(shape))
+    if approximation == "predicted_logit":
+        return predicted_logit_update(linear.logits, predicted_class, gradient, shorted - features)
+    return linear.function(shorted.view(shape))

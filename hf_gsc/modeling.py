@@ -25,13 +25,13 @@ from transformers.utils import ModelOutput
 
 from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 from .scores import ood_score
-from .fused_update import UpdateOutput, mask_size_bound
+from .fused_update import UpdateOutput, updated_logits
 from .shortcircuit import (
     _as_fraction,
     diagonal_fisher_sum,
+    mask_size,
     num_masked,
     num_masked_adaptive,
-    predicted_logit_update,
     short_circuit,
     short_circuit_mask,
 )
@@ -465,7 +465,7 @@ class GSCForImageClassification(nn.Module):
         split = self.split_point
         read_part = pool(features, split.read_pool)
         mask_ratio = _as_fraction(float(config.mask_ratio))
-        k_bound = mask_size_bound(math.prod(read_part.shape[1:]), *mask_ratio)
+        k_bound = mask_size(math.prod(read_part.shape[1:]), *mask_ratio)
         if k_bound == 0:
             return None
         return self._compiled_update(
@@ -520,12 +520,9 @@ class GSCForImageClassification(nn.Module):
             flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
         )
 
-        if config.approximation == "first_order":
-            gsc_logits = logits + head.jvp((shorted - flat_features).view_as(read_features))
-        elif config.approximation == "predicted_logit":
-            gsc_logits = predicted_logit_update(logits, predicted_class, flat_gradient, shorted - flat_features)
-        else:
-            gsc_logits = head.function(shorted.view_as(read_features))
+        gsc_logits = updated_logits(
+            head, config.approximation, predicted_class, flat_gradient, flat_features, shorted, read_features.shape
+        )
 
         scores = ood_score(gsc_logits, config.score, config.temperature)
         is_ood = None if config.threshold is None else scores < config.threshold

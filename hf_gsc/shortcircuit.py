@@ -52,12 +52,15 @@ def num_masked(gradient: torch.Tensor, mask_ratio: float) -> torch.Tensor:
     return _mask_sizes(gradient.shape[1], numerator, denominator, gradient.device).index_select(0, n)
 
 
+def mask_size(n: int | torch.Tensor, numerator: int, denominator: int) -> int | torch.Tensor:
+    """``k = ceil(n * numerator / denominator)`` in integer arithmetic, for an int or an int64 tensor ``n``."""
+    return (n * numerator + (denominator - 1)) // denominator
+
+
 @functools.lru_cache(maxsize=16)
 def _mask_sizes(d: int, numerator: int, denominator: int, device: torch.device) -> torch.Tensor:
-    """``ceil(n * numerator / denominator)`` for ``n = 0 .. d``, ``(d + 1,)`` int64 (a lookup is one op per
-    batch instead of three)."""
-    n = torch.arange(d + 1, dtype=torch.int64, device=device)
-    return (n * numerator + (denominator - 1)).div_(denominator, rounding_mode="floor")
+    """:func:`mask_size` for ``n = 0 .. d``, ``(d + 1,)`` int64 (a lookup is one op per batch instead of three)."""
+    return mask_size(torch.arange(d + 1, dtype=torch.int64, device=device), numerator, denominator)
 
 
 def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float) -> torch.Tensor:

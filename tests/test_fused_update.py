@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hf_gsc import GSCForImageClassification
-from hf_gsc.fused_update import gsc_update, mask_size_bound, top_k_mask_with_bound
-from hf_gsc.shortcircuit import _mask_from_priority
+from hf_gsc.fused_update import gsc_update, top_k_mask_with_bound
+from hf_gsc.shortcircuit import _mask_from_priority, mask_size
 
 from conftest import IMAGE_SIZE, make_tiny_model
 
@@ -139,10 +139,11 @@ def test_top_k_mask_with_bound_equals_the_eager_mask_or_reports_a_tie():
             assert torch.equal(mask, expected), (priority, k)
 
 
-def test_mask_size_bound_is_the_mask_size_of_a_fully_read_sample():
-    assert mask_size_bound(64, 1, 20) == 4  # ceil(0.05 * 64)
-    assert mask_size_bound(100, 1, 20) == 5  # exactly 5, no float round-up
-    assert mask_size_bound(0, 1, 20) == 0
+def test_mask_size_in_integers_for_ints_and_tensors():
+    assert mask_size(64, 1, 20) == 4  # ceil(0.05 * 64)
+    assert mask_size(100, 1, 20) == 5  # exactly 5, no float round-up
+    assert mask_size(0, 1, 20) == 0
+    assert mask_size(torch.tensor([0, 1, 20, 21, 100]), 1, 20).tolist() == [0, 1, 1, 2, 5]
 
 
 def test_gsc_update_runs_uncompiled(pixel_values):
@@ -151,7 +152,7 @@ def test_gsc_update_runs_uncompiled(pixel_values):
     detector = GSCForImageClassification(model)
     split = detector.split_point
     features = split.features(pixel_values)
-    update = gsc_update(features, split.bound_head(on_read_part=True), (1, 20), mask_size_bound(features[0].numel(), 1, 20))
+    update = gsc_update(features, split.bound_head(on_read_part=True), (1, 20), mask_size(features[0].numel(), 1, 20))
     reference = detector(pixel_values)
     assert not update.tied
     assert torch.equal(update.predicted_class, reference.predicted_class)
