@@ -13,6 +13,9 @@ with two differences in control flow, so that it traces into one graph with no d
 * ties across a sample's cut (two coordinates with the same ``|g|``, one in the mask and one not) are
   detected, not filled: the result says ``tied`` and the caller reruns the eager path, which fills them
   in index order. For continuous features this does not happen in practice.
+
+The last step, :func:`updated_logits` (``y + J(F' - F)``, ``y_c + g·(F' - F)`` or ``head(F')``), is shared with
+the eager forward.
 """
 
 from __future__ import annotations
