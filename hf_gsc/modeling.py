@@ -25,7 +25,7 @@ from transformers.utils import ModelOutput
 
 from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 from .scores import ood_score
-from .fused_update import UpdateOutput, updated_logits
+from .fused_update import UpdateOutput, gsc_update, updated_logits
 from .shortcircuit import (
     _as_fraction,
     diagonal_fisher_sum,
@@ -452,8 +452,6 @@ class GSCForImageClassification(nn.Module):
                 f"compile_update: the head at split_point={self.config.split_point!r} {reason}; it applies to "
                 "split_point='final_encoder_output' of ViT, DeiT and Swin"
             )
-        from .fused_update import gsc_update
-
         self._compiled_update = torch.compile(gsc_update, **compile_kwargs)
         return self
 
@@ -472,6 +470,11 @@ class GSCForImageClassification(nn.Module):
             read_part, split.bound_head(on_read_part=True), mask_ratio, k_bound, config.operation, config.alpha,
             config.clip_bound, config.beta, config.approximation, config.score, config.temperature,
         )
+
+    def _is_ood(self, scores: torch.Tensor) -> torch.Tensor | None:
+        """``scores < threshold`` ``(B,)`` bool, or ``None`` while no threshold is set."""
+        threshold = self.config.threshold
+        return None if threshold is None else scores < threshold
 
     def forward(self, pixel_values: torch.Tensor, output_short_circuit: bool = False) -> GSCOutput:
         """Score a batch.
@@ -499,7 +502,7 @@ class GSCForImageClassification(nn.Module):
                     logits=update.logits,
                     gsc_logits=update.gsc_logits,
                     ood_score=update.ood_score,
-                    is_ood=None if config.threshold is None else update.ood_score < config.threshold,
+                    is_ood=self._is_ood(update.ood_score),
                     predicted_class=update.predicted_class,
                 )
             # Settings the compiled update does not cover, or a tie across some sample's cut: the eager path
@@ -525,7 +528,7 @@ class GSCForImageClassification(nn.Module):
         )
 
         scores = ood_score(gsc_logits, config.score, config.temperature)
-        is_ood = None if config.threshold is None else scores < config.threshold
+        is_ood = self._is_ood(scores)
         extra = {}
         if output_short_circuit:
             shape = features.shape[1:]
