@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -25,6 +26,7 @@ from transformers.utils import ModelOutput
 
 from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 from .scores import ood_score
+from .aot_update import UpdatePackage, UpdateSettings, load_or_compile_package, package_key
 from .fused_update import UpdateOutput, gsc_update, updated_logits
 from .shortcircuit import (
     _as_fraction,
@@ -142,8 +144,9 @@ class GSCForImageClassification(nn.Module):
         self.fisher_diagonal: torch.Tensor | None = None
         # Per-class gradients and masks where the head is affine (see _per_class_tables).
         self._tables: _PerClassTables | None = None
-        # torch.compile'd hf_gsc.fused_update.gsc_update, set by compile_update().
+        # torch.compile'd hf_gsc.fused_update.gsc_update, or an UpdatePackage, set by compile_update().
         self._compiled_update: Any = None
+        self._warned_stale_package = False
         self.model.eval()
         self.model.requires_grad_(False)
         # Read once: transformers' config attribute access is slow enough to show in GSC's per-batch cost.
@@ -410,13 +413,33 @@ class GSCForImageClassification(nn.Module):
             self._tables = _PerClassTables(key, gradient, self._mask(gradient, read, feature_shape))
         return self._tables
 
-    def compile_update(self, **compile_kwargs: Any) -> "GSCForImageClassification":
-        """Run GSC's per-batch work after the backbone as one ``torch.compile``'d function; returns ``self``.
+    def compile_update(
+        self,
+        ahead_of_time: bool = False,
+        package_path: str | os.PathLike | None = None,
+        **compile_kwargs: Any,
+    ) -> "GSCForImageClassification":
+        """Run GSC's per-batch work after the backbone as compiled code instead of eager ops; returns ``self``.
 
         That work is 25-35 small ops (:func:`hf_gsc.fused_update.gsc_update`); next to a small backbone on a
         CPU their dispatch cost is most of GSC's overhead, and compiled they fuse into a few kernels. The
         results equal the eager path's to float rounding (tested); a batch with a tie across some sample's
         mask cut is recomputed eagerly, which fills ties in index order.
+
+        Two ways to compile:
+
+        * ``ahead_of_time=False`` (default): ``torch.compile``. The first call per batch shape and
+          configuration compiles (about 10 s on a CPU), and ``torch.compile`` recompiles when they change;
+          past ``torch._dynamo.config.recompile_limit`` (shared by every detector in the process) the same
+          function runs eagerly. Each call pays dynamo's guard check and wrappers, which on the ViT reference
+          head cost as much as the fusion saves.
+        * ``ahead_of_time=True``: ``torch.export`` + AOTInductor, compiled here, now, for the current
+          configuration, dtype and device, any batch size (:mod:`hf_gsc.aot_update`; 10-30 s on a CPU). Calls
+          run the kernels from C++. ``package_path`` (a ``.pt2`` file) is reused when it was built for the same
+          configuration and written otherwise. If the configuration, dtype or device changes afterwards,
+          ``forward`` warns once and runs eagerly until ``compile_update`` is called again.
+
+        Both need a C++ compiler for inductor's CPU backend.
 
         It applies where the head has a registered closed form and ``g`` varies over the coordinates it reads
         (``final_encoder_output`` of ViT, DeiT and Swin), with ``selection="gradient"`` and
@@ -424,17 +447,17 @@ class GSCForImageClassification(nn.Module):
         eagerly. It does not apply where the head is affine (ResNet at ``final_encoder_output``, any
         ``penultimate``: gradients and masks are per-class lookups already), nor where the head averages
         positions before its LayerNorm (ConvNeXt): ``g`` is then equal over the positions of a channel, every
-        sample's mask has ties across its cut, and the eager path fills them.
-
-        The first call per batch shape and configuration compiles (about 10 s on a CPU; inductor's CPU backend
-        needs a C++ compiler), and ``torch.compile`` recompiles when they change; past
-        ``torch._dynamo.config.recompile_limit`` (shared by every detector in the process) the same function
-        runs eagerly. The backbone is not compiled here (``detector.model.compile()`` does that).
+        sample's mask has ties across its cut, and the eager path fills them. The backbone is not compiled
+        here (``detector.model.compile()`` does that).
 
         Args:
-            **compile_kwargs: passed to ``torch.compile`` (e.g. ``dynamic=False``, ``backend="aot_eager"``).
+            ahead_of_time: compile with AOTInductor now instead of ``torch.compile`` on the first call.
+            package_path: ahead of time only: the package file to reuse or write; ``None`` keeps it in memory.
+            **compile_kwargs: ``torch.compile`` only (e.g. ``dynamic=False``, ``backend="aot_eager"``).
         Raises:
-            ValueError: the head is not one of those, or ``earlier_split_point`` is set.
+            ValueError: the head is not one of those, ``earlier_split_point`` is set, the settings are not
+                covered (ahead of time), or arguments of the other way are given.
+            RuntimeError: ahead of time, the compilation failed (e.g. no C++ compiler).
         """
         split, spec = self.split_point, self.split_point.head_spec
         if self.block_chain is not None:
@@ -452,24 +475,74 @@ class GSCForImageClassification(nn.Module):
                 f"compile_update: the head at split_point={self.config.split_point!r} {reason}; it applies to "
                 "split_point='final_encoder_output' of ViT, DeiT and Swin"
             )
-        self._compiled_update = torch.compile(gsc_update, **compile_kwargs)
+        if not ahead_of_time:
+            if package_path is not None:
+                raise ValueError("compile_update: package_path needs ahead_of_time=True")
+            self._compiled_update = torch.compile(gsc_update, **compile_kwargs)
+            return self
+        if compile_kwargs:
+            raise ValueError(
+                f"compile_update: {sorted(compile_kwargs)} are torch.compile arguments; they do not apply with "
+                "ahead_of_time=True"
+            )
+        read_part = self._example_read_part()
+        head = split.bound_head(on_read_part=True)
+        settings = self._update_settings(read_part)
+        if settings is None:
+            raise ValueError(
+                "compile_update(ahead_of_time=True) covers selection='gradient' and mask_size='fixed' with a "
+                f"non-empty mask; got selection={self.config.selection!r}, mask_size={self.config.mask_size!r}, "
+                f"mask_ratio={self.config.mask_ratio!r}"
+            )
+        self._compiled_update = load_or_compile_package(read_part, head, settings, package_path)
+        self._warned_stale_package = False
         return self
 
-    def _compiled_update_result(self, features: torch.Tensor) -> UpdateOutput | None:
-        """The compiled update of ``F`` where it applies to the current configuration, else ``None``."""
+    def _example_read_part(self) -> torch.Tensor:
+        """``pool(F, read_pool)`` of two blank images, ``(2, *shape)``: what compiling ahead of time traces. The
+        package depends on its shape, dtype and device only (two, not one: a batch of one would be specialised)."""
+        module, name = self._first_parameter
+        parameter = module._parameters[name]
+        height, width = self._expected_size
+        blank = parameter.new_zeros(2, self._expected_channels, height, width)
+        return pool(self.split_point.features(blank), self.split_point.read_pool)
+
+    def _update_settings(self, read_part: torch.Tensor) -> UpdateSettings | None:
+        """The Python-valued arguments of ``gsc_update`` for the current configuration; ``None`` where the compiled
+        update does not cover it (random or Fisher selection, adaptive mask size, an empty mask)."""
         config = self.config
         if config.selection != "gradient" or config.mask_size != "fixed":
             return None
-        split = self.split_point
-        read_part = pool(features, split.read_pool)
         mask_ratio = _as_fraction(float(config.mask_ratio))
         k_bound = mask_size(math.prod(read_part.shape[1:]), *mask_ratio)
         if k_bound == 0:
             return None
-        return self._compiled_update(
-            read_part, split.bound_head(on_read_part=True), mask_ratio, k_bound, config.operation, config.alpha,
-            config.clip_bound, config.beta, config.approximation, config.score, config.temperature,
+        return UpdateSettings(
+            mask_ratio, k_bound, config.operation, config.alpha, config.clip_bound, config.beta,
+            config.approximation, config.score, config.temperature,
         )
+
+    def _compiled_update_result(self, features: torch.Tensor) -> UpdateOutput | None:
+        """The compiled update of ``F`` where it applies to the current configuration, else ``None``."""
+        split = self.split_point
+        read_part = pool(features, split.read_pool)
+        settings = self._update_settings(read_part)
+        if settings is None:
+            return None
+        head = split.bound_head(on_read_part=True)
+        compiled = self._compiled_update
+        if not isinstance(compiled, UpdatePackage):
+            return compiled(read_part, head, *settings)
+        if compiled.key != package_key(read_part, head, settings):
+            if not self._warned_stale_package:
+                warnings.warn(
+                    "the update compiled ahead of time was built for another configuration, dtype or device; "
+                    "running eagerly. Call compile_update(ahead_of_time=True) again to compile for the current one.",
+                    stacklevel=3,
+                )
+                self._warned_stale_package = True
+            return None
+        return compiled(read_part, head)
 
     def _is_ood(self, scores: torch.Tensor) -> torch.Tensor | None:
         """``scores < threshold`` ``(B,)`` bool, or ``None`` while no threshold is set."""
