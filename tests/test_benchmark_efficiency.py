@@ -47,15 +47,19 @@ def test_benchmark_writes_every_method_relative_to_msp(tmp_path):
 def test_benchmark_compile_adds_compiled_gsc_where_compile_update_applies(tmp_path):
     output = tmp_path / "efficiency.json"
     command = [
-        sys.executable, str(REPO / "scripts" / "benchmark_efficiency.py"), "--models", "resnet,vit", "--batch-sizes", "2",
-        "--repeats", "2", "--warmup", "1", "--threads", "1", "--compile", "--output", str(output),
+        sys.executable, str(REPO / "scripts" / "benchmark_efficiency.py"), "--models", "resnet,vit", "--batch-sizes", "2,3",
+        "--repeats", "2", "--warmup", "1", "--threads", "1", "--compile", "--compile-ahead-of-time",
+        "--output", str(output),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     cells = json.loads(output.read_text())["models"]
-    assert set(cells["resnet"]["final_encoder_output"]["2"]) == METHODS  # affine head: nothing to compile
-    vit = cells["vit"]["final_encoder_output"]["2"]
-    compiled = {f"gsc_{approximation}_compiled" for approximation in ("exact", "first_order", "predicted_logit")}
-    assert set(vit) == METHODS | compiled
-    for method in compiled:
-        assert vit[method]["compile_seconds"] > 0 and vit[method]["median_seconds"] > 0
+    approximations = ("exact", "first_order", "predicted_logit")
+    compiled = {f"gsc_{approximation}_compiled" for approximation in approximations}
+    ahead_of_time = {f"gsc_{approximation}_ahead_of_time" for approximation in approximations}
+    for batch_size in ("2", "3"):  # the packages of batch 2 are reused at batch 3
+        assert set(cells["resnet"]["final_encoder_output"][batch_size]) == METHODS  # affine head: nothing to compile
+        vit = cells["vit"]["final_encoder_output"][batch_size]
+        assert set(vit) == METHODS | compiled | ahead_of_time
+        for method in compiled | ahead_of_time:
+            assert vit[method]["compile_seconds"] > 0 and vit[method]["median_seconds"] > 0
