@@ -3,9 +3,10 @@
 ``torch.compile`` (:meth:`hf_gsc.GSCForImageClassification.compile_update`) fuses the 25-35 small ops of
 :func:`hf_gsc.fused_update.gsc_update` into a few kernels, but every call still goes through dynamo's guard
 check and the compiled region's Python wrappers: on the ViT reference head at batch 16 that costs as much as
-the fusion saves. An AOTInductor package runs the same kernels from C++ behind a single call. Measured on this
-project's 2-core CPU, right after a ViT backbone forward (``docs/efficiency.md``): about 0.1-0.2 ms per batch
-ahead of time against 0.6-0.7 ms for ``torch.compile`` and 0.7-0.8 ms eager.
+the fusion saves. An AOTInductor package runs the same kernels from C++ behind a single call. Measured with
+``scripts/benchmark_efficiency.py`` on this project's 2-core CPU (``docs/efficiency.md``, paired per round, four
+runs): at batch 16 the package saves 0.48-0.75 ms per batch against the eager update on the ViT reference model
+and 0.68-0.83 ms on Swin, about 0.07-0.11x of MSP's time.
 
 What is baked into a package, and must match at call time (:func:`package_key`): the GSC settings
 ``gsc_update`` takes as Python values (mask ratio, operation and its parameters, approximation, score,
@@ -133,9 +134,7 @@ def load_or_compile_package(
     dynamic_shapes = ({0: batch},) + (None,) * (len(inputs) - 1)
     with torch.no_grad():
         exported = torch.export.export(_ExportedUpdate(head, settings), inputs, dynamic_shapes=dynamic_shapes)
-    # O1 for the generated C++ wrapper: it only sequences the kernels, and O1 compiles it in about half the
-    # time of the default O2/O3 with no measurable difference per call.
-    inductor_configs = {"aot_inductor.metadata": {KEY_METADATA: repr(key)}, "aot_inductor.compile_wrapper_opt_level": "O1"}
+    inductor_configs = {"aot_inductor.metadata": {KEY_METADATA: repr(key)}}
     with tempfile.TemporaryDirectory() as scratch:
         path = os.fspath(package_path) if package_path is not None else os.path.join(scratch, "gsc_update.pt2")
         try:
