@@ -114,7 +114,12 @@ def load_or_compile_package(
 ) -> UpdatePackage:
     """The update package for these example inputs: loaded from ``package_path`` when the file there was built
     for the same :func:`package_key`, otherwise compiled (10-30 s on a CPU; needs a C++ compiler) and, when
-    ``package_path`` is given, written there (replacing a package built for another key).
+    ``package_path`` is given, written there (replacing a GSC update package built for another key; any other
+    file there is an error, never overwritten).
+
+    Raises:
+        ValueError: ``package_path`` holds something other than a GSC update package.
+        RuntimeError: the compilation failed.
 
     Args:
         read_part: an example ``pool(F, read)`` ``(B, *shape)``; any batch size is accepted afterwards.
@@ -126,8 +131,8 @@ def load_or_compile_package(
         raise ValueError("an update package needs a head with a LayerNorm (centered_weight); affine heads use tables")
     key = package_key(read_part, head, settings)
     if package_path is not None and os.path.exists(package_path):
-        runner = torch._inductor.aoti_load_package(os.fspath(package_path))
-        if runner.get_metadata().get(KEY_METADATA) == repr(key):
+        runner = _load_own_package(os.fspath(package_path))
+        if runner.get_metadata()[KEY_METADATA] == repr(key):
             return UpdatePackage(runner, key)
     inputs = (read_part, *_head_inputs(head))
     batch = torch.export.Dim("batch", min=1)
@@ -146,3 +151,20 @@ def load_or_compile_package(
             ) from error
         runner = torch._inductor.aoti_load_package(path)
     return UpdatePackage(runner, key)
+
+
+def _load_own_package(path: str) -> Any:
+    """The package at ``path``, which must be a GSC update package (one that :func:`load_or_compile_package` wrote)."""
+    try:
+        runner = torch._inductor.aoti_load_package(path)
+    except Exception as error:
+        raise ValueError(
+            f"package_path {path!r} exists but is not an AOTInductor package ({type(error).__name__}: {error}); "
+            "remove it or pass another path"
+        ) from error
+    if KEY_METADATA not in runner.get_metadata():
+        raise ValueError(
+            f"package_path {path!r} is an AOTInductor package but not a GSC update package; it is not overwritten: "
+            "pass another path"
+        )
+    return runner

@@ -135,6 +135,23 @@ def test_package_path_is_reused_for_the_same_configuration_only(packages, monkey
     assert attempts == [1]
 
 
+def test_package_path_holding_another_file_is_an_error_and_kept(tmp_path, monkeypatch):
+    path = tmp_path / "weights.pt2"
+    path.write_bytes(b"not a package")
+    detector = GSCForImageClassification(make_tiny_model("vit"))
+    with pytest.raises(ValueError, match="exists but is not an AOTInductor package"):
+        detector.compile_update(ahead_of_time=True, package_path=path)
+
+    class SomeoneElsesPackage:  # an AOTInductor package whose metadata has no GSC key
+        def get_metadata(self):
+            return {"AOTI_DEVICE_KEY": "cpu"}
+
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda path: SomeoneElsesPackage())
+    with pytest.raises(ValueError, match="not a GSC update package; it is not overwritten"):
+        detector.compile_update(ahead_of_time=True, package_path=path)
+    assert path.read_bytes() == b"not a package"
+
+
 @pytest.mark.parametrize(
     "settings, arguments, message",
     [
