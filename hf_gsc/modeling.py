@@ -257,6 +257,18 @@ class GSCForImageClassification(nn.Module):
 
         return push_detector(self, repo_id, private, revision, token, save_base_model, results_dir, commit_message)
 
+    @property
+    def device(self) -> torch.device:
+        """The device of the base model's parameters (what ``pixel_values`` are moved to by pipelines)."""
+        module, name = self._first_parameter
+        return module._parameters[name].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the base model's first parameter; ``pixel_values`` are cast to it."""
+        module, name = self._first_parameter
+        return module._parameters[name].dtype
+
     def train(self, mode: bool = True) -> "GSCForImageClassification":
         """The wrapper may be put in train mode; the base model always stays in eval mode."""
         super().train(mode)
@@ -549,12 +561,21 @@ class GSCForImageClassification(nn.Module):
         threshold = self.config.threshold
         return None if threshold is None else scores < threshold
 
-    def forward(self, pixel_values: torch.Tensor, output_short_circuit: bool = False) -> GSCOutput:
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        output_short_circuit: bool = False,
+        labels: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+    ) -> GSCOutput:
         """Score a batch.
 
         Args:
             pixel_values: ``(B, C, H, W)`` from the base model's image processor.
             output_short_circuit: also return ``features``, ``gradient`` and ``mask``.
+            labels, return_dict: accepted and ignored, so that ``Trainer.predict`` and pipelines can call the
+                detector like any ``*ForImageClassification`` model (GSC has no loss; the output is always a
+                :class:`GSCOutput`).
         Returns:
             :class:`GSCOutput`. Works inside ``torch.no_grad()`` and ``torch.inference_mode()``.
         """
@@ -698,6 +719,11 @@ class GSCForImageClassification(nn.Module):
 
 def _batches(data: torch.Tensor | Iterable[Any], name: str) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
     """Normalise tensors, ``(pixel_values, labels)`` tuples and mappings into ``(pixel_values, labels)`` batches."""
+    if data is None:
+        raise TypeError(
+            f"{name} is None; pass a (N, C, H, W) tensor of pixel_values or an iterable of batches "
+            "(tensors, (pixel_values, labels) tuples or mappings with 'pixel_values')"
+        )
     batches = [data] if isinstance(data, torch.Tensor) else data
     seen = False
     for index, batch in enumerate(batches):
