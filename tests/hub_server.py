@@ -31,7 +31,8 @@ Minimal use::
 Access control mimics the Hub: an unknown token gets 401 ("Invalid credentials in Authorization header") on
 every endpoint; a private or missing repo gets 401 ``RepoNotFound`` without a token and 404 ``RepoNotFound``
 with a token that has no access; writing needs a token whose user owns the namespace (or is a member of the
-org, see ``orgs``), else 401 (no token) / 403. Xet is never offered: the preupload answer is ``"regular"`` for
+org, see ``orgs``), else 401 (no token) / 403. A gated repo (``repo.gated`` set) serves its files only to its
+owners and to the users in ``repo.gated_users``; others get 401 (no token) / 403 ``GatedRepo``. Xet is never offered: the preupload answer is ``"regular"`` for
 every file unless ``lfs_mode="auto"``, and the xet token endpoints answer 501.
 """
 
@@ -129,6 +130,8 @@ class Repo:
     pull_requests: dict[int, str] = field(default_factory=dict)
     lfs_objects: dict[str, bytes] = field(default_factory=dict)
     gated: bool | str = False
+    #: Users granted access to a gated repo (its terms accepted); everyone else is refused its files.
+    gated_users: set[str] = field(default_factory=set)
 
     @property
     def namespace(self) -> str:
@@ -709,6 +712,10 @@ class LoopbackHub:
 
     def _resolve(self, repo_type, repo_id, revision, filename, headers, user, method):
         repo = self._repo(repo_type, repo_id, user)
+        if repo.gated and user not in repo.gated_users and not self._may_access(user, repo.namespace):
+            # Like the Hub: metadata stays readable, files need an accepted access request.
+            message = f"Access to {repo_type} {repo_id} is restricted. You must have access to it and be authenticated."
+            raise HubError(401 if user is None else 403, message, "GatedRepo")
         sha = self._resolve_revision(repo, revision)
         blob = repo.commits[sha].files.get(filename)
         if blob is None:

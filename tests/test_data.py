@@ -233,3 +233,85 @@ def test_texture_sources_do_not_depend_on_where_the_packages_live(tmp_path, monk
         monkeypatch.setattr(textures, "OPENCV_DATA", opencv_dir)
         orders.append([path.name for path in textures.source_files()])
     assert orders[0] == orders[1] == ["c.jpg", "d.png", "a.jpg", "b.png"]
+
+
+# --- Data that cannot be decoded (issue 16, error 9) and streaming refusals ----------------------------------------
+
+
+def test_text_image_column_is_refused_at_load_time(tmp_path):
+    """A dataset whose ``image`` column holds captions fails when loaded, naming dataset, column and row."""
+    captions = datasets.Dataset.from_dict({"image": ["a photo of a cat", "a dog"], "label": [0, 1]})
+    captions.save_to_disk(str(tmp_path / "captions"))
+    with pytest.raises(ValueError) as caught:
+        load_split(tmp_path / "captions")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"dataset '{tmp_path / 'captions'}'" in message
+    assert "column 'image' holds text, not images: row 0 is 'a photo of a cat'" in message
+
+    numbers = datasets.Dataset.from_dict({"image": [1, 2], "label": [0, 1]})
+    numbers.save_to_disk(str(tmp_path / "numbers"))
+    with pytest.raises(ValueError, match=r"column 'image' holds int64 values, not images"):
+        load_split(tmp_path / "numbers")
+
+
+def test_text_column_of_image_paths_is_accepted(tmp_path):
+    rng = np.random.default_rng(1)
+    _write_pngs(tmp_path / "pngs", 2, rng)
+    paths = [str(tmp_path / "pngs" / f"{i}.png") for i in range(2)]
+    datasets.Dataset.from_dict({"image": paths}).save_to_disk(str(tmp_path / "paths"))
+    loaded = load_split(tmp_path / "paths")
+    assert loaded["label"] == [-1, -1]
+    assert np.array_equal(np.asarray(loaded[1]["image"]), np.asarray(Image.open(paths[1])))
+
+
+def test_corrupt_png_in_a_folder_names_dataset_row_and_file(tmp_path, gray_processor):
+    from hf_gsc.data.decoding import UndecodableImageError
+
+    rng = np.random.default_rng(2)
+    _write_pngs(tmp_path / "ood", 3, rng)
+    (tmp_path / "ood" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")  # PNG signature, then garbage
+    split = load_split(tmp_path / "ood")  # loading lists files only; the bad one shows when decoded
+    bad_row = next(i for i, item in enumerate(split.cast_column("image", datasets.Image(decode=False)))
+                   if item["image"]["path"].endswith("1.png"))
+    prepared = prepare_dataset(split, gray_processor, num_channels=1, dataset_name="ood")
+    with pytest.raises(UndecodableImageError) as caught:
+        next(iter(torch.utils.data.DataLoader(prepared, batch_size=3, collate_fn=collate)))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"cannot decode the image of dataset 'ood', row {bad_row}, file ")
+    assert str(tmp_path / "ood" / "1.png") in message
+
+    # on_error="skip": the batch keeps the two readable images, their labels and rows, and counts the skipped one.
+    skip = make_transform(gray_processor, num_channels=1, dataset_name="ood", on_error="skip")
+    raw = split.cast_column("image", datasets.Image(decode=False))
+    batch = skip({"image": raw["image"], "label": [5, 6, 7], "row": [10, 11, 12]})
+    kept = [i for i in range(3) if i != bad_row]
+    assert batch["pixel_values"].shape == (2, 1, 28, 28)
+    assert batch["label"].tolist() == [[5, 6, 7][i] for i in kept]
+    assert batch["row"].tolist() == [10 + i for i in kept]
+    assert int(batch["num_skipped"]) == 1
+    everything_bad = skip({"image": [raw["image"][bad_row]], "label": [0]})
+    assert everything_bad["pixel_values"].shape[0] == 0 and int(everything_bad["num_skipped"]) == 1
+    with pytest.raises(ValueError, match="on_error must be one of"):
+        make_transform(gray_processor, num_channels=1, on_error="ignore")
+
+
+def test_decode_images_skip_and_raise():
+    from hf_gsc.data.decoding import UndecodableImageError, decode_images
+
+    good = io.BytesIO()
+    Image.new("L", (4, 4)).save(good, format="PNG")
+    values = [{"bytes": good.getvalue(), "path": None}, {"bytes": b"junk", "path": "x.png"}]
+    decoded = decode_images(values, [7, 8], "set", on_error="skip")
+    assert decoded.rows == [7] and decoded.positions == [0] and decoded.skipped_rows == [8]
+    with pytest.raises(UndecodableImageError, match=r"^cannot decode the image of dataset 'set', row 8, file x.png: "):
+        decode_images(values, [7, 8], "set")
+
+
+def test_streaming_refuses_local_folders_and_generated_benchmarks(tmp_path):
+    _write_pngs(tmp_path / "imgs", 1, np.random.default_rng(3))
+    with pytest.raises(ValueError, match="^--streaming needs a Hub dataset id; local folders are read in place anyway"):
+        load_split(tmp_path / "imgs", streaming=True)
+    with pytest.raises(ValueError, match="generated on this machine, not read from the Hub"):
+        load_benchmark("fmnist-openset", ood_splits=[], streaming=True)

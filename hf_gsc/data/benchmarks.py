@@ -1,15 +1,22 @@
 """The benchmark registry: benchmark name -> how to build its ``id_splits`` and ``ood_splits``.
 
-Both registered benchmarks run offline on any machine with the Debian packages
-``dataset-fashion-mnist``, ``opencv-doc`` and a few font packages installed (see docs/data.md).
+Two kinds of benchmark share the registry:
+
+* generated ones (``fmnist-ood``, ``fmnist-openset``, :class:`BenchmarkSpec`) run offline on any machine with the
+  Debian packages ``dataset-fashion-mnist``, ``opencv-doc`` and a few font packages installed;
+* the paper's benchmarks (``cifar10-ood``, ``cifar100-ood``, ``imagenet-ood``,
+  :class:`~hf_gsc.data.hub_benchmarks.HubBenchmarkSpec`) read Hub datasets, downloaded or streamed.
+
+See docs/data.md for every split's provenance and licence.
 """
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import datasets
 
@@ -17,6 +24,7 @@ from . import fashion_mnist
 from .arrays import to_dataset
 from .fashion_mnist import ArraySplit
 from .fonts import build_notmnist
+from .hub_benchmarks import HUB_BENCHMARKS, HubBenchmarkSpec, label_names_of
 from .noise import build_noise
 from .opencv_digits import build_opencv_digits
 from .splits import load_split
@@ -29,12 +37,14 @@ class Benchmark:
 
     ``id_splits`` holds ``train`` / ``validation`` / ``test``; ``ood_splits`` maps an OOD split name
     to a dataset of the same columns (``image``: ``datasets.Image``, ``label``: int, -1 for OOD
-    data that has no label in the ID label space).
+    data that has no label in the ID label space). For a Hub benchmark ``id_splits`` is a mapping that
+    loads ``train`` / ``validation`` on first access (ImageNet's train split is 1.28M images), and the
+    datasets are ``IterableDataset``\ s when loaded with ``streaming=True``.
     """
 
     name: str
-    id_splits: datasets.DatasetDict
-    ood_splits: Mapping[str, datasets.Dataset]
+    id_splits: Mapping[str, Any]
+    ood_splits: Mapping[str, Any]
     num_labels: int
     label_names: tuple[str, ...]
 
@@ -80,7 +90,7 @@ def _openset_ood() -> datasets.Dataset:
     return ds.add_column("source_label", test.labels[keep].tolist())
 
 
-BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(
+GENERATED_BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(
     {
         "fmnist-ood": BenchmarkSpec(
             name="fmnist-ood",
@@ -104,10 +114,14 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(
     }
 )
 
+#: Every benchmark by name: the generated ones and the paper's Hub ones. Both kinds of spec have ``name``,
+#: ``description`` and ``ood_builders`` (OOD split name -> builder).
+BENCHMARKS: Mapping[str, BenchmarkSpec | HubBenchmarkSpec] = MappingProxyType({**GENERATED_BENCHMARKS, **HUB_BENCHMARKS})
+
 
 @functools.lru_cache(maxsize=4)
 def _id_splits(name: str) -> datasets.DatasetDict:
-    spec = BENCHMARKS[name]
+    spec = GENERATED_BENCHMARKS[name]
     return datasets.DatasetDict(
         {
             split: to_dataset(arrays.images, arrays.labels, spec.label_names)
@@ -118,7 +132,34 @@ def _id_splits(name: str) -> datasets.DatasetDict:
 
 @functools.lru_cache(maxsize=16)
 def _ood_split(name: str, split: str) -> datasets.Dataset:
-    return BENCHMARKS[name].ood_builders[split]()
+    return GENERATED_BENCHMARKS[name].ood_builders[split]()
+
+
+class LazySplits(Mapping):
+    """A read-only mapping split name -> dataset that loads each split on first access (and keeps it)."""
+
+    def __init__(self, builders: Mapping[str, Callable[[], Any]], loaded: Mapping[str, Any] | None = None) -> None:
+        self._builders = builders
+        self._loaded = dict(loaded or {})
+
+    def __getitem__(self, split: str) -> Any:
+        if split not in self._loaded:
+            self._loaded[split] = self._builders[split]()
+        return self._loaded[split]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._builders)
+
+    def __len__(self) -> int:
+        return len(self._builders)
+
+
+def _load_hub_benchmark(spec: HubBenchmarkSpec, wanted: Sequence[str], streaming: bool) -> tuple[LazySplits, dict]:
+    test = spec.id_builders["test"](streaming=streaming)  # always needed: the metrics, and the class names
+    builders = {split: functools.partial(builder, streaming=streaming) for split, builder in spec.id_builders.items()}
+    id_splits = LazySplits(builders, {"test": test})
+    ood = {split: spec.ood_builders[split](streaming=streaming) for split in wanted}
+    return id_splits, ood
 
 
 def load_benchmark(
@@ -126,20 +167,28 @@ def load_benchmark(
     ood_splits: Sequence[str] | None = None,
     extra_ood: Mapping[str, str | Path] | None = None,
     image_column: str | None = None,
+    streaming: bool = False,
 ) -> Benchmark:
     """Load a registered benchmark.
 
     Args:
-        name: a key of ``BENCHMARKS`` (``"fmnist-ood"``, ``"fmnist-openset"``).
+        name: a key of ``BENCHMARKS`` (``"fmnist-ood"``, ``"fmnist-openset"``, ``"cifar10-ood"``,
+            ``"cifar100-ood"``, ``"imagenet-ood"``).
         ood_splits: which of the benchmark's OOD splits to build (default: all of them); each
             generated split takes a few seconds the first time, then is cached for the process.
         extra_ood: more OOD splits, name -> anything ``load_split`` accepts (a Hub
             ``"dataset_id[:config]:split"``, a local imagefolder or saved dataset folder).
         image_column: image column of the ``extra_ood`` datasets (auto-detected by default).
+        streaming: read the Hub benchmarks' splits (and Hub ``extra_ood``) as ``datasets.IterableDataset``;
+            refused for the generated benchmarks, which are built in memory.
 
     Returns:
-        A ``Benchmark`` whose ``id_splits`` is a ``DatasetDict`` (``train``, ``validation``,
-        ``test``) and ``ood_splits`` a mapping name -> ``Dataset``.
+        A ``Benchmark`` whose ``id_splits`` maps ``train``, ``validation``, ``test`` to datasets
+        (a ``DatasetDict`` for the generated benchmarks) and ``ood_splits`` a mapping name -> dataset.
+
+    Raises:
+        KeyError: an unknown benchmark or OOD split name.
+        ~hf_gsc.data.splits.GatedDatasetError: ``imagenet-ood`` without access to the gated ImageNet-1k.
     """
     if name not in BENCHMARKS:
         raise KeyError(f"unknown benchmark {name!r}; registered: {sorted(BENCHMARKS)}")
@@ -148,15 +197,26 @@ def load_benchmark(
     unknown = [s for s in wanted if s not in spec.ood_builders]
     if unknown:
         raise KeyError(f"benchmark {name!r} has no OOD split {unknown}; it has {list(spec.ood_builders)}")
-    ood = {split: _ood_split(name, split) for split in wanted}
+    if isinstance(spec, HubBenchmarkSpec):
+        id_splits, ood = _load_hub_benchmark(spec, wanted, streaming)
+        label_names = label_names_of(id_splits["test"], spec.num_labels, name)
+    elif streaming:
+        raise ValueError(
+            f"benchmark {name!r} is generated on this machine, not read from the Hub: streaming applies to Hub "
+            f"datasets only (the Hub benchmarks are {sorted(HUB_BENCHMARKS)})"
+        )
+    else:
+        id_splits = _id_splits(name)
+        ood = {split: _ood_split(name, split) for split in wanted}
+        label_names = spec.label_names
     for split, source in (extra_ood or {}).items():
         if split in ood:
             raise ValueError(f"extra OOD split {split!r} would replace the benchmark's own split")
-        ood[split] = load_split(source, image_column=image_column)
+        ood[split] = load_split(source, image_column=image_column, streaming=streaming)
     return Benchmark(
         name=name,
-        id_splits=_id_splits(name),
+        id_splits=id_splits,
         ood_splits=MappingProxyType(ood),
-        num_labels=len(spec.label_names),
-        label_names=spec.label_names,
+        num_labels=len(label_names),
+        label_names=label_names,
     )

@@ -7,16 +7,26 @@ and decoding that names the dataset and row of an unreadable image.
 """
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
 import torch
-from PIL import Image
 from transformers import AutoImageProcessor, PretrainedConfig
 from transformers.image_processing_utils import BaseImageProcessor
+
+from .decoding import ON_ERROR_CHOICES, OnError, decode_image, decode_images, without_decoding
+
+__all__ = [
+    "ROW_COLUMN",
+    "collate",
+    "decode_image",
+    "load_image_processor",
+    "make_transform",
+    "num_channels",
+    "prepare_dataset",
+]
 
 #: Column holding each row's index in the un-transformed dataset, added by ``prepare_dataset`` so
 #: that an error can name the row even inside a shuffled / batched DataLoader.
@@ -35,61 +45,58 @@ def num_channels(config: PretrainedConfig) -> int:
     return int(getattr(config, "num_channels", 3) or 3)
 
 
-def decode_image(value: Any, dataset_name: str, row: int | str) -> Image.Image:
-    """A PIL image from what a ``datasets.Image(decode=False)`` column holds (``{"bytes", "path"}``)
-    or from an already decoded PIL image.
-
-    Raises:
-        ValueError: naming ``dataset_name`` and ``row`` when the image cannot be read.
-    """
-    if isinstance(value, Image.Image):
-        return value
-    try:
-        if isinstance(value, Mapping):
-            if value.get("bytes") is not None:
-                image = Image.open(io.BytesIO(value["bytes"]))
-            elif value.get("path"):
-                image = Image.open(value["path"])
-            else:
-                raise ValueError("the row holds neither image bytes nor a path")
-        else:
-            image = Image.open(value)
-        image.load()  # decode now, inside the try, rather than lazily in the processor
-        return image
-    except Exception as err:  # noqa: BLE001 -- PIL raises many types for bad files
-        raise ValueError(f"cannot read the image of dataset {dataset_name!r}, row {row}: {err}") from err
-
-
 def make_transform(
     image_processor: BaseImageProcessor,
     num_channels: int = 3,
     dataset_name: str = "dataset",
     image_column: str = "image",
     label_column: str = "label",
+    on_error: OnError = "raise",
 ) -> Callable[[dict[str, list]], dict[str, torch.Tensor]]:
-    """A batch transform for ``Dataset.with_transform``.
+    """A batch transform for ``Dataset.with_transform`` or a ``DataLoader`` collate function.
 
     Input: a batch dict with ``image_column`` (PIL images or ``{"bytes", "path"}`` dicts),
-    optionally ``label_column`` and ``ROW_COLUMN``. Output: ``pixel_values`` float32
-    (B, num_channels, H, W) as the processor makes them, and ``label`` int64 (B,) (-1 where the
+    optionally ``label_column`` and ``ROW_COLUMN`` (row numbers, used in error messages). Output: ``pixel_values``
+    float32 (B, num_channels, H, W) as the processor makes them, and ``label`` int64 (B,) (-1 where the
     dataset has no label column).
+
+    With ``on_error="skip"`` an image that cannot be decoded is left out instead of raising
+    :class:`~hf_gsc.data.decoding.UndecodableImageError`: the output then holds the K <= B decodable images, their
+    ``label`` (K,), their ``row`` int64 (K,) (the ``ROW_COLUMN`` values, or positions in the batch when it has
+    none) and ``num_skipped`` int64 (). A batch whose every image is skipped gives ``pixel_values`` of shape
+    (0, num_channels, 0, 0).
     """
     if num_channels not in (1, 3):
         raise ValueError(f"num_channels must be 1 or 3, got {num_channels}")
+    if on_error not in ON_ERROR_CHOICES:
+        raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
     mode = "L" if num_channels == 1 else "RGB"
 
     def transform(batch: dict[str, list]) -> dict[str, torch.Tensor]:
         values = batch[image_column]
-        rows = batch.get(ROW_COLUMN) or [f"? (position {i} of a batch)" for i in range(len(values))]
-        images = [decode_image(v, dataset_name, r).convert(mode) for v, r in zip(values, rows)]
-        pixel_values = image_processor(images, return_tensors="pt")["pixel_values"]
+        labels = list(batch.get(label_column, [-1] * len(values)))
+        if on_error == "skip":
+            decoded = decode_images(values, batch.get(ROW_COLUMN) or list(range(len(values))), dataset_name, on_error)
+            labels = [labels[position] for position in decoded.positions]
+            images = decoded.images
+        else:
+            rows = batch.get(ROW_COLUMN) or [f"? (position {i} of a batch)" for i in range(len(values))]
+            images = [decode_image(v, dataset_name, r, on_error) for v, r in zip(values, rows)]
+        images = [image.convert(mode) for image in images]
+        if images:
+            pixel_values = image_processor(images, return_tensors="pt")["pixel_values"].float()
+        else:
+            pixel_values = torch.empty(0, num_channels, 0, 0)
         if pixel_values.shape[1] != num_channels:
             raise ValueError(
                 f"the image processor made {pixel_values.shape[1]}-channel images for a "
                 f"{num_channels}-channel model (check its image_mean / do_convert_rgb)"
             )
-        labels = batch.get(label_column, [-1] * len(values))
-        return {"pixel_values": pixel_values.float(), "label": torch.as_tensor(labels, dtype=torch.long)}
+        out = {"pixel_values": pixel_values, "label": torch.as_tensor(labels, dtype=torch.long)}
+        if on_error == "skip":
+            out["row"] = torch.as_tensor(decoded.rows, dtype=torch.long)
+            out["num_skipped"] = torch.tensor(len(decoded.skipped_rows), dtype=torch.long)
+        return out
 
     return transform
 
@@ -108,8 +115,7 @@ def prepare_dataset(
     """
     if image_column not in dataset.column_names:
         raise ValueError(f"dataset {dataset_name!r} has no column {image_column!r}: {dataset.column_names}")
-    if isinstance(dataset.features[image_column], datasets.Image):
-        dataset = dataset.cast_column(image_column, datasets.Image(decode=False))
+    dataset = without_decoding(dataset, image_column)
     if ROW_COLUMN not in dataset.column_names:
         dataset = dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
     return dataset.with_transform(

@@ -1,9 +1,10 @@
-"""Loading any one split as a benchmark-shaped ``datasets.Dataset`` (columns ``image``, ``label``).
+"""Loading any one split as a benchmark-shaped dataset (columns ``image``, ``label``).
 
 Accepted specs:
 
 * ``"dataset_id:split"`` or ``"dataset_id:config:split"`` -- a Hub dataset (needs network or the
-  local HF cache), e.g. ``"cifar10:test"`` or ``"zalando-datasets/fashion_mnist:test"``;
+  local HF cache), e.g. ``"uoft-cs/cifar10:test"`` or ``"ufldl-stanford/svhn:cropped_digits:test"``;
+  ``"train+test"`` joins splits;
 * a local folder of images (``imagefolder``: images directly inside, or in one sub-folder per
   class), optionally followed by ``":split"`` when it has ``train`` / ``test`` sub-folders;
 * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``.
@@ -11,15 +12,30 @@ Accepted specs:
 The image column is the one named, else the first ``datasets.Image`` column, else a column called
 ``image`` / ``img``. The result keeps only ``image`` and ``label``; ``label`` is the dataset's
 integer label column when it has one and -1 otherwise (OOD data has no ID label).
+
+``streaming=True`` (Hub datasets only) gives a ``datasets.IterableDataset`` with the same columns: rows are read
+as they are iterated, nothing is downloaded or decoded up front. A local folder is already read in place (images
+are opened one batch at a time, saved datasets are memory-mapped), so streaming it gains nothing and is refused.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import datasets
+from huggingface_hub.errors import GatedRepoError
+
+from .decoding import check_image_column
 
 _IMAGE_NAMES = ("image", "img", "images", "picture")
 _LABEL_NAMES = ("label", "labels", "fine_label", "class", "target")
+
+#: The one-line refusal of ``streaming=True`` for a local folder.
+LOCAL_STREAMING_ERROR = "--streaming needs a Hub dataset id; local folders are read in place anyway"
+
+
+class GatedDatasetError(PermissionError):
+    """A gated Hub dataset refused access; the message says how to get it."""
 
 
 def parse_spec(spec: str) -> tuple[str, str | None, str | None]:
@@ -65,7 +81,34 @@ def _load_local(path: Path, split: str | None, spec: str) -> datasets.Dataset:
     raise ValueError(f"{spec!r} is a file; give a folder of images or a saved dataset folder")
 
 
-def image_column_of(dataset: datasets.Dataset, image_column: str | None = None) -> str:
+def _is_gated_refusal(error: BaseException) -> bool:
+    while error is not None:
+        if isinstance(error, GatedRepoError) or "gated dataset" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def load_hub_split(dataset_id: str, config: str | None, split: str, streaming: bool = False) -> Any:
+    """``datasets.load_dataset(dataset_id, config, split=...)``; ``"a+b"`` concatenates splits (also streamed).
+
+    Raises:
+        GatedDatasetError: when the dataset is gated and this user has no access, saying how to get it.
+    """
+    try:
+        parts = [datasets.load_dataset(dataset_id, config, split=part, streaming=streaming) for part in split.split("+")]
+    except Exception as error:
+        if _is_gated_refusal(error):
+            raise GatedDatasetError(
+                f"the Hub dataset {dataset_id!r} is gated and refused access: accept its terms on "
+                f"https://huggingface.co/datasets/{dataset_id} while logged in, then authenticate here with "
+                "`huggingface-cli login` (or set HF_TOKEN to a token of that account)"
+            ) from error
+        raise
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def image_column_of(dataset: Any, image_column: str | None = None) -> str:
     """The named column if given (checked), else the first ``datasets.Image`` column, else a column
     with a usual image name; raises naming the columns when there is none."""
     if image_column is not None:
@@ -81,7 +124,7 @@ def image_column_of(dataset: datasets.Dataset, image_column: str | None = None) 
     raise ValueError(f"no image column found among {dataset.column_names}; pass image_column=")
 
 
-def _label_column_of(dataset: datasets.Dataset, label_column: str | None) -> str | None:
+def _label_column_of(dataset: Any, label_column: str | None) -> str | None:
     if label_column is not None:
         return label_column
     for name in _LABEL_NAMES:
@@ -93,11 +136,29 @@ def _label_column_of(dataset: datasets.Dataset, label_column: str | None) -> str
     return None
 
 
+def with_ood_labels(dataset: Any) -> Any:
+    """``dataset`` with its ``label`` column (if any) replaced by -1 (int64) on every row: OOD data has no ID
+    label. Works on ``Dataset`` and ``IterableDataset``."""
+    if "label" in dataset.column_names:
+        dataset = dataset.remove_columns("label")
+    if isinstance(dataset, datasets.Dataset):
+        return dataset.add_column("label", [-1] * len(dataset), feature=datasets.Value("int64"))
+    features = datasets.Features({**dataset.features, "label": datasets.Value("int64")})
+    return dataset.map(lambda _: {"label": -1}, features=features)
+
+
 def to_benchmark_columns(
-    dataset: datasets.Dataset, image_column: str | None = None, label_column: str | None = None
-) -> datasets.Dataset:
-    """Keep only ``image`` (as ``datasets.Image``) and ``label`` (int; -1 when there is none)."""
+    dataset: Any, image_column: str | None = None, label_column: str | None = None, dataset_name: str = "dataset"
+) -> Any:
+    """Keep only ``image`` (as ``datasets.Image``) and ``label`` (int; -1 when there is none).
+
+    Works on ``Dataset`` and ``IterableDataset``. A column that cannot hold images (text that is not file paths,
+    numbers) is refused here, naming ``dataset_name`` (see :func:`~hf_gsc.data.decoding.check_image_column`).
+    """
+    if dataset.features is None:
+        raise ValueError(f"dataset {dataset_name!r} does not declare its columns' types; cannot find its images")
     image_col = image_column_of(dataset, image_column)
+    check_image_column(dataset, dataset_name, image_col)
     label_col = _label_column_of(dataset, label_column)
     keep = [image_col] + ([label_col] if label_col else [])
     dataset = dataset.select_columns(keep)
@@ -106,22 +167,32 @@ def to_benchmark_columns(
     if not isinstance(dataset.features["image"], datasets.Image):
         dataset = dataset.cast_column("image", datasets.Image())
     if label_col is None:
-        dataset = dataset.add_column("label", [-1] * len(dataset))
-    elif label_col != "label":
+        return with_ood_labels(dataset)
+    if label_col != "label":
         dataset = dataset.rename_column(label_col, "label")
     return dataset
 
 
 def load_split(
-    spec: str | Path, image_column: str | None = None, label_column: str | None = None
-) -> datasets.Dataset:
-    """Load one split (see the module docstring for ``spec``) with columns ``image``, ``label``."""
+    spec: str | Path, image_column: str | None = None, label_column: str | None = None, streaming: bool = False
+) -> Any:
+    """Load one split (see the module docstring for ``spec``) with columns ``image``, ``label``.
+
+    Returns a ``datasets.Dataset``, or with ``streaming=True`` a ``datasets.IterableDataset`` (Hub ids only).
+
+    Raises:
+        ValueError: an unparsable spec, a missing split or column, a column that cannot hold images, or
+            ``streaming=True`` with a local folder.
+        GatedDatasetError: a gated Hub dataset this user may not read.
+    """
     local = _local_path_and_split(spec)
     if local is not None:
+        if streaming:
+            raise ValueError(f"{LOCAL_STREAMING_ERROR} (got the local path {str(spec)!r})")
         dataset = _load_local(local[0], local[1], str(spec))
     else:
         dataset_id, config, split = parse_spec(str(spec))
         if split is None:
             raise ValueError(f"{spec!r}: give the split too, as 'dataset_id[:config]:split'")
-        dataset = datasets.load_dataset(dataset_id, config, split=split)
-    return to_benchmark_columns(dataset, image_column, label_column)
+        dataset = load_hub_split(dataset_id, config, split, streaming=streaming)
+    return to_benchmark_columns(dataset, image_column, label_column, dataset_name=str(spec))
