@@ -39,7 +39,7 @@ class Benchmark:
     to a dataset of the same columns (``image``: ``datasets.Image``, ``label``: int, -1 for OOD
     data that has no label in the ID label space). For a Hub benchmark ``id_splits`` is a mapping that
     loads ``train`` / ``validation`` on first access (ImageNet's train split is 1.28M images), and the
-    datasets are ``IterableDataset``\ s when loaded with ``streaming=True``.
+    datasets are ``IterableDataset`` objects when loaded with ``streaming=True``.
     """
 
     name: str

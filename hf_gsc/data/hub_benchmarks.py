@@ -23,7 +23,6 @@ from typing import Any, Literal
 
 import datasets
 
-from .decoding import without_decoding
 from .splits import image_column_of, load_hub_split, to_benchmark_columns, with_ood_labels
 
 #: One train row in this many (by content hash) is held out as the ID ``validation`` split.
@@ -69,17 +68,15 @@ class HubSplit:
         if self.part != "all":
             column = image_column_of(dataset, self.image_column)
             keep_held_out = self.part == "held_out"
-            dataset = without_decoding(dataset, column).filter(
-                lambda images: [is_held_out(image) == keep_held_out for image in images],
-                input_columns=[column],
-                batched=True,
-            )
+
+            def keep(table: Any) -> list[bool]:
+                return [is_held_out(image) == keep_held_out for image in table.column(column).to_pylist()]
+
+            # Filtering Arrow batches reads the stored bytes without decoding any image (and, unlike a cast to
+            # Image(decode=False) and back, leaves a streamed dataset decoding its images afterwards).
+            dataset = dataset.with_format("arrow").filter(keep, batched=True).with_format(None)
         dataset = to_benchmark_columns(dataset, self.image_column, self.label_column, dataset_name=self.spec)
-        if self.label_column is None:
-            dataset = with_ood_labels(dataset)
-        if not dataset.features["image"].decode:
-            dataset = dataset.cast_column("image", datasets.Image())
-        return dataset
+        return dataset if self.label_column is not None else with_ood_labels(dataset)
 
 
 @dataclass(frozen=True)

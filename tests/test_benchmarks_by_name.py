@@ -1,0 +1,218 @@
+"""The paper's benchmarks by name (``cifar10-ood``, ``cifar100-ood``, ``imagenet-ood``) against the loopback Hub.
+
+Every Hub dataset a benchmark names is served by ``tests/hub_server.py`` as a tiny stand-in of the same schema
+(same repo id, config, splits, column names and feature types; a few generated images), uploaded the way the real
+repos store them: parquet files, or one zip of JPEGs for ``torch-uncertainty/inaturalist``. ImageNet-1k is gated
+there as on the Hub. The loaders run in subprocesses because ``datasets`` and ``huggingface_hub`` read
+``HF_ENDPOINT`` at import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from hub_server import LoopbackHub
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+#: Rows per stand-in split; the content-hash hold-out keeps about 1 in 10 train rows, so train needs a few dozen.
+SIZES = {"train": 40, "test": 6, "validation": 5}
+
+
+def _images(count: int, seed: int, size: int = 8) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(count)]
+
+
+def _write_split(folder: Path, name: str, columns: dict, features: datasets.Features) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    datasets.Dataset.from_dict(columns, features).to_parquet(str(folder / f"{name}-00000-of-00001.parquet"))
+
+
+def _classified(folder: Path, splits: dict[str, int], image: str, labels: dict[str, datasets.ClassLabel], seed: int):
+    features = datasets.Features({image: datasets.Image(), **labels})
+    for offset, (split, count) in enumerate(splits.items()):
+        rng = np.random.default_rng(seed + offset)
+        columns = {image: _images(count, seed + offset)}
+        columns.update({name: rng.integers(0, label.num_classes, count).tolist() for name, label in labels.items()})
+        _write_split(folder / "data", split, columns, features)
+
+
+def _unlabelled(folder: Path, split: str, count: int, seed: int) -> None:
+    _write_split(folder / "data", split, {"image": _images(count, seed)}, datasets.Features({"image": datasets.Image()}))
+
+
+def _stand_ins(root: Path) -> dict[str, Path]:
+    """Folder to upload for each Hub dataset the named benchmarks use."""
+    repos = {}
+    cifar10 = repos["uoft-cs/cifar10"] = root / "cifar10"
+    _classified(cifar10, {"train": SIZES["train"], "test": SIZES["test"]}, "img",
+                {"label": datasets.ClassLabel(names=CIFAR10_NAMES)}, seed=0)
+    cifar100 = repos["uoft-cs/cifar100"] = root / "cifar100"
+    _classified(cifar100, {"train": SIZES["train"], "test": SIZES["test"]}, "img",
+                {"fine_label": datasets.ClassLabel(names=[f"fine{i}" for i in range(100)]),
+                 "coarse_label": datasets.ClassLabel(names=[f"coarse{i}" for i in range(20)])}, seed=10)
+    svhn = repos["ufldl-stanford/svhn"] = root / "svhn"
+    for config, seed in (("cropped_digits", 20), ("full_numbers", 25)):
+        _classified(svhn / config, {"train": 3, "test": 4}, "image",
+                    {"label": datasets.ClassLabel(names=[str(d) for d in range(10)])}, seed=seed)
+        (svhn / config / "data").rename(svhn / config / "parts")
+    (svhn / "README.md").write_text(
+        "---\nconfigs:\n"
+        + "".join(f"- config_name: {c}\n  data_files:\n  - split: train\n    path: {c}/parts/train-*\n"
+                  f"  - split: test\n    path: {c}/parts/test-*\n" for c in ("cropped_digits", "full_numbers"))
+        + "---\n"
+    )
+    dtd = repos["tanganke/dtd"] = root / "dtd"
+    _classified(dtd, {"train": 3, "test": 2}, "image", {"label": datasets.ClassLabel(names=[f"t{i}" for i in range(47)])},
+                seed=30)
+    for repo_id, count, seed in (("detectors/lsun_c-ood", 4, 40), ("detectors/lsun_r-ood", 3, 41), ("detectors/isun-ood", 2, 42)):
+        folder = repos[repo_id] = root / repo_id.replace("/", "_")
+        _unlabelled(folder, "train", count, seed)
+    imagenet = repos["ILSVRC/imagenet-1k"] = root / "imagenet"
+    _classified(imagenet, {"train": SIZES["train"], "validation": SIZES["validation"]}, "image",
+                {"label": datasets.ClassLabel(names=[f"n{i:08d}" for i in range(1000)])}, seed=50)
+    inaturalist = repos["torch-uncertainty/inaturalist"] = root / "inaturalist"
+    inaturalist.mkdir()
+    with zipfile.ZipFile(inaturalist / "inaturalist.zip", "w") as archive:
+        for i, image in enumerate(_images(3, 60, size=16)):
+            jpeg = io.BytesIO()
+            image.save(jpeg, format="JPEG")
+            archive.writestr(f"inaturalist/images/{i}.jpg", jpeg.getvalue())
+    return repos
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stand_ins")
+    repos = _stand_ins(root)
+    with LoopbackHub(tokens={"hf_owner": "owner", "hf_granted": "granted", "hf_stranger": "stranger"}) as server:
+        server.orgs = {"owner": sorted({repo_id.split("/")[0] for repo_id in repos})}
+        with server.patch_client(token="hf_owner"):
+            from huggingface_hub import HfApi
+
+            api = HfApi()
+            for repo_id, folder in repos.items():
+                api.create_repo(repo_id, repo_type="dataset")
+                api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="dataset")
+        imagenet = server.get_repo("ILSVRC/imagenet-1k", "dataset")
+        imagenet.gated, imagenet.gated_users = "manual", {"granted"}
+        yield server
+
+
+def _run(hub: LoopbackHub, tmp_path: Path, script: str, token: str | None = None) -> dict:
+    env = hub.client_env(hf_home=tmp_path / "hf", token=token)
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                            timeout=600, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+_SUMMARY = """
+import hashlib, json
+import numpy as np
+import datasets
+from hf_gsc.data import load_benchmark
+
+def digest(image):
+    return hashlib.sha256(np.asarray(image.convert("RGB")).tobytes()).hexdigest()[:16]
+
+def rows(dataset):
+    return [[digest(item["image"]), int(item["label"])] for item in dataset]
+
+def summary(name, streaming):
+    bench = load_benchmark(name, streaming=streaming)
+    return {
+        "types": sorted({type(d).__name__ for d in [*bench.id_splits.values(), *bench.ood_splits.values()]}),
+        "columns": sorted({tuple(d.column_names) for d in [*bench.id_splits.values(), *bench.ood_splits.values()]}),
+        "num_labels": bench.num_labels, "label_names": list(bench.label_names[:3]),
+        "id": {split: rows(bench.id_splits[split]) for split in ("train", "validation", "test")},
+        "ood": {split: rows(d) for split, d in bench.ood_splits.items()},
+    }
+"""
+
+
+def _hub_rows(hub: LoopbackHub, repo_id: str, split_file: str, image: str, label: str | None) -> list[list]:
+    """(sha256 prefix of the pixels, label) of every row of one uploaded parquet file, read back from the server."""
+    data = hub.read_file(repo_id, split_file, repo_type="dataset")
+    out = []
+    for row in pq.read_table(io.BytesIO(data)).to_pylist():
+        pixels = np.asarray(Image.open(io.BytesIO(row[image]["bytes"])).convert("RGB")).tobytes()
+        out.append([hashlib.sha256(pixels).hexdigest()[:16], row[label] if label else -1])
+    return out
+
+
+def test_cifar_benchmarks_by_name_downloaded_and_streamed(hub, tmp_path):
+    out = _run(hub, tmp_path, _SUMMARY + """
+print(json.dumps({"cifar10": summary("cifar10-ood", False), "cifar10_streamed": summary("cifar10-ood", True),
+                  "cifar100": summary("cifar100-ood", False)}))
+""")
+    cifar10, streamed, cifar100 = out["cifar10"], out["cifar10_streamed"], out["cifar100"]
+    assert cifar10["types"] == ["Dataset"] and streamed["types"] == ["IterableDataset"]
+    assert cifar10["columns"] == streamed["columns"] == [["image", "label"]]
+    assert cifar10["num_labels"] == 10 and cifar10["label_names"] == CIFAR10_NAMES[:3]
+    assert cifar100["num_labels"] == 100 and cifar100["label_names"] == ["fine0", "fine1", "fine2"]
+
+    # ID: test is the Hub test split; train and validation partition the Hub train split, disjointly.
+    train = _hub_rows(hub, "uoft-cs/cifar10", "data/train-00000-of-00001.parquet", "img", "label")
+    test = _hub_rows(hub, "uoft-cs/cifar10", "data/test-00000-of-00001.parquet", "img", "label")
+    assert cifar10["id"]["test"] == test
+    validation, rest = cifar10["id"]["validation"], cifar10["id"]["train"]
+    assert 0 < len(validation) < len(train) / 2
+    assert sorted(map(tuple, validation + rest)) == sorted(map(tuple, train))
+    assert not {tuple(r) for r in validation} & {tuple(r) for r in rest}
+    fine = _hub_rows(hub, "uoft-cs/cifar100", "data/test-00000-of-00001.parquet", "img", "fine_label")
+    assert cifar100["id"]["test"] == fine
+
+    # OOD: the configured split of each repo, every label -1; textures joins DTD's train and test.
+    svhn = _hub_rows(hub, "ufldl-stanford/svhn", "cropped_digits/parts/test-00000-of-00001.parquet", "image", None)
+    assert cifar10["ood"]["svhn"] == svhn
+    dtd = [_hub_rows(hub, "tanganke/dtd", f"data/{s}-00000-of-00001.parquet", "image", None) for s in ("train", "test")]
+    assert cifar10["ood"]["textures"] == dtd[0] + dtd[1]
+    assert {name: len(rows) for name, rows in cifar10["ood"].items()} == {
+        "svhn": 4, "textures": 5, "lsun_crop": 4, "lsun_resize": 3, "isun": 2}
+    assert cifar100["ood"] == cifar10["ood"]
+
+    # Streaming gives the same rows in the same order, and the same hold-out.
+    assert streamed["id"] == cifar10["id"] and streamed["ood"] == cifar10["ood"]
+    assert not hub.unhandled_requests()
+
+
+def test_imagenet_ood_is_gated_and_says_how_to_authenticate(hub, tmp_path):
+    script = """
+import json
+from hf_gsc.data import load_benchmark
+from hf_gsc.data.splits import GatedDatasetError
+try:
+    load_benchmark("imagenet-ood")
+except GatedDatasetError as error:
+    print(json.dumps({"error": str(error)}))
+"""
+    for token in (None, "hf_stranger"):
+        message = _run(hub, tmp_path / str(token), script, token=token)["error"]
+        assert "\n" not in message
+        assert message.startswith("the Hub dataset 'ILSVRC/imagenet-1k' is gated and refused access: accept its terms on "
+                                  "https://huggingface.co/datasets/ILSVRC/imagenet-1k")
+        assert "`huggingface-cli login`" in message and "HF_TOKEN" in message
+
+    out = _run(hub, tmp_path / "granted", _SUMMARY + 'print(json.dumps(summary("imagenet-ood", True)))',
+               token="hf_granted")
+    assert out["types"] == ["IterableDataset"] and out["num_labels"] == 1000
+    validation = _hub_rows(hub, "ILSVRC/imagenet-1k", "data/validation-00000-of-00001.parquet", "image", "label")
+    assert out["id"]["test"] == validation  # the paper's ID test set is ImageNet's validation split
+    assert len(out["id"]["train"]) + len(out["id"]["validation"]) == SIZES["train"]
+    assert [len(out["ood"]["inaturalist"]), len(out["ood"]["textures"])] == [3, 5]
+    assert {label for rows in out["ood"].values() for _, label in rows} == {-1}
