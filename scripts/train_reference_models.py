@@ -38,7 +38,7 @@ from transformers import (
 )
 from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
-from hf_gsc.data.benchmarks import BENCHMARKS
+from hf_gsc.data.benchmarks import GENERATED_BENCHMARKS
 
 IMAGE_SIZE = 28
 #: Mean / std of the 55,000 Fashion-MNIST train images in [0, 1] (0.2862 / 0.3531); stored in the
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", required=True, choices=sorted(ARCH_DEFAULTS))
     parser.add_argument("--output-dir", required=True, type=Path)
-    parser.add_argument("--benchmark", default="fmnist-ood", choices=sorted(BENCHMARKS))
+    parser.add_argument("--benchmark", default="fmnist-ood", choices=sorted(GENERATED_BENCHMARKS))
     parser.add_argument("--epochs", type=int, help="default: per arch (see ARCH_DEFAULTS)")
     parser.add_argument("--lr", type=float)
     parser.add_argument("--batch-size", type=int)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
-    spec = BENCHMARKS[args.benchmark]
+    spec = GENERATED_BENCHMARKS[args.benchmark]
     arrays = spec.id_arrays()
     train = arrays["train"]
     train_images, train_labels = train.images, train.labels
