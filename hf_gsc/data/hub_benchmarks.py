@@ -9,13 +9,13 @@ machinery, as a ``Dataset`` or, with ``streaming=True``, an ``IterableDataset``,
 The ID ``validation`` split (threshold calibration) must not overlap ``train`` (detector fits) nor ``test``
 (metrics). The CIFAR repos have only ``train``/``test`` and ImageNet's ``validation`` is the paper's ID test set, so
 ``validation`` is carved out of ``train`` by content: a row belongs to it when the BLAKE2b hash of its encoded
-image (the stored bytes, or the path when only a path is stored) is 0 modulo ``HOLD_OUT_EVERY``. The rule does
-not depend on row order or sharding, so streamed and downloaded copies, and every process of a distributed run,
-agree on it.
+image (its stored bytes) is 0 modulo ``HOLD_OUT_EVERY``. The rule does not depend on row order or sharding, so
+streamed and downloaded copies, and every process of a distributed run, agree on it.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -32,8 +32,12 @@ Part = Literal["all", "held_out", "rest"]
 
 
 def is_held_out(image: Any, every: int = HOLD_OUT_EVERY) -> bool:
-    """Whether a row, given its undecoded image (``{"bytes", "path"}``), is in the held-out part."""
-    key = image["bytes"] if image.get("bytes") is not None else str(image.get("path")).encode()
+    """Whether a row, given its undecoded image (``{"bytes", "path"}``), is in the held-out part.
+
+    The key is the stored image bytes; for a row that stores only a path, the file name (the directory differs
+    between a downloaded and a streamed copy). The registered repos store bytes.
+    """
+    key = image["bytes"] if image.get("bytes") is not None else os.path.basename(str(image.get("path"))).encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % every == 0
 
 
