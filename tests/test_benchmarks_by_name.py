@@ -157,8 +157,12 @@ def _hub_rows(hub: LoopbackHub, repo_id: str, split_file: str, image: str, label
 
 def test_cifar_benchmarks_by_name_downloaded_and_streamed(hub, tmp_path):
     out = _run(hub, tmp_path, _SUMMARY + """
+from datasets.distributed import split_dataset_by_node
+streamed = load_benchmark("cifar10-ood", ood_splits=["svhn"], streaming=True)
+by_node = {split: [rows(split_dataset_by_node(d, rank, 2)) for rank in (0, 1)]
+           for split, d in [("validation", streamed.id_splits["validation"]), ("svhn", streamed.ood_splits["svhn"])]}
 print(json.dumps({"cifar10": summary("cifar10-ood", False), "cifar10_streamed": summary("cifar10-ood", True),
-                  "cifar100": summary("cifar100-ood", False)}))
+                  "cifar100": summary("cifar100-ood", False), "by_node": by_node}))
 """)
     cifar10, streamed, cifar100 = out["cifar10"], out["cifar10_streamed"], out["cifar100"]
     assert cifar10["types"] == ["Dataset"] and streamed["types"] == ["IterableDataset"]
@@ -186,8 +190,12 @@ print(json.dumps({"cifar10": summary("cifar10-ood", False), "cifar10_streamed": 
         "svhn": 4, "textures": 5, "lsun_crop": 4, "lsun_resize": 3, "isun": 2}
     assert cifar100["ood"] == cifar10["ood"]
 
-    # Streaming gives the same rows in the same order, and the same hold-out.
+    # Streaming gives the same rows in the same order, and the same hold-out; split over two processes
+    # (datasets.distributed.split_dataset_by_node), the streams cover each split once.
     assert streamed["id"] == cifar10["id"] and streamed["ood"] == cifar10["ood"]
+    for split, whole in (("validation", cifar10["id"]["validation"]), ("svhn", cifar10["ood"]["svhn"])):
+        rank0, rank1 = out["by_node"][split]
+        assert rank0 and rank1 and sorted(map(tuple, rank0 + rank1)) == sorted(map(tuple, whole))
     assert not hub.unhandled_requests()
 
 
