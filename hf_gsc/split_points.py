@@ -1,10 +1,11 @@
-"""Where the feature ``F`` is taken and what the remaining head ``f_{>L}`` is, per architecture.
+"""Where the feature ``F`` is taken and what the remaining head ``f_{>L}`` is.
 
-All per-architecture knowledge lives in :data:`ARCHITECTURES`. A split point is one of
+The per-architecture knowledge lives in :mod:`hf_gsc.architectures`. A split point is one of
 
-* ``"final_encoder_output"`` (default): the output of the last encoder block, *before* the final
-  LayerNorm / pooler. The head is then nonlinear for ViT, DeiT, Swin and ConvNeXt (LayerNorm), so the
-  gradient ``g`` depends on the input. For ResNet the head is average pooling + linear, so
+* ``"final_encoder_output"`` (default): the output of the last encoder block or stage, *before* the final
+  norm, pooler and classifier (:data:`hf_gsc.architectures.ARCHITECTURES`, or found from the model's
+  structure). Where the head has a LayerNorm (ViT, DeiT, Swin, ConvNeXt, ...) it is nonlinear and the
+  gradient ``g`` depends on the input; where it is pooling + linear (ResNet, MobileNet, ...)
   ``g = W[c] / (H*W)`` is the same for every input and the first-order Taylor step is exact.
 * ``"penultimate"``: the input of the last ``nn.Linear`` (the classifier). The head is linear for every
   architecture: ``g = W[c]`` does not depend on the input, and first order equals exact.
@@ -12,9 +13,10 @@ All per-architecture knowledge lives in :data:`ARCHITECTURES`. A split point is 
   output (first element when it returns a tuple) is ``F``. Paths are resolved by attribute lookup only.
 
 The backbone runs once, without gradient, and stops at the split point. Derivatives involve the head
-only: in closed form where the head has the registered pool / LayerNorm / linear form (every
-``final_encoder_output`` of :data:`ARCHITECTURES` and every ``penultimate``; see
-:mod:`hf_gsc.head_derivatives`), by autograd through the head elsewhere.
+only: in closed form where the head has the pool / LayerNorm / linear form of a
+:class:`~hf_gsc.architectures.HeadSpec` (see :mod:`hf_gsc.head_derivatives`); by autograd through the model's
+own head modules where it is a :class:`~hf_gsc.architectures.ModuleHead`; by autograd through the rest of the
+model elsewhere.
 """
 
 from __future__ import annotations
@@ -26,125 +28,24 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead, pool, read_pool, restrict_to_read_part
-
-
-def submodule(model: nn.Module, path: str) -> nn.Module:
-    """``model.get_submodule(path)`` for a normalised dotted path (names and non-negative indices).
-
-    It runs several times per batch: a lookup in each module's ``_modules`` takes 0.1 µs per level, against
-    1.5 µs for ``nn.Module.__getattr__`` and 6 µs for ``get_submodule`` (more right after the backbone, whose
-    kernels evict the interpreter from the caches). Attribute lookup is the fallback, for its error message.
-    """
-    module = model
-    for name in path.split("."):
-        child = module._modules.get(name)
-        module = getattr(module, name) if child is None else child
-    return module
-
-
-def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
-    """``module.<name>`` for a registered parameter, without ``nn.Module.__getattr__``."""
-    parameters = module._parameters
-    return parameters[name] if name in parameters else getattr(module, name)
-
-
-@dataclass(frozen=True)
-class HeadSpec:
-    """The head after the final encoder output, ``y = W · norm(pool(F)) + b`` or ``W · pool(norm(F)) + b``.
-
-    Attributes:
-        pool: how tokens or positions are reduced (see :data:`hf_gsc.head_derivatives.POOLS`).
-        classifier: dotted path of the ``nn.Linear`` classifier.
-        layernorm: dotted path of the final ``nn.LayerNorm``; ``None`` = none.
-        norm_before_pool: the LayerNorm runs per token before pooling (Swin) rather than on the pooled
-            vector. For ViT either order gives the same logits (LayerNorm is per token and the head reads
-            the first token only); normalising after pooling is cheaper.
-    """
-
-    pool: Pool
-    classifier: str
-    layernorm: str | None = None
-    norm_before_pool: bool = False
-
-    def parameters(self, model: nn.Module) -> tuple[torch.Tensor | None, ...]:
-        """The head's parameters in ``model``: classifier weight and bias, LayerNorm weight and bias."""
-        linear = submodule(model, self.classifier)
-        if not isinstance(linear, nn.Linear):
-            raise ValueError(
-                f"{self.classifier} is a {type(linear).__name__}, not nn.Linear: the model has no classifier "
-                "(num_labels=0?), so there are no logits to short-circuit"
-            )
-        if self.layernorm is None:
-            return _parameter(linear, "weight"), _parameter(linear, "bias"), None, None
-        norm = submodule(model, self.layernorm)
-        if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
-            raise ValueError(f"{self.layernorm} must be an nn.LayerNorm over the last dimension, got {norm}")
-        return (
-            _parameter(linear, "weight"),
-            _parameter(linear, "bias"),
-            _parameter(norm, "weight"),
-            _parameter(norm, "bias"),
-        )
-
-    def through_modules(self, model: nn.Module, features: torch.Tensor) -> torch.Tensor:
-        """The head run through ``model``'s own LayerNorm and Linear (nothing folded), for autograd through
-        the encoder blocks before it: ``(B, *feature_shape) -> (B, K)``."""
-        linear = submodule(model, self.classifier)
-        if self.layernorm is None:
-            return linear(pool(features, self.pool))
-        norm = submodule(model, self.layernorm)
-        if self.norm_before_pool:
-            return linear(pool(norm(features), self.pool))
-        return linear(norm(pool(features, self.pool)))
-
-    def bind(self, model: nn.Module) -> PoolNormLinearHead:
-        """The head with ``model``'s current parameters (LayerNorm affine part folded into the classifier)."""
-        weight, bias, norm_weight, norm_bias = self.parameters(model)
-        norm_eps = None if self.layernorm is None else submodule(model, self.layernorm).eps
-        return PoolNormLinearHead.fold(
-            self.pool, weight, bias, norm_eps, norm_weight, norm_bias, self.norm_before_pool
-        )
+from .architectures import (  # noqa: F401  (ARCHITECTURES, ArchitectureSpec: re-exported for callers)
+    ARCHITECTURES,
+    ArchitectureSpec,
+    HeadSpec,
+    ModuleHead,
+    architecture_for,
+    bind_head_paths,
+    normalise_path,
+    registered_architecture,
+    submodule,
+)
+from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
 
 
 def _call_block(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     output = block(hidden)
     return output[0] if isinstance(output, (tuple, list)) else output
 
-
-@dataclass(frozen=True)
-class ArchitectureSpec:
-    """How one family of ``*ForImageClassification`` models is split.
-
-    Attributes:
-        blocks: dotted path of the ``nn.ModuleList`` of encoder blocks; the last one's output is the
-            final encoder output ``F``.
-        head: the head from the final encoder output ``F`` to the logits.
-        blocks_take_hidden_only: whether ``block(hidden)`` alone runs a block, so a split at an
-            earlier block can run the remaining blocks directly instead of replaying the model.
-    """
-
-    blocks: str
-    head: HeadSpec
-    blocks_take_hidden_only: bool
-
-    @property
-    def head_is_linear(self) -> bool:
-        """Whether the head is affine in ``F`` (then ``g`` is input independent)."""
-        return self.head.layernorm is None
-
-
-ARCHITECTURES: dict[str, ArchitectureSpec] = {
-    "vit": ArchitectureSpec("vit.layers", HeadSpec("first_token", "classifier", "vit.layernorm"), True),
-    "deit": ArchitectureSpec("deit.layers", HeadSpec("first_token", "classifier", "deit.layernorm"), True),
-    "swin": ArchitectureSpec(
-        "swin.encoder.layers", HeadSpec("mean_tokens", "classifier", "swin.layernorm", norm_before_pool=True), False
-    ),
-    "resnet": ArchitectureSpec("resnet.encoder.stages", HeadSpec("mean_spatial", "classifier.1"), True),
-    "convnext": ArchitectureSpec(
-        "convnext.encoder.stages", HeadSpec("mean_spatial", "classifier", "convnext.layernorm"), True
-    ),
-}
 
 NAMED_SPLIT_POINTS = ("final_encoder_output", "penultimate")
 _PATH_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|-?[0-9]+))*$")
@@ -162,27 +63,7 @@ def validate_split_point_name(split_point: str) -> None:
 
 
 def _normalise_path(model: nn.Module, path: str) -> str:
-    """Resolve negative indices by attribute lookup; error names the failing component."""
-    module: Any = model
-    parts: list[str] = []
-    for part in path.split("."):
-        if re.fullmatch(r"-?[0-9]+", part):
-            if not isinstance(module, (nn.ModuleList, nn.Sequential)):
-                raise ValueError(f"split point {path!r}: {'.'.join(parts) or 'model'} is not indexable")
-            index = int(part)
-            if not -len(module) <= index < len(module):
-                raise ValueError(f"split point {path!r}: index {index} out of range for {len(module)} blocks")
-            index %= len(module)
-            module, part = module[index], str(index)
-        else:
-            child = module._modules.get(part) if isinstance(module, nn.Module) else None
-            if child is None:
-                raise ValueError(
-                    f"split point {path!r}: {'.'.join(parts) or 'the model'} has no submodule {part!r}"
-                )
-            module = child
-        parts.append(part)
-    return ".".join(parts)
+    return normalise_path(model, path)
 
 
 class _SplitReached(Exception):
@@ -363,33 +244,46 @@ def supported_model_types() -> list[str]:
     return sorted(ARCHITECTURES)
 
 
+def _final_encoder_output(model: nn.Module, split_point: str) -> SplitPoint:
+    """The split at the final encoder output of a registered or discovered architecture."""
+    try:
+        spec = architecture_for(model)
+    except ValueError as error:
+        raise ValueError(
+            f"{error}. Registered model types: {', '.join(supported_model_types())}. Supported model types: "
+            "those, and others whose structure matches (see hf_gsc.architectures.discover_architecture)"
+        ) from None
+    path = _normalise_path(model, spec.final_path)
+    head = bind_head_paths(model, spec.head)
+    if isinstance(head, HeadSpec):
+        head.bind(model)  # fail here, not at the first forward, when the head is not as registered
+        return SplitPoint(model, split_point, path, False, head.is_affine(model), head_spec=head)
+
+    def module_head(features: torch.Tensor) -> torch.Tensor:
+        return head.through_modules(model, features)
+
+    # The model's own head modules, differentiated by autograd (linearize_with_autograd).
+    return SplitPoint(model, split_point, path, False, head.is_affine(model), _block_head=module_head)
+
+
 def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_output") -> SplitPoint:
     """Resolve ``split_point`` on ``model`` (a ``*ForImageClassification`` from transformers).
 
     Raises:
-        ValueError: unknown architecture for ``final_encoder_output`` (the message lists the supported
-            model types and how to pass a module path), or a path that does not exist.
+        ValueError: ``final_encoder_output`` on an architecture that is neither registered nor discovered
+            (the message says why, lists the registered model types and how to pass a module path), or a
+            path that does not exist.
     """
     validate_split_point_name(split_point)
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    spec = ARCHITECTURES.get(model_type) if model_type else None
 
     if split_point == "penultimate":
         path = _last_linear_path(model)
         return SplitPoint(model, split_point, path, True, head_is_linear=True, head_spec=HeadSpec("identity", path))
 
     if split_point == "final_encoder_output":
-        if spec is None:
-            raise ValueError(
-                f"split_point='final_encoder_output' is not registered for model type {model_type!r}. "
-                f"Supported model types: {', '.join(supported_model_types())}. For another architecture pass "
-                "split_point='penultimate' or a dotted module path inside the base model (for example "
-                "'encoder.layers.-1'), or register it in hf_gsc.split_points.ARCHITECTURES."
-            )
-        path = _normalise_path(model, spec.blocks + ".-1")
-        spec.head.bind(model)  # fail here, not at the first forward, when the head is not as registered
-        return SplitPoint(model, split_point, path, False, spec.head_is_linear, head_spec=spec.head)
+        return _final_encoder_output(model, split_point)
 
+    spec = registered_architecture(model)
     path = _normalise_path(model, split_point)
     block_head = None
     if spec is not None and spec.blocks_take_hidden_only and path.startswith(spec.blocks + "."):
@@ -398,12 +292,13 @@ def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_outp
         if path == f"{spec.blocks}.{index}":
             remaining = list(model.get_submodule(spec.blocks))[index + 1 :]
             if not remaining:  # the last block: this is the final encoder output
-                return SplitPoint(model, split_point, path, False, spec.head_is_linear, head_spec=spec.head)
+                return _final_encoder_output(model, split_point)
+            head = bind_head_paths(model, spec.head)
 
             def run_remaining_then_head(features: torch.Tensor) -> torch.Tensor:
                 for block in remaining:
                     features = _call_block(block, features)
-                return spec.head.through_modules(model, features)
+                return head.through_modules(model, features)
 
             block_head = run_remaining_then_head
 
@@ -418,7 +313,7 @@ def resolve_block_chain(model: nn.Module, earlier_split_point: str, split_point:
     ``blocks(F_earlier) = F_final``.
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    spec = ARCHITECTURES.get(model_type)
+    spec = registered_architecture(model)
     supported = sorted(name for name, entry in ARCHITECTURES.items() if entry.blocks_take_hidden_only)
     if split_point != "final_encoder_output":
         raise ValueError(f"earlier_split_point needs split_point='final_encoder_output', got {split_point!r}")

@@ -34,7 +34,8 @@ from torch import nn
 from ..config import GSCConfig
 from ..evaluation.metrics import ood_metrics
 from ..modeling import GSCForImageClassification
-from ..split_points import ARCHITECTURES, resolve_split_point
+from ..architectures import registered_architecture
+from ..split_points import resolve_split_point
 from .approximation_error import approximation_outputs, summarise_errors
 from .context import HeadContext, gsc_logits, head_context, scores_of
 from .gradient_concentration import DEFAULT_FRACTIONS, TABLE_FRACTIONS, column_of, curve_summary, top_fraction_ratio
@@ -74,23 +75,12 @@ def model_split_points(model: nn.Module) -> dict[str, str | None]:
     """Named split points of ``model``: ``one_block_before`` / ``two_blocks_before`` the final encoder output
     (module paths whose remaining head runs 1 / 2 encoder blocks) and ``multi_layer_earlier`` (``None`` where the
     library has no multi-layer support for the architecture)."""
-    model_type = getattr(model.config, "model_type", None)
-    spec = ARCHITECTURES.get(model_type)
+    spec = registered_architecture(model)
     if spec is None:
-        raise ValueError(f"no encoder registry entry for model type {model_type!r}")
-    blocks = model.get_submodule(spec.blocks)
-    if model_type == "swin":
-        # Stages hold blocks; the last stage's blocks are the last blocks of the encoder.
-        last = len(blocks) - 1
-        inner = len(blocks[last].blocks)
-        one = f"{spec.blocks}.{last}.blocks.{inner - 2}" if inner >= 2 else f"{spec.blocks}.{last - 1}"
-        two = f"{spec.blocks}.{last}.blocks.{inner - 3}" if inner >= 3 else f"{spec.blocks}.{last - 1}"
-        return {"one_block_before": one, "two_blocks_before": two, "multi_layer_earlier": None}
-    if len(blocks) < 3:
-        raise ValueError(f"{spec.blocks} has {len(blocks)} blocks; the split-point table needs at least 3")
+        raise ValueError(f"no encoder registry entry for model type {getattr(model.config, 'model_type', None)!r}")
     return {
-        "one_block_before": f"{spec.blocks}.-2",
-        "two_blocks_before": f"{spec.blocks}.-3",
+        "one_block_before": spec.blocks_before_final(model, 1),
+        "two_blocks_before": spec.blocks_before_final(model, 2),
         "multi_layer_earlier": f"{spec.blocks}.-3" if spec.blocks_take_hidden_only else None,
     }
 

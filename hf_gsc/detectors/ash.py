@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..architectures import registered_architecture
 from ..scores import energy_score
 from ..split_points import resolve_split_point, validate_split_point_name
 from .base import register_detector
@@ -16,8 +17,6 @@ ASH_VARIANTS: tuple[str, ...] = ("p", "b", "s")
 
 #: The percentile of the authors' code and paper (ASH-P/B/S at 90 on CIFAR, ASH-S at 90 on ImageNet ResNet-50).
 DEFAULT_PERCENTILE = 90.0
-#: Where the authors changed it for an architecture: ``config/vit_config.yml`` runs ``ash_s@95`` on ViT.
-ARCHITECTURE_PERCENTILES: dict[tuple[str, str], float] = {("vit", "s"): 95.0}
 
 
 def ash_keep_count(num_activations: int, percentile: float) -> int:
@@ -55,9 +54,10 @@ def ash_shape(features: torch.Tensor, variant: str, percentile: float) -> torch.
 
 
 def default_ash_percentile(model: nn.Module, variant: str) -> float:
-    """The authors' percentile for this architecture and variant (90 unless they changed it)."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    return ARCHITECTURE_PERCENTILES.get((model_type, variant), DEFAULT_PERCENTILE)
+    """The authors' percentile for this architecture and variant: 90 unless they changed it, which the registry
+    records (:attr:`hf_gsc.architectures.ArchitectureSpec.ash_percentiles`)."""
+    spec = registered_architecture(model)
+    return DEFAULT_PERCENTILE if spec is None else spec.ash_percentiles.get(variant, DEFAULT_PERCENTILE)
 
 
 class ASHDetector(BaselineDetector):

@@ -1,0 +1,599 @@
+"""Everything hf_gsc knows per architecture: where the final encoder output ``F`` is and what reads it.
+
+:data:`ARCHITECTURES` maps a transformers ``model_type`` to an :class:`ArchitectureSpec`: the module whose output
+is ``F`` (the output of the last encoder block or stage, before the final norm, pooler and classifier) and the
+head from ``F`` to the logits, as either
+
+* a :class:`HeadSpec`: ``y = W · norm(pool(F)) + b`` or ``W · pool(norm(F)) + b`` with a LayerNorm ``norm``;
+  its derivatives are computed in closed form (:mod:`hf_gsc.head_derivatives`), or
+* a :class:`ModuleHead`: the model's own head modules (final norm, pooler, classifier) and the few tensor
+  operations the model's ``forward`` does between them, run on ``F``; its derivatives come from autograd.
+
+A model type that is not registered is found from its structure (:func:`discover_architecture`): the
+encoder's block list and a head of the :class:`HeadSpec` form, accepted only when that head reproduces the
+model's own logits. :data:`NOT_APPLICABLE` says why a split at the final encoder output does not apply to a
+model type. ``python -m hf_gsc.architectures`` prints the table of the README's "Supported architectures".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from .head_derivatives import Pool, PoolNormLinearHead, pool
+
+
+def submodule(model: nn.Module, path: str) -> nn.Module:
+    """``model.get_submodule(path)`` for a normalised dotted path (names and non-negative indices).
+
+    It runs several times per batch: a lookup in each module's ``_modules`` takes 0.1 µs per level, against
+    1.5 µs for ``nn.Module.__getattr__`` and 6 µs for ``get_submodule`` (more right after the backbone, whose
+    kernels evict the interpreter from the caches). Attribute lookup is the fallback, for its error message.
+    """
+    module = model
+    for name in path.split("."):
+        child = module._modules.get(name)
+        module = getattr(module, name) if child is None else child
+    return module
+
+
+def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
+    """``module.<name>`` for a registered parameter, without ``nn.Module.__getattr__``."""
+    parameters = module._parameters
+    return parameters[name] if name in parameters else getattr(module, name)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """The head after the final encoder output, ``y = W · norm(pool(F)) + b`` or ``W · pool(norm(F)) + b``.
+
+    Attributes:
+        pool: how tokens or positions are reduced (see :data:`hf_gsc.head_derivatives.POOLS`).
+        classifier: dotted path of the ``nn.Linear`` classifier.
+        layernorm: dotted path of the final ``nn.LayerNorm``; ``None`` = none.
+        norm_before_pool: the LayerNorm runs per token before pooling (Swin) rather than on the pooled
+            vector. For ViT either order gives the same logits (LayerNorm is per token and the head reads
+            the first token only); normalising after pooling is cheaper.
+    """
+
+    pool: Pool
+    classifier: str
+    layernorm: str | None = None
+    norm_before_pool: bool = False
+
+    def parameters(self, model: nn.Module) -> tuple[torch.Tensor | None, ...]:
+        """The head's parameters in ``model``: classifier weight and bias, LayerNorm weight and bias."""
+        linear = submodule(model, self.classifier)
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(
+                f"{self.classifier} is a {type(linear).__name__}, not nn.Linear: the model has no classifier "
+                "(num_labels=0?), so there are no logits to short-circuit"
+            )
+        if self.layernorm is None:
+            return _parameter(linear, "weight"), _parameter(linear, "bias"), None, None
+        norm = submodule(model, self.layernorm)
+        if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
+            raise ValueError(f"{self.layernorm} must be an nn.LayerNorm over the last dimension, got {norm}")
+        return (
+            _parameter(linear, "weight"),
+            _parameter(linear, "bias"),
+            _parameter(norm, "weight"),
+            _parameter(norm, "bias"),
+        )
+
+    def through_modules(self, model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+        """The head run through ``model``'s own LayerNorm and Linear (nothing folded), for autograd through
+        the encoder blocks before it: ``(B, *feature_shape) -> (B, K)``."""
+        linear = submodule(model, self.classifier)
+        if self.layernorm is None:
+            return linear(pool(features, self.pool))
+        norm = submodule(model, self.layernorm)
+        if self.norm_before_pool:
+            return linear(pool(norm(features), self.pool))
+        return linear(norm(pool(features, self.pool)))
+
+    def bind(self, model: nn.Module) -> PoolNormLinearHead:
+        """The head with ``model``'s current parameters (LayerNorm affine part folded into the classifier)."""
+        weight, bias, norm_weight, norm_bias = self.parameters(model)
+        norm_eps = None if self.layernorm is None else submodule(model, self.layernorm).eps
+        return PoolNormLinearHead.fold(
+            self.pool, weight, bias, norm_eps, norm_weight, norm_bias, self.norm_before_pool
+        )
+
+    def is_affine(self, model: nn.Module) -> bool:
+        """Whether the head is affine in ``F`` (then ``g`` is input independent): no LayerNorm."""
+        return self.layernorm is None
+
+    def describe(self) -> str:
+        """``norm → pool → classifier`` in the order the head applies them."""
+        steps = [f"@{self.pool}", self.classifier]
+        if self.layernorm is not None:
+            steps.insert(0 if self.norm_before_pool else 1, self.layernorm)
+        return " → ".join(steps)
+
+
+def _mean_patch_tokens(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    return tokens[:, 1:].mean(dim=1)
+
+
+def _first_token_and_mean_patch_tokens(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """DINOv2: ``[CLS, mean of the patch tokens]``; register tokens (after CLS) are left out."""
+    registers = getattr(model.config, "num_register_tokens", 0)
+    return torch.cat([tokens[:, 0], tokens[:, 1 + registers :].mean(dim=1)], dim=1)
+
+
+def _mean_of_head_and_dist_head(model: nn.Module, pooled: torch.Tensor) -> torch.Tensor:
+    """SwiftFormer: the average of its classifier and its distillation classifier."""
+    return (model.head(pooled) + model.dist_head(pooled)) / 2
+
+
+def _perceiver_decoder(model: nn.Module, latents: torch.Tensor) -> torch.Tensor:
+    """Perceiver: the cross-attention classification decoder; its query depends on the batch size only."""
+    decoder = model.perceiver.decoder
+    return decoder(decoder.decoder_query(latents), z=latents).logits
+
+
+#: Tensor operations of a :class:`ModuleHead` (``"@name"`` in its steps): ``(model, x) -> x'``, and whether
+#: each is linear in ``x``.
+HEAD_OPERATIONS: dict[str, tuple[Callable[[nn.Module, torch.Tensor], torch.Tensor], bool]] = {
+    "first_token": (lambda model, x: pool(x, "first_token"), True),
+    "mean_tokens": (lambda model, x: pool(x, "mean_tokens"), True),
+    "mean_spatial": (lambda model, x: x.mean(dim=(-2, -1)), True),
+    "flatten": (lambda model, x: x.flatten(1), True),
+    "mean_patch_tokens": (_mean_patch_tokens, True),
+    "first_token_and_mean_patch_tokens": (_first_token_and_mean_patch_tokens, True),
+    "mean_of_head_and_dist_head": (_mean_of_head_and_dist_head, True),
+    "perceiver_decoder": (_perceiver_decoder, False),
+}
+
+#: Modules that are affine maps of their input in eval mode, and containers that only chain their children.
+_AFFINE_MODULES = (
+    nn.Linear, nn.Identity, nn.Dropout, nn.Flatten, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AvgPool1d,
+    nn.AvgPool2d, nn.BatchNorm1d, nn.BatchNorm2d,
+)
+_CHAINING_MODULES = (nn.Sequential,)
+
+
+def _first_tensor(output: Any) -> torch.Tensor:
+    return output if isinstance(output, torch.Tensor) else output[0]
+
+
+@dataclass(frozen=True)
+class ModuleHead:
+    """The head as the model's own modules and tensor operations, applied in order to ``F``.
+
+    Attributes:
+        steps: dotted module paths (called on the running tensor; a tuple output gives its first element)
+            and ``"@name"`` entries of :data:`HEAD_OPERATIONS`.
+        affine: whether the head is affine in ``F``; ``None`` = decided from the module types (every module
+            in the steps an affine layer in eval mode, every operation linear).
+    """
+
+    steps: tuple[str, ...]
+    affine: bool | None = None
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.steps if s.startswith("@") and s[1:] not in HEAD_OPERATIONS]
+        if unknown:
+            raise ValueError(f"unknown head operations {unknown}; known: {sorted(HEAD_OPERATIONS)}")
+
+    def through_modules(self, model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+        """``(B, *feature_shape) -> (B, K)`` through the model's modules."""
+        x = features
+        for step in self.steps:
+            if step.startswith("@"):
+                x = HEAD_OPERATIONS[step[1:]][0](model, x)
+            else:
+                x = _first_tensor(submodule(model, step)(x))
+        return x
+
+    def check(self, model: nn.Module) -> None:
+        """Raise ``ValueError`` unless every module step exists in ``model``."""
+        for step in self.steps:
+            if not step.startswith("@") and model.get_submodule(step) is None:  # get_submodule raises first
+                raise ValueError(step)
+
+    def is_affine(self, model: nn.Module) -> bool:
+        if self.affine is not None:
+            return self.affine
+        for step in self.steps:
+            if step.startswith("@"):
+                if not HEAD_OPERATIONS[step[1:]][1]:
+                    return False
+                continue
+            for module in submodule(model, step).modules():
+                if not isinstance(module, _AFFINE_MODULES + _CHAINING_MODULES):
+                    return False
+        return True
+
+    def describe(self) -> str:
+        return " → ".join(self.steps)
+
+
+Head = HeadSpec | ModuleHead
+
+
+@dataclass(frozen=True)
+class ArchitectureSpec:
+    """How one family of ``*ForImageClassification`` models is split at its final encoder output.
+
+    Attributes:
+        blocks: dotted path of the ``nn.ModuleList`` of encoder blocks or stages.
+        head: the head from the final encoder output ``F`` to the logits.
+        blocks_take_hidden_only: whether ``block(hidden)`` alone runs a block, so a split at an
+            earlier block can run the remaining blocks directly instead of replaying the model.
+        final: the module whose output is ``F``; ``None`` = the last of ``blocks``. Set where the encoder
+            ends with layers outside its block list (EfficientNet's top convolution, MobileNetV2's last 1x1
+            convolution) or the block list is nested (PVT).
+        inner_blocks: the attribute of a stage that holds its blocks (Swin: ``"blocks"``), for the ablation
+            split points one and two blocks before the end; ``None`` = the entries of ``blocks`` are blocks.
+        ash_percentiles: ASH variant -> the percentile its authors use on this architecture, where they
+            changed the default (see :func:`hf_gsc.detectors.ash.default_ash_percentile`).
+        for_config: where ``F`` or the head depend on the model's configuration: ``config -> spec``.
+    """
+
+    blocks: str
+    head: Head
+    blocks_take_hidden_only: bool = False
+    final: str | None = None
+    inner_blocks: str | None = None
+    ash_percentiles: Mapping[str, float] = field(default_factory=dict)
+    for_config: Callable[[Any], "ArchitectureSpec"] | None = field(default=None, compare=False)
+
+    @property
+    def final_path(self) -> str:
+        """The (unnormalised) module path whose output is ``F``."""
+        return self.final if self.final is not None else f"{self.blocks}.-1"
+
+    @property
+    def head_is_linear(self) -> bool:
+        """Whether the head is affine in ``F`` (then ``g`` is input independent); :class:`HeadSpec` only."""
+        return isinstance(self.head, HeadSpec) and self.head.layernorm is None
+
+    def specialise(self, config: Any) -> "ArchitectureSpec":
+        """The spec for a model of this ``config``."""
+        return self if self.for_config is None else self.for_config(config)
+
+    def blocks_before_final(self, model: nn.Module, count: int) -> str:
+        """The module path of the encoder block ``count`` blocks before the final encoder output (1 or 2)."""
+        blocks = model.get_submodule(self.blocks)
+        if self.inner_blocks is not None:
+            # Stages hold blocks; the last stage's blocks are the last blocks of the encoder.
+            last = len(blocks) - 1
+            inner = len(getattr(blocks[last], self.inner_blocks))
+            if inner >= count + 1:
+                return f"{self.blocks}.{last}.{self.inner_blocks}.{inner - 1 - count}"
+            return f"{self.blocks}.{last - 1}"
+        if len(blocks) < 3:
+            raise ValueError(f"{self.blocks} has {len(blocks)} blocks; the split-point table needs at least 3")
+        return f"{self.blocks}.-{count + 1}"
+
+
+def _swin_like(base: str, layernorm: str | None = "layernorm") -> ArchitectureSpec:
+    norm = None if layernorm is None else f"{base}.{layernorm}"
+    return ArchitectureSpec(
+        f"{base}.encoder.layers", HeadSpec("mean_tokens", "classifier", norm, norm_before_pool=norm is not None),
+        inner_blocks="blocks",
+    )
+
+
+def _vit_like(base: str, blocks: str = "layers", **spec: Any) -> ArchitectureSpec:
+    return ArchitectureSpec(f"{base}.{blocks}", HeadSpec("first_token", "classifier", f"{base}.layernorm"), True, **spec)
+
+
+def _beit_like(base: str, blocks: str) -> ArchitectureSpec:
+    # The pooler averages the patch tokens and normalises (use_mean_pooling), or takes the normalised CLS token.
+    return ArchitectureSpec(f"{base}.{blocks}", ModuleHead((f"{base}.layernorm", f"{base}.pooler", "classifier")))
+
+
+def _cvt(config: Any) -> ArchitectureSpec:
+    # F: the last layer's tokens; with a CLS token (cls_token[-1]) it comes first and is all the head reads.
+    if config.cls_token[-1]:
+        head = HeadSpec("first_token", "classifier", "layernorm")
+    else:
+        head = HeadSpec("mean_tokens", "classifier", "layernorm", norm_before_pool=True)
+    return dataclasses.replace(ARCHITECTURES["cvt"], head=head, for_config=None)
+
+
+def _clip_like() -> ArchitectureSpec:
+    # The encoder's output is not normalised (post_layernorm only normalises the unused pooled CLS token).
+    return ArchitectureSpec("vision_model.encoder.layers", ModuleHead(("@mean_patch_tokens", "classifier")))
+
+
+ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    "vit": _vit_like("vit", ash_percentiles={"s": 95.0}),  # the ASH authors' vit_config.yml runs ash_s@95
+    "deit": _vit_like("deit"),
+    "vit_msn": _vit_like("vit"),
+    "swin": _swin_like("swin"),
+    "swinv2": _swin_like("swinv2"),
+    "donut-swin": _swin_like("donut", layernorm=None),
+    "focalnet": ArchitectureSpec(
+        "focalnet.encoder.stages", HeadSpec("mean_tokens", "classifier", "focalnet.layernorm", norm_before_pool=True)
+    ),
+    "resnet": ArchitectureSpec("resnet.encoder.stages", HeadSpec("mean_spatial", "classifier.1"), True),
+    "regnet": ArchitectureSpec("regnet.encoder.stages", HeadSpec("mean_spatial", "classifier.1")),
+    "convnext": ArchitectureSpec(
+        "convnext.encoder.stages", HeadSpec("mean_spatial", "classifier", "convnext.layernorm"), True
+    ),
+    "convnextv2": ArchitectureSpec(
+        "convnextv2.encoder.stages", HeadSpec("mean_spatial", "classifier", "convnextv2.layernorm")
+    ),
+    "beit": _beit_like("beit", "layers"),
+    "data2vec-vision": _beit_like("data2vec_vision", "encoder.layer"),
+    "dinov2": ArchitectureSpec(
+        "dinov2.encoder.layer",
+        ModuleHead(("dinov2.layernorm", "@first_token_and_mean_patch_tokens", "classifier")),
+    ),
+    "dinov2_with_registers": ArchitectureSpec(
+        "dinov2_with_registers.encoder.layer",
+        ModuleHead(("dinov2_with_registers.layernorm", "@first_token_and_mean_patch_tokens", "classifier")),
+    ),
+    "ijepa": ArchitectureSpec(
+        "ijepa.layers", HeadSpec("mean_tokens", "classifier", "ijepa.layernorm", norm_before_pool=True)
+    ),
+    "clip": _clip_like(),
+    "metaclip_2": _clip_like(),
+    "siglip": ArchitectureSpec(
+        "vision_model.encoder.layers",
+        HeadSpec("mean_tokens", "classifier", "vision_model.post_layernorm", norm_before_pool=True),
+    ),
+    "hiera": ArchitectureSpec("hiera.encoder.stages", HeadSpec("mean_tokens", "classifier", "hiera.pooler.layernorm")),
+    "bit": ArchitectureSpec("bit.encoder.stages", ModuleHead(("bit.norm", "bit.pooler", "classifier"))),
+    "cvt": ArchitectureSpec(
+        "cvt.encoder.stages", HeadSpec("first_token", "classifier", "layernorm"),
+        final="cvt.encoder.stages.-1.layers.-1", for_config=_cvt,
+    ),
+    "efficientnet": ArchitectureSpec(
+        "efficientnet.encoder.blocks", ModuleHead(("efficientnet.pooler", "@flatten", "classifier")),
+        final="efficientnet.encoder.top_activation",
+    ),
+    "hgnet_v2": ArchitectureSpec("encoder.stages", HeadSpec("mean_spatial", "fc")),
+    "textnet": ArchitectureSpec("textnet.encoder.stages", HeadSpec("mean_spatial", "fc")),
+    "levit": ArchitectureSpec(
+        "levit.encoder.stages", ModuleHead(("@mean_tokens", "classifier"), affine=True)  # BatchNorm1d + Linear
+    ),
+    "mobilenet_v1": ArchitectureSpec("mobilenet_v1.layer", HeadSpec("mean_spatial", "classifier")),
+    "mobilenet_v2": ArchitectureSpec(
+        "mobilenet_v2.layer", HeadSpec("mean_spatial", "classifier"), final="mobilenet_v2.conv_1x1"
+    ),
+    "mobilevit": ArchitectureSpec(
+        "mobilevit.encoder.layer", HeadSpec("mean_spatial", "classifier"), final="mobilevit.conv_1x1_exp"
+    ),
+    "mobilevitv2": ArchitectureSpec("mobilevitv2.encoder.layer", HeadSpec("mean_spatial", "classifier")),
+    "perceiver": ArchitectureSpec(
+        "perceiver.encoder.self_attends", ModuleHead(("@perceiver_decoder",)),
+        # The self-attention blocks run num_blocks times over; the encoder's output is the last run's.
+        final="perceiver.encoder",
+    ),
+    "poolformer": ArchitectureSpec(
+        "poolformer.encoder.block", ModuleHead(("norm", "@mean_spatial", "classifier")),
+        final="poolformer.encoder.block.-1.-1",
+    ),
+    "pvt": ArchitectureSpec(
+        "pvt.encoder.block", HeadSpec("first_token", "classifier", "pvt.encoder.layer_norm"),
+        final="pvt.encoder.block.-1.-1",
+    ),
+    "pvt_v2": ArchitectureSpec(
+        "pvt_v2.encoder.layers",
+        HeadSpec("mean_tokens", "classifier", "pvt_v2.encoder.layers.-1.layer_norm", norm_before_pool=True),
+        final="pvt_v2.encoder.layers.-1.blocks.-1",
+    ),
+    "segformer": ArchitectureSpec(
+        "segformer.stages",
+        HeadSpec("mean_tokens", "classifier", "segformer.stages.-1.layer_norm", norm_before_pool=True),
+        final="segformer.stages.-1.blocks.-1",
+    ),
+    "swiftformer": ArchitectureSpec(
+        "swiftformer.encoder.network", ModuleHead(("norm", "@mean_spatial", "@mean_of_head_and_dist_head"))
+    ),
+}
+
+#: Model types of transformers' image-classification mapping where a final encoder output does not apply,
+#: and why.
+NOT_APPLICABLE: dict[str, str] = {
+    "imagegpt": "ImageGPT classifies sequences of colour-cluster ids (input_ids), not pixel_values",
+    "shieldgemma2": "ShieldGemma 2 is a vision-language model whose two logits are next-token scores of a "
+    "text prompt; it takes input_ids as well as pixel_values",
+    "siglip2": "SigLIP 2 takes patchified pixel_values with pixel_attention_mask and spatial_shapes, which "
+    "GSCForImageClassification does not pass",
+    "pp_lcnet": "PPLCNetForImageClassification's forward returns no logits (a BaseModelOutputWithNoAttention)",
+    "timm_wrapper": "timm models need the timm package, which needs torchvision; F would be timm's "
+    "forward_features, which already includes the final norm",
+    "dinat": "DiNAT needs the natten package (neighbourhood-attention kernels), which is not a dependency",
+}
+
+
+def registered_architecture(model: nn.Module) -> ArchitectureSpec | None:
+    """The registered spec for ``model``'s model type and configuration, or ``None``."""
+    config = getattr(model, "config", None)
+    spec = ARCHITECTURES.get(getattr(config, "model_type", None))
+    return None if spec is None else spec.specialise(config)
+
+
+def normalise_path(model: nn.Module, path: str, what: str = "split point") -> str:
+    """``path`` with negative indices resolved by attribute lookup; the error names the failing component."""
+    module: Any = model
+    parts: list[str] = []
+    for part in path.split("."):
+        if re.fullmatch(r"-?[0-9]+", part):
+            if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+                raise ValueError(f"{what} {path!r}: {'.'.join(parts) or 'model'} is not indexable")
+            index = int(part)
+            if not -len(module) <= index < len(module):
+                raise ValueError(f"{what} {path!r}: index {index} out of range for {len(module)} blocks")
+            index %= len(module)
+            module, part = module[index], str(index)
+        else:
+            child = module._modules.get(part) if isinstance(module, nn.Module) else None
+            if child is None:
+                raise ValueError(f"{what} {path!r}: {'.'.join(parts) or 'the model'} has no submodule {part!r}")
+            module = child
+        parts.append(part)
+    return ".".join(parts)
+
+
+def bind_head_paths(model: nn.Module, head: Head) -> Head:
+    """``head`` with its module paths normalised on ``model`` (negative indices resolved, existence checked)."""
+    def normal(path: str) -> str:
+        return normalise_path(model, path, what="head module")
+
+    if isinstance(head, HeadSpec):
+        norm = None if head.layernorm is None else normal(head.layernorm)
+        return dataclasses.replace(head, classifier=normal(head.classifier), layernorm=norm)
+    return dataclasses.replace(head, steps=tuple(s if s.startswith("@") else normal(s) for s in head.steps))
+
+
+_BLOCK_LIST_NAMES = ("layer", "layers", "stages", "block", "blocks")
+_FINAL_NORM_NAMES = ("layernorm", "layer_norm", "norm", "post_layernorm")
+
+
+def _example_pixel_values(model: nn.Module) -> torch.Tensor:
+    """Two random images of the size and channel count in ``model.config`` (224 x 224 x 3 if it names none)."""
+    config = model.config
+    size = getattr(config, "image_size", 224)
+    height, width = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+    parameter = next(model.parameters())
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(2, getattr(config, "num_channels", 3), height, width, generator=generator)
+    return images.to(dtype=parameter.dtype, device=parameter.device)
+
+
+def _output_of(model: nn.Module, path: str, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output of the module at path, logits)`` of one forward pass."""
+    captured: list[torch.Tensor] = []
+    handle = model.get_submodule(path).register_forward_hook(lambda _m, _a, out: captured.append(_first_tensor(out)))
+    try:
+        with torch.no_grad():
+            logits = model(pixel_values=pixel_values).logits
+    finally:
+        handle.remove()
+    return captured[-1], logits
+
+
+def discover_architecture(model: nn.Module) -> ArchitectureSpec:
+    """Find ``F`` and a closed-form head of an unregistered model from its structure, and check them.
+
+    The blocks are the base model's ``encoder.<layer|layers|stages|block|blocks>`` (or the same names on the
+    base model itself), ``F`` is the last block's output, the classifier is the last ``nn.Linear`` and the final
+    norm a LayerNorm named ``layernorm``, ``layer_norm``, ``norm`` or ``post_layernorm`` on the base model. Each
+    :class:`HeadSpec` these allow (first token or mean over tokens for ``(B, N, D)`` features, mean over space
+    for ``(B, C, H, W)``; the norm before or after pooling, or none) is tried on one forward pass of two random
+    images; the first that reproduces the model's logits is the head.
+
+    Raises:
+        ValueError: no block list, or no head of that form reproduces the logits; the message says what
+            was tried and what to pass instead.
+    """
+    model_type = getattr(model.config, "model_type", None)
+    prefix = model.base_model_prefix if isinstance(getattr(model, model.base_model_prefix, None), nn.Module) else ""
+    base = f"{prefix}." if prefix else ""
+    candidates = [f"{base}{owner}{name}" for owner in ("encoder.", "") for name in _BLOCK_LIST_NAMES]
+    blocks = next(
+        (path for path in candidates if isinstance(_get(model, path), nn.ModuleList) and len(_get(model, path))), None
+    )
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    advice = (
+        "pass split_point='penultimate' or a dotted module path (for example 'encoder.layers.-1'), or register the "
+        "architecture in hf_gsc.architectures.ARCHITECTURES"
+    )
+    if blocks is None or not linears:
+        raise ValueError(
+            f"split_point='final_encoder_output' is not registered for model type {model_type!r}, and its structure "
+            f"has no {'encoder block list (tried ' + ', '.join(candidates) + ')' if blocks is None else 'nn.Linear'}; "
+            + advice
+        )
+    norms = [None] + [f"{base}{n}" for n in _FINAL_NORM_NAMES if isinstance(_get(model, f"{base}{n}"), nn.LayerNorm)]
+    features, logits = _output_of(model, f"{blocks}.{len(_get(model, blocks)) - 1}", _example_pixel_values(model))
+    pools = ("mean_spatial",) if features.dim() == 4 else ("first_token", "mean_tokens") if features.dim() == 3 else ()
+    tried = []
+    for kind in pools:
+        for norm in norms:
+            for before in (False, True) if norm is not None and kind != "mean_spatial" else (False,):
+                head = HeadSpec(kind, linears[-1], norm, norm_before_pool=before)
+                tried.append(head.describe())
+                try:
+                    with torch.no_grad():
+                        candidate = head.bind(model)(features)
+                except (RuntimeError, ValueError):  # shapes that do not fit this form
+                    continue
+                if candidate.shape == logits.shape and torch.allclose(candidate, logits, rtol=1e-4, atol=1e-5):
+                    return ArchitectureSpec(blocks, head)
+    raise ValueError(
+        f"split_point='final_encoder_output' is not registered for model type {model_type!r}, and no head of the "
+        f"pool / LayerNorm / linear form on the output of {blocks}.-1 {tuple(features.shape[1:])} reproduces its "
+        f"logits (tried: {'; '.join(tried) or 'none for this feature rank'}); " + advice
+    )
+
+
+def _get(model: nn.Module, path: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def architecture_for(model: nn.Module) -> ArchitectureSpec:
+    """The spec of ``model``: registered (:data:`ARCHITECTURES`) or discovered (:func:`discover_architecture`).
+
+    Raises:
+        ValueError: the model type is in :data:`NOT_APPLICABLE` (the message says why), or discovery fails.
+    """
+    spec = registered_architecture(model)
+    if spec is not None:
+        return spec
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in NOT_APPLICABLE:
+        raise ValueError(
+            f"split_point='final_encoder_output' does not apply to model type {model_type!r}: "
+            f"{NOT_APPLICABLE[model_type]}. Use a vision classifier taking pixel_values, or pass a dotted module "
+            "path inside the model as split_point"
+        )
+    if getattr(model, "config", None) is None or not hasattr(model, "base_model_prefix"):
+        raise ValueError(
+            "split_point='final_encoder_output' needs a transformers *ForImageClassification model (with a config); "
+            "pass split_point='penultimate' or a dotted module path"
+        )
+    return discover_architecture(model)
+
+
+def supported_architectures_table() -> str:
+    """The README's table of supported architectures, from :data:`ARCHITECTURES` and :data:`NOT_APPLICABLE`.
+
+    Each row is resolved on the architecture's default configuration, built on the ``meta`` device (no
+    weights are allocated), so the head form and whether ``g`` depends on the input are those of the real
+    modules.
+    """
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
+    rows = [
+        "| model type | class | final encoder output `F` | head (in order) | closed form | `g` depends on the input |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for model_type in sorted(ARCHITECTURES):
+        class_name = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES[model_type]
+        class_name = class_name[0] if isinstance(class_name, tuple) else class_name
+        config = CONFIG_MAPPING[model_type]()
+        with torch.device("meta"):
+            model = getattr(transformers, class_name)(config)
+        spec = ARCHITECTURES[model_type].specialise(config)
+        head = bind_head_paths(model, spec.head)
+        closed = "yes" if isinstance(head, HeadSpec) else "no (autograd)"
+        depends = "no" if head.is_affine(model) else "yes"
+        final = normalise_path(model, spec.final_path)
+        rows.append(f"| {model_type} | {class_name} | `{final}` | `{head.describe()}` | {closed} | {depends} |")
+    rows.append("")
+    rows.append("Not applicable at `final_encoder_output`:")
+    rows.append("")
+    rows.extend(f"- {model_type}: {reason}." for model_type, reason in sorted(NOT_APPLICABLE.items()))
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(supported_architectures_table())
