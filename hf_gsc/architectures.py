@@ -234,7 +234,6 @@ class ArchitectureSpec:
             split points one and two blocks before the end; ``None`` = the entries of ``blocks`` are blocks.
         ash_percentiles: ASH variant -> the percentile its authors use on this architecture, where they
             changed the default (see :func:`hf_gsc.detectors.ash.default_ash_percentile`).
-        for_config: where ``F`` or the head depend on the model's configuration: ``config -> spec``.
     """
 
     blocks: str
@@ -243,7 +242,6 @@ class ArchitectureSpec:
     final: str | None = None
     inner_blocks: str | None = None
     ash_percentiles: Mapping[str, float] = field(default_factory=dict)
-    for_config: Callable[[Any], "ArchitectureSpec"] | None = field(default=None, compare=False)
 
     @property
     def final_path(self) -> str:
@@ -254,10 +252,6 @@ class ArchitectureSpec:
     def head_is_linear(self) -> bool:
         """Whether the head is affine in ``F`` (then ``g`` is input independent); :class:`HeadSpec` only."""
         return isinstance(self.head, HeadSpec) and self.head.layernorm is None
-
-    def specialise(self, config: Any) -> "ArchitectureSpec":
-        """The spec for a model of this ``config``."""
-        return self if self.for_config is None else self.for_config(config)
 
     def blocks_before_final(self, model: nn.Module, count: int) -> str:
         """The module path of the encoder block ``count`` blocks before the final encoder output (1 or 2)."""
@@ -289,15 +283,6 @@ def _vit_like(base: str, blocks: str = "layers", **spec: Any) -> ArchitectureSpe
 def _beit_like(base: str, blocks: str) -> ArchitectureSpec:
     # The pooler averages the patch tokens and normalises (use_mean_pooling), or takes the normalised CLS token.
     return ArchitectureSpec(f"{base}.{blocks}", ModuleHead((f"{base}.layernorm", f"{base}.pooler", "classifier")))
-
-
-def _cvt(config: Any) -> ArchitectureSpec:
-    # F: the last layer's tokens; with a CLS token (cls_token[-1]) it comes first and is all the head reads.
-    if config.cls_token[-1]:
-        head = HeadSpec("first_token", "classifier", "layernorm")
-    else:
-        head = HeadSpec("mean_tokens", "classifier", "layernorm", norm_before_pool=True)
-    return dataclasses.replace(ARCHITECTURES["cvt"], head=head, for_config=None)
 
 
 def _clip_like() -> ArchitectureSpec:
@@ -344,9 +329,10 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
     ),
     "hiera": ArchitectureSpec("hiera.encoder.stages", HeadSpec("mean_tokens", "classifier", "hiera.pooler.layernorm")),
     "bit": ArchitectureSpec("bit.encoder.stages", ModuleHead(("bit.norm", "bit.pooler", "classifier"))),
+    # F: the last layer's tokens, the CLS token first (CvtForImageClassification runs only with cls_token[-1]
+    # set); the head normalises the CLS token alone.
     "cvt": ArchitectureSpec(
-        "cvt.encoder.stages", HeadSpec("first_token", "classifier", "layernorm"),
-        final="cvt.encoder.stages.-1.layers.-1", for_config=_cvt,
+        "cvt.encoder.stages", HeadSpec("first_token", "classifier", "layernorm"), final="cvt.encoder.stages.-1.layers.-1"
     ),
     "efficientnet": ArchitectureSpec(
         "efficientnet.encoder.blocks", ModuleHead(("efficientnet.pooler", "@flatten", "classifier")),
@@ -402,17 +388,15 @@ NOT_APPLICABLE: dict[str, str] = {
     "siglip2": "SigLIP 2 takes patchified pixel_values with pixel_attention_mask and spatial_shapes, which "
     "GSCForImageClassification does not pass",
     "pp_lcnet": "PPLCNetForImageClassification's forward returns no logits (a BaseModelOutputWithNoAttention)",
-    "timm_wrapper": "timm models need the timm package, which needs torchvision; F would be timm's "
-    "forward_features, which already includes the final norm",
+    "timm_wrapper": "TimmWrapperForImageClassification needs the timm package, which requires torchvision, whose "
+    "Linux wheels on PyPI are CUDA builds pinning a CUDA torch; it is not a dependency, and the wrapper is untested",
     "dinat": "DiNAT needs the natten package (neighbourhood-attention kernels), which is not a dependency",
 }
 
 
 def registered_architecture(model: nn.Module) -> ArchitectureSpec | None:
-    """The registered spec for ``model``'s model type and configuration, or ``None``."""
-    config = getattr(model, "config", None)
-    spec = ARCHITECTURES.get(getattr(config, "model_type", None))
-    return None if spec is None else spec.specialise(config)
+    """The registered spec for ``model``'s model type, or ``None``."""
+    return ARCHITECTURES.get(getattr(getattr(model, "config", None), "model_type", None))
 
 
 def normalise_path(model: nn.Module, path: str, what: str = "split point") -> str:
@@ -449,12 +433,13 @@ def bind_head_paths(model: nn.Module, head: Head) -> Head:
 
 
 _BLOCK_LIST_NAMES = ("layer", "layers", "stages", "block", "blocks")
-_FINAL_NORM_NAMES = ("layernorm", "layer_norm", "norm", "post_layernorm")
+_FINAL_NORM_NAMES = ("layernorm", "layer_norm", "norm", "post_layernorm", "pooler.layernorm")
 
 
 def _example_pixel_values(model: nn.Module) -> torch.Tensor:
-    """Two random images of the size and channel count in ``model.config`` (224 x 224 x 3 if it names none)."""
-    config = model.config
+    """Two random images of the size and channel count in ``model.config`` or its ``vision_config`` (224 x 224 x 3
+    if it names none)."""
+    config = getattr(model.config, "vision_config", None) or model.config
     size = getattr(config, "image_size", 224)
     height, width = (size, size) if isinstance(size, int) else tuple(size)[-2:]
     parameter = next(model.parameters())
@@ -478,9 +463,10 @@ def _output_of(model: nn.Module, path: str, pixel_values: torch.Tensor) -> tuple
 def discover_architecture(model: nn.Module) -> ArchitectureSpec:
     """Find ``F`` and a closed-form head of an unregistered model from its structure, and check them.
 
-    The blocks are the base model's ``encoder.<layer|layers|stages|block|blocks>`` (or the same names on the
-    base model itself), ``F`` is the last block's output, the classifier is the last ``nn.Linear`` and the final
-    norm a LayerNorm named ``layernorm``, ``layer_norm``, ``norm`` or ``post_layernorm`` on the base model. Each
+    The blocks are the base model's (or vision tower's) ``encoder.<layer|layers|stages|block|blocks>`` (or the
+    same names on it directly), ``F`` is the last block's output, the classifier is the last ``nn.Linear`` and the
+    final norm a LayerNorm named ``layernorm``, ``layer_norm``, ``norm``, ``post_layernorm`` or
+    ``pooler.layernorm`` on the base model. Each
     :class:`HeadSpec` these allow (first token or mean over tokens for ``(B, N, D)`` features, mean over space
     for ``(B, C, H, W)``; the norm before or after pooling, or none) is tried on one forward pass of two random
     images; the first that reproduces the model's logits is the head.
@@ -490,12 +476,13 @@ def discover_architecture(model: nn.Module) -> ArchitectureSpec:
             was tried and what to pass instead.
     """
     model_type = getattr(model.config, "model_type", None)
-    prefix = model.base_model_prefix if isinstance(getattr(model, model.base_model_prefix, None), nn.Module) else ""
-    base = f"{prefix}." if prefix else ""
-    candidates = [f"{base}{owner}{name}" for owner in ("encoder.", "") for name in _BLOCK_LIST_NAMES]
+    # The backbone: the base model (its attribute is named by base_model_prefix), a vision tower, or the model.
+    bases = [f"{name}." for name in (model.base_model_prefix, "vision_model") if isinstance(_get(model, name), nn.Module)]
+    candidates = [f"{base}{owner}{name}" for base in bases + [""] for owner in ("encoder.", "") for name in _BLOCK_LIST_NAMES]
     blocks = next(
         (path for path in candidates if isinstance(_get(model, path), nn.ModuleList) and len(_get(model, path))), None
     )
+    base = next((b for b in bases if blocks is not None and blocks.startswith(b)), "")
     linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     advice = (
         "pass split_point='penultimate' or a dotted module path (for example 'encoder.layers.-1'), or register the "
@@ -582,7 +569,7 @@ def supported_architectures_table() -> str:
         config = CONFIG_MAPPING[model_type]()
         with torch.device("meta"):
             model = getattr(transformers, class_name)(config)
-        spec = ARCHITECTURES[model_type].specialise(config)
+        spec = ARCHITECTURES[model_type]
         head = bind_head_paths(model, spec.head)
         closed = "yes" if isinstance(head, HeadSpec) else "no (autograd)"
         depends = "no" if head.is_affine(model) else "yes"
