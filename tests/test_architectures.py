@@ -286,10 +286,12 @@ def test_an_unregistered_architecture_of_a_known_shape_is_discovered(case, monke
     torch.testing.assert_close(discovered.head(discovered.features(pixel_values)), model(pixel_values=pixel_values).logits)
 
 
-def test_discovery_refuses_a_head_it_cannot_reproduce(monkeypatch):
-    """DINOv2 reads [CLS, mean of the patch tokens]: no pool / LayerNorm / linear head gives its logits."""
-    model = tiny_model("dinov2")
-    monkeypatch.delitem(ARCHITECTURES, "dinov2")
+@pytest.mark.parametrize("case", ["dinov2", "clip", "beit"])
+def test_discovery_refuses_a_head_it_cannot_reproduce(case, monkeypatch):
+    """DINOv2 reads [CLS, mean of the patch tokens] (no template fits its classifier's width); CLIP and BEiT average
+    the patch tokens without the CLS token (the mean over all tokens fits the shapes but not the logits)."""
+    model = tiny_model(case)
+    monkeypatch.delitem(ARCHITECTURES, TINY[case][0])
     with pytest.raises(ValueError, match=r"no head of the pool / LayerNorm / linear form .* reproduces its logits"
                                          r".*split_point='penultimate' or a dotted module path"):
         resolve_split_point(model)
