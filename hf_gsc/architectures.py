@@ -192,13 +192,9 @@ class ModuleHead:
                 x = _first_tensor(submodule(model, step)(x))
         return x
 
-    def check(self, model: nn.Module) -> None:
-        """Raise ``ValueError`` unless every module step exists in ``model``."""
-        for step in self.steps:
-            if not step.startswith("@") and model.get_submodule(step) is None:  # get_submodule raises first
-                raise ValueError(step)
-
     def is_affine(self, model: nn.Module) -> bool:
+        """Whether the head is affine in ``F``: as declared, else from the module types. A module of another type
+        (a custom pooler, a norm with an activation) counts as nonlinear, whatever its children."""
         if self.affine is not None:
             return self.affine
         for step in self.steps:
@@ -212,6 +208,7 @@ class ModuleHead:
         return True
 
     def describe(self) -> str:
+        """The steps in the order the head applies them."""
         return " → ".join(self.steps)
 
 
@@ -247,11 +244,6 @@ class ArchitectureSpec:
     def final_path(self) -> str:
         """The (unnormalised) module path whose output is ``F``."""
         return self.final if self.final is not None else f"{self.blocks}.-1"
-
-    @property
-    def head_is_linear(self) -> bool:
-        """Whether the head is affine in ``F`` (then ``g`` is input independent); :class:`HeadSpec` only."""
-        return isinstance(self.head, HeadSpec) and self.head.layernorm is None
 
     def blocks_before_final(self, model: nn.Module, count: int) -> str:
         """The module path of the encoder block ``count`` blocks before the final encoder output (1 or 2)."""

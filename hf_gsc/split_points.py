@@ -32,7 +32,6 @@ from .architectures import (  # noqa: F401  (ARCHITECTURES, ArchitectureSpec: re
     ARCHITECTURES,
     ArchitectureSpec,
     HeadSpec,
-    ModuleHead,
     architecture_for,
     bind_head_paths,
     normalise_path,
