@@ -127,9 +127,17 @@ def _first_token_and_mean_patch_tokens(model: nn.Module, tokens: torch.Tensor) -
     return torch.cat([tokens[:, 0], tokens[:, 1 + registers :].mean(dim=1)], dim=1)
 
 
-def _mean_of_head_and_dist_head(model: nn.Module, pooled: torch.Tensor) -> torch.Tensor:
-    """SwiftFormer: the average of its classifier and its distillation classifier."""
-    return (model.head(pooled) + model.dist_head(pooled)) / 2
+def _mean_of_classifiers(classifier: str, distillation: str) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    """Distilled models at inference: the average of the classifier's and the distillation classifier's logits."""
+    def mean(model: nn.Module, pooled: torch.Tensor) -> torch.Tensor:
+        return (submodule(model, classifier)(pooled) + submodule(model, distillation)(pooled)) / 2
+
+    return mean
+
+
+def _mean_of_cls_and_distillation_token_classifiers(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """DeiT with teacher: the CLS token's classifier and the distillation token's (the second), averaged."""
+    return (model.cls_classifier(tokens[:, 0]) + model.distillation_classifier(tokens[:, 1])) / 2
 
 
 def _perceiver_decoder(model: nn.Module, latents: torch.Tensor) -> torch.Tensor:
@@ -147,7 +155,9 @@ HEAD_OPERATIONS: dict[str, tuple[Callable[[nn.Module, torch.Tensor], torch.Tenso
     "flatten": (lambda model, x: x.flatten(1), True),
     "mean_patch_tokens": (_mean_patch_tokens, True),
     "first_token_and_mean_patch_tokens": (_first_token_and_mean_patch_tokens, True),
-    "mean_of_head_and_dist_head": (_mean_of_head_and_dist_head, True),
+    "mean_of_head_and_dist_head": (_mean_of_classifiers("head", "dist_head"), True),
+    "mean_of_classifier_and_classifier_distill": (_mean_of_classifiers("classifier", "classifier_distill"), True),
+    "mean_of_cls_and_distillation_token_classifiers": (_mean_of_cls_and_distillation_token_classifiers, True),
     "perceiver_decoder": (_perceiver_decoder, False),
 }
 
@@ -371,6 +381,21 @@ ARCHITECTURES: dict[str, ArchitectureSpec] = {
     ),
 }
 
+#: The other classes of a model type in transformers' mapping (distilled variants, other input preprocessors), by
+#: class name: their heads differ from the first class's, or they are listed to be tested and documented.
+CLASS_ARCHITECTURES: dict[str, ArchitectureSpec] = {
+    "DeiTForImageClassificationWithTeacher": dataclasses.replace(
+        ARCHITECTURES["deit"], head=ModuleHead(("deit.layernorm", "@mean_of_cls_and_distillation_token_classifiers"))
+    ),
+    "LevitForImageClassificationWithTeacher": dataclasses.replace(
+        ARCHITECTURES["levit"],
+        head=ModuleHead(("@mean_tokens", "@mean_of_classifier_and_classifier_distill"), affine=True),
+    ),
+    # Other input preprocessors, the same latents and decoder.
+    "PerceiverForImageClassificationFourier": ARCHITECTURES["perceiver"],
+    "PerceiverForImageClassificationConvProcessing": ARCHITECTURES["perceiver"],
+}
+
 #: Model types of transformers' image-classification mapping where a final encoder output does not apply,
 #: and why.
 NOT_APPLICABLE: dict[str, str] = {
@@ -387,8 +412,9 @@ NOT_APPLICABLE: dict[str, str] = {
 
 
 def registered_architecture(model: nn.Module) -> ArchitectureSpec | None:
-    """The registered spec for ``model``'s model type, or ``None``."""
-    return ARCHITECTURES.get(getattr(getattr(model, "config", None), "model_type", None))
+    """The registered spec for ``model``'s class (:data:`CLASS_ARCHITECTURES`) or model type, or ``None``."""
+    spec = CLASS_ARCHITECTURES.get(type(model).__name__)
+    return spec if spec is not None else ARCHITECTURES.get(getattr(getattr(model, "config", None), "model_type", None))
 
 
 def normalise_path(model: nn.Module, path: str, what: str = "split point") -> str:
@@ -541,37 +567,48 @@ def architecture_for(model: nn.Module) -> ArchitectureSpec:
 
 
 def supported_architectures_table() -> str:
-    """The README's table of supported architectures, from :data:`ARCHITECTURES` and :data:`NOT_APPLICABLE`.
+    """The README's table of supported architectures, from :data:`ARCHITECTURES`, :data:`CLASS_ARCHITECTURES` and
+    :data:`NOT_APPLICABLE`.
 
     Each row is resolved on the architecture's default configuration, built on the ``meta`` device (no
     weights are allocated), so the head form and whether ``g`` depends on the input are those of the real
     modules.
     """
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
     rows = [
-        "| model type | class | final encoder output `F` | head (in order) | closed form | `g` depends on the input |",
+        "| model type | classes | final encoder output `F` | head (in order) | closed form | `g` depends on the input |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for model_type in sorted(ARCHITECTURES):
-        class_name = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES[model_type]
-        class_name = class_name[0] if isinstance(class_name, tuple) else class_name
-        config = CONFIG_MAPPING[model_type]()
-        with torch.device("meta"):
-            model = getattr(transformers, class_name)(config)
-        spec = ARCHITECTURES[model_type]
-        head = bind_head_paths(model, spec.head)
-        closed = "yes" if isinstance(head, HeadSpec) else "no (autograd)"
-        depends = "no" if head.is_affine(model) else "yes"
-        final = normalise_path(model, spec.final_path)
-        rows.append(f"| {model_type} | {class_name} | `{final}` | `{head.describe()}` | {closed} | {depends} |")
+        names = MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES[model_type]
+        # One row per distinct spec of the model type's classes, built as its first class.
+        by_spec: dict[int, list[str]] = {}
+        for name in names if isinstance(names, tuple) else (names,):
+            by_spec.setdefault(id(CLASS_ARCHITECTURES.get(name, ARCHITECTURES[model_type])), []).append(name)
+        for class_names in by_spec.values():
+            rows.append(_table_row(model_type, class_names))
     rows.append("")
     rows.append("Not applicable at `final_encoder_output`:")
     rows.append("")
     rows.extend(f"- {model_type}: {reason}." for model_type, reason in sorted(NOT_APPLICABLE.items()))
     return "\n".join(rows)
+
+
+def _table_row(model_type: str, class_names: list[str]) -> str:
+    """The table row of ``class_names`` of ``model_type``, resolved on the first class at the default configuration."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    with torch.device("meta"):
+        model = getattr(transformers, class_names[0])(CONFIG_MAPPING[model_type]())
+    spec = registered_architecture(model)
+    head = bind_head_paths(model, spec.head)
+    closed = "yes" if isinstance(head, HeadSpec) else "no (autograd)"
+    depends = "no" if head.is_affine(model) else "yes"
+    final = normalise_path(model, spec.final_path)
+    classes = ", ".join(class_names)
+    return f"| {model_type} | {classes} | `{final}` | `{head.describe()}` | {closed} | {depends} |"
 
 
 if __name__ == "__main__":

@@ -99,7 +99,14 @@ TINY: dict[str, tuple[str, dict, int]] = {
     "vit": ("vit", _VIT, 32),
     "vit_msn": ("vit_msn", _VIT, 32),
 }
-CASES = sorted(TINY)
+#: The other classes of a model type in the mapping: test case -> (case of the same model type, class name).
+TINY_CLASSES: dict[str, tuple[str, str]] = {
+    "deit(with teacher)": ("deit", "DeiTForImageClassificationWithTeacher"),
+    "levit(with teacher)": ("levit", "LevitForImageClassificationWithTeacher"),
+    "perceiver(fourier)": ("perceiver", "PerceiverForImageClassificationFourier"),
+    "perceiver(conv)": ("perceiver", "PerceiverForImageClassificationConvProcessing"),
+}
+CASES = sorted(TINY) + sorted(TINY_CLASSES)
 
 
 def _class_name(model_type: str) -> str:
@@ -107,12 +114,19 @@ def _class_name(model_type: str) -> str:
     return name[0] if isinstance(name, tuple) else name
 
 
+def _case(case: str) -> tuple[str, dict, int, str]:
+    """``(model type, tiny configuration, image size, class name)`` of a test case."""
+    base, class_name = TINY_CLASSES.get(case, (case, None))
+    model_type, kwargs, size = TINY[base]
+    return model_type, kwargs, size, class_name or _class_name(model_type)
+
+
 @functools.cache
 def tiny_model(case: str) -> torch.nn.Module:
     """The case's tiny float64 classifier in eval mode, built once per test run (tests must not modify it)."""
-    model_type, kwargs, _ = TINY[case]
+    model_type, kwargs, _, class_name = _case(case)
     torch.manual_seed(0)
-    model = getattr(transformers, _class_name(model_type))(CONFIG_MAPPING[model_type](**kwargs, num_labels=NUM_LABELS))
+    model = getattr(transformers, class_name)(CONFIG_MAPPING[model_type](**kwargs, num_labels=NUM_LABELS))
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, (torch.nn.LayerNorm, torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.GroupNorm)):
@@ -132,7 +146,7 @@ def tiny_model(case: str) -> torch.nn.Module:
 
 
 def tiny_pixel_values(case: str, batch: int = 3, seed: int = 1) -> torch.Tensor:
-    size = TINY[case][2]
+    size = _case(case)[2]
     return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
@@ -159,13 +173,16 @@ def test_every_image_classification_architecture_is_registered_or_explained():
     mapped = set(MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES)
     assert mapped <= set(ARCHITECTURES) | set(NOT_APPLICABLE), sorted(mapped - set(ARCHITECTURES) - set(NOT_APPLICABLE))
     assert not set(ARCHITECTURES) & set(NOT_APPLICABLE)
-    assert set(ARCHITECTURES) == {model_type for model_type, _, _ in TINY.values()}  # every entry is tested here
+    # Every class of every registered model type is tested here.
+    registered = {(mt, name) for mt, names in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES.items() if mt in ARCHITECTURES
+                  for name in (names if isinstance(names, tuple) else (names,))}
+    assert registered == {_case(case)[::3] for case in CASES}
 
 
 def _reference_features(case: str, model: torch.nn.Module, pixel_values: torch.Tensor, features: torch.Tensor):
     """``(what F should equal, the model's own tensor)``: the last hidden state before the final norm, from the
     model's ``hidden_states`` where it returns it, else from the base model or after the norm."""
-    model_type = TINY[case][0]
+    model_type = _case(case)[0]
     with torch.no_grad():
         hidden = model(pixel_values=pixel_values, output_hidden_states=True).hidden_states
     if model_type in ("efficientnet", "mobilenet_v2", "mobilevit"):
@@ -268,7 +285,7 @@ def test_a_samples_outputs_do_not_depend_on_its_batch(case):
 
 #: Registered entries whose head has the closed form on the last block's output: discovery must find them.
 DISCOVERABLE = [
-    case for case in CASES
+    case for case in sorted(TINY)
     if isinstance(ARCHITECTURES[TINY[case][0]].head, HeadSpec) and ARCHITECTURES[TINY[case][0]].final is None
 ]
 
