@@ -1,6 +1,7 @@
 """Closed-form logits, vector-Jacobian and Jacobian-vector products of the registered classifier heads.
 
-Every head registered in :data:`hf_gsc.split_points.ARCHITECTURES`, and every ``penultimate`` split, is
+Every :class:`hf_gsc.architectures.HeadSpec` head (most entries of :data:`hf_gsc.architectures.ARCHITECTURES`), and every
+``penultimate`` split, is
 
     y = W · norm(pool(F)) + b      or      y = W · pool(norm(F)) + b
 
