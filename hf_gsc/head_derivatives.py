@@ -1,6 +1,6 @@
 """Closed-form logits, vector-Jacobian and Jacobian-vector products of the registered classifier heads.
 
-Every :class:`hf_gsc.architectures.HeadSpec` head (most entries of :data:`hf_gsc.architectures.ARCHITECTURES`), and every
+Every :class:`hf_gsc.heads.HeadSpec` head (most entries of :data:`hf_gsc.architectures.ARCHITECTURES`), and every
 ``penultimate`` split, is
 
     y = W · norm(pool(F)) + b      or      y = W · pool(norm(F)) + b

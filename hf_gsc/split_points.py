@@ -14,8 +14,8 @@ The per-architecture knowledge lives in :mod:`hf_gsc.architectures`. A split poi
 
 The backbone runs once, without gradient, and stops at the split point. Derivatives involve the head
 only: in closed form where the head has the pool / LayerNorm / linear form of a
-:class:`~hf_gsc.architectures.HeadSpec` (see :mod:`hf_gsc.head_derivatives`); by autograd through the model's
-own head modules where it is a :class:`~hf_gsc.architectures.ModuleHead`; by autograd through the rest of the
+:class:`~hf_gsc.heads.HeadSpec` (see :mod:`hf_gsc.head_derivatives`); by autograd through the model's
+own head modules where it is a :class:`~hf_gsc.heads.ModuleHead`; by autograd through the rest of the
 model elsewhere.
 """
 
@@ -28,16 +28,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .architectures import (  # noqa: F401  (ARCHITECTURES, ArchitectureSpec: re-exported for callers)
-    ARCHITECTURES,
-    ArchitectureSpec,
-    HeadSpec,
-    architecture_for,
-    bind_head_paths,
-    normalise_path,
-    registered_architecture,
-    submodule,
-)
+from .architectures import ARCHITECTURES, architecture_for, registered_architecture
+from .heads import HeadSpec, bind_head_paths, normalise_path, submodule  # noqa: F401  (HeadSpec: re-exported)
 from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
 
 

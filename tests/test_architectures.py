@@ -19,14 +19,9 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
 from hf_gsc import GSCForImageClassification
-from hf_gsc.architectures import (
-    ARCHITECTURES,
-    NOT_APPLICABLE,
-    HeadSpec,
-    bind_head_paths,
-    supported_architectures_table,
-)
+from hf_gsc.architectures import ARCHITECTURES, NOT_APPLICABLE, supported_architectures_table
 from hf_gsc.detectors.ash import default_ash_percentile
+from hf_gsc.heads import HeadSpec, bind_head_paths
 from hf_gsc.split_points import resolve_split_point
 
 NUM_LABELS = 5
