@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .architectures import ARCHITECTURES, architecture_for, registered_architecture
-from .heads import HeadSpec, bind_head_paths, normalise_path, submodule  # noqa: F401  (HeadSpec: re-exported)
+from .heads import HeadSpec, bind_head_paths, normalise_path, submodule
 from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
 
 
@@ -51,10 +51,6 @@ def validate_split_point_name(split_point: str) -> None:
             f"split_point must be one of {NAMED_SPLIT_POINTS} or a dotted module path such as "
             f"'vit.layers.-2' (names and integer indices only), got {split_point!r}"
         )
-
-
-def _normalise_path(model: nn.Module, path: str) -> str:
-    return normalise_path(model, path)
 
 
 class _SplitReached(Exception):
@@ -244,7 +240,7 @@ def _final_encoder_output(model: nn.Module, split_point: str) -> SplitPoint:
             f"{error}. Registered model types: {', '.join(supported_model_types())}. Supported model types: "
             "those, and others whose structure matches (see hf_gsc.architectures.discover_architecture)"
         ) from None
-    path = _normalise_path(model, spec.final_path)
+    path = normalise_path(model, spec.final_path)
     head = bind_head_paths(model, spec.head)
     if isinstance(head, HeadSpec):
         head.bind(model)  # fail here, not at the first forward, when the head is not as registered
@@ -275,7 +271,7 @@ def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_outp
         return _final_encoder_output(model, split_point)
 
     spec = registered_architecture(model)
-    path = _normalise_path(model, split_point)
+    path = normalise_path(model, split_point)
     block_head = None
     if spec is not None and spec.blocks_take_hidden_only and path.startswith(spec.blocks + "."):
         # A block of the registered encoder: run the remaining blocks, then the registered head.
@@ -313,7 +309,7 @@ def resolve_block_chain(model: nn.Module, earlier_split_point: str, split_point:
             f"earlier_split_point is not supported for model type {model_type!r}: its encoder blocks need more "
             f"than the hidden states to run (e.g. Swin's patch grid size); supported model types: {supported}"
         )
-    path = _normalise_path(model, earlier_split_point)
+    path = normalise_path(model, earlier_split_point)
     blocks = list(model.get_submodule(spec.blocks))
     prefix = spec.blocks + "."
     index = path[len(prefix):] if path.startswith(prefix) else ""

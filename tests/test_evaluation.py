@@ -333,6 +333,11 @@ def test_output_dir_not_writable(tiny, tmp_path, monkeypatch) -> None:
 def test_model_without_known_split_point(tmp_path, tiny, monkeypatch) -> None:
     from transformers import RegNetConfig, RegNetForImageClassification
 
+    from hf_gsc.architectures import ARCHITECTURES, NOT_APPLICABLE
+
+    # RegNet is registered: unregister it, and rule out its discovery, to stand for a model GSC cannot split.
+    monkeypatch.delitem(ARCHITECTURES, "regnet")
+    monkeypatch.setitem(NOT_APPLICABLE, "regnet", "removed from the registry by this test")
     model_dir = tmp_path / "regnet"
     RegNetForImageClassification(
         RegNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1], groups_width=8, num_labels=3)
