@@ -40,24 +40,55 @@ from transformers import AutoModelForImageClassification
 GSC_APPROXIMATIONS = ("exact", "first_order", "predicted_logit")
 
 
+BASELINES = ("msp", "energy", "odin")
+# Random-weight full-size models at 224 px, 1000 classes (transformers' default configs are these architectures).
+RANDOM_MODELS = {
+    "resnet-50-random": ("ResNetConfig", "ResNetForImageClassification"),
+    "vit-b16-random": ("ViTConfig", "ViTForImageClassification"),
+    "swin-t-random": ("SwinConfig", "SwinForImageClassification"),
+}
+
+
+def load_model(name: str) -> torch.nn.Module:
+    """A reference model (resnet, vit, swin), a random-weight full-size model (:data:`RANDOM_MODELS`) or a path."""
+    if name in RANDOM_MODELS:
+        import transformers
+
+        config_class, model_class = (getattr(transformers, n) for n in RANDOM_MODELS[name])
+        torch.manual_seed(0)
+        model = model_class(config_class(num_labels=1000)).eval()
+        model.config.image_size = getattr(model.config, "image_size", 224)  # ResNet's config has no image size
+        return model
+    path = reference_model_path(name) if name in ("resnet", "vit", "swin") else name
+    return AutoModelForImageClassification.from_pretrained(path).eval()
+
+
 def _methods(
     model: torch.nn.Module,
     split_point: str,
     compile_update: bool = False,
     package_dir: Path | None = None,
     compile_seconds: dict[str, float] | None = None,
+    baselines: tuple[str, ...] = BASELINES,
+    approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
+    without_tables: bool = False,
 ) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """Every method as ``pixel_values -> scores``. ``package_dir``: also GSC compiled ahead of time, with its
-    packages kept there; the seconds ``compile_update`` took (compiling or loading) go to ``compile_seconds``."""
+    packages kept there; the seconds ``compile_update`` took (compiling or loading) go to ``compile_seconds``.
+    ``without_tables``: also GSC with the per-class tables of affine heads switched off (``gsc_<a>_no_tables``)."""
     methods: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-    for name in ("msp", "energy", "odin"):
+    for name in baselines:
         detector = get_detector(name, model)
         methods[name] = detector.score
-    for approximation in GSC_APPROXIMATIONS:
+    for approximation in approximations:
         gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
         methods[f"gsc_{approximation}"] = lambda x, gsc=gsc: gsc(x).ood_score
+        if without_tables and gsc.split_point.head_is_linear:
+            plain = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
+            plain._per_class_tables = lambda *args: None
+            methods[f"gsc_{approximation}_no_tables"] = lambda x, gsc=plain: gsc(x).ood_score
     if compile_update:
-        for approximation in GSC_APPROXIMATIONS:
+        for approximation in approximations:
             gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
             try:
                 gsc.compile_update(dynamic=False)
@@ -65,7 +96,7 @@ def _methods(
                 break
             methods[f"gsc_{approximation}_compiled"] = lambda x, gsc=gsc: gsc(x).ood_score
     if package_dir is not None:
-        for approximation in GSC_APPROXIMATIONS:
+        for approximation in approximations:
             gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
             name = f"gsc_{approximation}_ahead_of_time"
             package = package_dir / f"{model.config.model_type}_{split_point}_{approximation}.pt2"
@@ -133,6 +164,9 @@ def benchmark_model(
     device: str,
     compile_update: bool = False,
     package_dir: Path | None = None,
+    baselines: tuple[str, ...] = BASELINES,
+    approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
+    without_tables: bool = False,
 ) -> dict:
     config = model.config
     channels = config.num_channels
@@ -142,7 +176,9 @@ def benchmark_model(
     # Each cell compiles afresh: every detector compiles the same function, and its recompile limit is shared.
     torch._dynamo.reset()
     compile_seconds: dict[str, float] = {}
-    methods = _methods(model, split_point, compile_update, package_dir, compile_seconds)
+    methods = _methods(
+        model, split_point, compile_update, package_dir, compile_seconds, baselines, approximations, without_tables
+    )
     names = list(methods)
     for name in names:
         if name.endswith("_compiled"):
@@ -228,7 +264,13 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet,vit,swin",
-                        help="comma list of reference model names (resnet, vit, swin) or model paths")
+                        help="comma list of reference model names (resnet, vit, swin), random-weight full-size "
+                        f"models ({', '.join(RANDOM_MODELS)}) or model paths")
+    parser.add_argument("--baselines", default=",".join(BASELINES), help="comma list of baselines; msp is required")
+    parser.add_argument("--approximations", default=",".join(GSC_APPROXIMATIONS),
+                        help="comma list of GSC approximations to run")
+    parser.add_argument("--without-tables", action="store_true",
+                        help="also run GSC with the per-class tables of affine heads switched off")
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--split-points", default="final_encoder_output",
                         help="comma list of split points to benchmark GSC at (e.g. final_encoder_output,vit.layers.-3)")
@@ -247,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")
+    baselines = tuple(args.baselines.split(","))
+    approximations = tuple(args.approximations.split(","))
+    if "msp" not in baselines or not set(baselines) <= set(BASELINES):
+        parser.error(f"--baselines must include msp and name only {BASELINES}, got {args.baselines!r}")
+    if not set(approximations) <= set(GSC_APPROXIMATIONS):
+        parser.error(f"--approximations must name only {GSC_APPROXIMATIONS}, got {args.approximations!r}")
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
@@ -263,8 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch = tempfile.TemporaryDirectory(prefix="gsc_packages_") if args.compile_ahead_of_time else None
     package_dir = Path(scratch.name) if scratch is not None else None
     for name in args.models.split(","):
-        path = reference_model_path(name) if name in ("resnet", "vit", "swin") else name
-        model = AutoModelForImageClassification.from_pretrained(path).to(args.device).eval()
+        model = load_model(name).to(args.device)
         results["models"][name] = {}
         for split_point in args.split_points.split(","):
             try:
@@ -274,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                 row = benchmark_model(
-                    model, batch_size, args.repeats, args.warmup, split_point, args.device, args.compile, package_dir
+                    model, batch_size, args.repeats, args.warmup, split_point, args.device, args.compile, package_dir,
+                    baselines, approximations, args.without_tables,
                 )
                 results["models"][name].setdefault(split_point, {})[str(batch_size)] = row
                 summary = ", ".join(
@@ -285,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                 output.write_text(json.dumps(results, indent=2))
     if args.profile:
         for name in args.models.split(","):
-            path = reference_model_path(name) if name in ("resnet", "vit", "swin") else name
-            model = AutoModelForImageClassification.from_pretrained(path).to(args.device).eval()
+            model = load_model(name).to(args.device)
             profile_methods(model, max(int(b) for b in args.batch_sizes.split(",")),
                             args.split_points.split(",")[0], args.device, f"{name}")
     if hasattr(os, "getloadavg"):
