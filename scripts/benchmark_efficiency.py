@@ -72,21 +72,26 @@ def _methods(
     baselines: tuple[str, ...] = BASELINES,
     approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
     without_tables: bool = False,
+    detectors: dict[str, GSCForImageClassification] | None = None,
 ) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """Every method as ``pixel_values -> scores``. ``package_dir``: also GSC compiled ahead of time, with its
     packages kept there; the seconds ``compile_update`` took (compiling or loading) go to ``compile_seconds``.
-    ``without_tables``: also GSC with the per-class tables of affine heads switched off (``gsc_<a>_no_tables``)."""
+    ``without_tables``: also GSC with the per-class tables of affine heads switched off (``gsc_<a>_no_tables``).
+    ``detectors``: filled with every GSC method's detector, by method name."""
     methods: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+    gsc_detectors = detectors if detectors is not None else {}
     for name in baselines:
         detector = get_detector(name, model)
         methods[name] = detector.score
     for approximation in approximations:
         gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
         methods[f"gsc_{approximation}"] = lambda x, gsc=gsc: gsc(x).ood_score
+        gsc_detectors[f"gsc_{approximation}"] = gsc
         if without_tables and gsc.split_point.head_is_linear:
             plain = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
             plain._per_class_tables = lambda *args: None
             methods[f"gsc_{approximation}_no_tables"] = lambda x, gsc=plain: gsc(x).ood_score
+            gsc_detectors[f"gsc_{approximation}_no_tables"] = plain
     if compile_update:
         for approximation in approximations:
             gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
@@ -95,6 +100,7 @@ def _methods(
             except ValueError:  # a head compile_update does not cover (affine, no closed form): nothing to add
                 break
             methods[f"gsc_{approximation}_compiled"] = lambda x, gsc=gsc: gsc(x).ood_score
+            gsc_detectors[f"gsc_{approximation}_compiled"] = gsc
     if package_dir is not None:
         for approximation in approximations:
             gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
@@ -108,6 +114,7 @@ def _methods(
             if compile_seconds is not None:
                 compile_seconds[name] = time.perf_counter() - start
             methods[name] = lambda x, gsc=gsc: gsc(x).ood_score
+            gsc_detectors[name] = gsc
     return methods
 
 
@@ -167,6 +174,7 @@ def benchmark_model(
     baselines: tuple[str, ...] = BASELINES,
     approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
     without_tables: bool = False,
+    after_backbone_rounds: bool = False,
 ) -> dict:
     config = model.config
     channels = config.num_channels
@@ -176,8 +184,10 @@ def benchmark_model(
     # Each cell compiles afresh: every detector compiles the same function, and its recompile limit is shared.
     torch._dynamo.reset()
     compile_seconds: dict[str, float] = {}
+    detectors: dict[str, GSCForImageClassification] = {}
     methods = _methods(
-        model, split_point, compile_update, package_dir, compile_seconds, baselines, approximations, without_tables
+        model, split_point, compile_update, package_dir, compile_seconds, baselines, approximations, without_tables,
+        detectors,
     )
     names = list(methods)
     for name in names:
@@ -194,6 +204,7 @@ def benchmark_model(
             times[name].append(_time_once(methods[name], x))
     memory = {name: _peak_memory_bytes(methods[name], x) for name in names}
     msp_time, msp_memory = statistics.median(times["msp"]), memory["msp"]
+    after_backbone = _after_backbone_seconds(detectors, x, repeats) if after_backbone_rounds else {}
     # Paired: each repeat's time over MSP's in the same repeat (adjacent calls), so that load changes slower
     # than one round cancel; reported next to the ratio of medians, which is the headline number.
     paired = {name: [t / m for t, m in zip(times[name], times["msp"])] for name in names}
@@ -209,9 +220,35 @@ def benchmark_model(
             "peak_memory_bytes": memory[name],
             "relative_memory": memory[name] / msp_memory if msp_memory else None,
             **({"compile_seconds": compile_seconds[name]} if name in compile_seconds else {}),
+            **({
+                # GSC's work after the backbone alone (F looked up instead of computed), over MSP's whole forward.
+                "after_backbone_median_seconds": statistics.median(after_backbone[name]),
+                "after_backbone_iqr_seconds": _iqr(after_backbone[name]),
+                "after_backbone_relative_to_msp": statistics.median(after_backbone[name]) / msp_time,
+            } if name in after_backbone else {}),
         }
         for name in names
     }
+
+
+def _after_backbone_seconds(
+    detectors: dict[str, GSCForImageClassification], x: torch.Tensor, repeats: int
+) -> dict[str, list[float]]:
+    """Each GSC detector's time per call with the backbone replaced by a lookup of its ``F`` (the split point's
+    ``features`` patched on the instance), interleaved over ``repeats`` rounds after one warm-up call."""
+    for detector in detectors.values():
+        features = detector.split_point.features(x)
+        detector.split_point.features = lambda pixel_values, features=features: features
+        _time_once(detector, x)
+    times: dict[str, list[float]] = {name: [] for name in detectors}
+    try:
+        for _ in range(repeats):
+            for name, detector in detectors.items():
+                times[name].append(_time_once(detector, x))
+    finally:
+        for detector in detectors.values():
+            del detector.split_point.features
+    return times
 
 
 def profile_methods(model: torch.nn.Module, batch_size: int, split_point: str, device: str, label: str) -> None:
@@ -269,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baselines", default=",".join(BASELINES), help="comma list of baselines; msp is required")
     parser.add_argument("--approximations", default=",".join(GSC_APPROXIMATIONS),
                         help="comma list of GSC approximations to run")
+    parser.add_argument("--after-backbone", action="store_true",
+                        help="also time each GSC method with its backbone replaced by a lookup of F (what a backend "
+                        "can change), relative to MSP's whole forward")
     parser.add_argument("--without-tables", action="store_true",
                         help="also run GSC with the per-class tables of affine heads switched off")
     parser.add_argument("--batch-sizes", default="1,16,64")
@@ -322,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                 row = benchmark_model(
                     model, batch_size, args.repeats, args.warmup, split_point, args.device, args.compile, package_dir,
-                    baselines, approximations, args.without_tables,
+                    baselines, approximations, args.without_tables, args.after_backbone,
                 )
                 results["models"][name].setdefault(split_point, {})[str(batch_size)] = row
                 summary = ", ".join(
