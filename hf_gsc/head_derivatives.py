@@ -16,7 +16,7 @@ Python decomposition and the classifier's constant weights get zero tangents tha
 The closed forms below, with the LayerNorm's affine part folded into the classifier once per parameter
 version, take about 100 µs for ``y`` and ``g`` together and 20 µs for ``J t`` (on the first token only, see
 :func:`read_pool`). Split points without such a head (earlier blocks, arbitrary module paths) use autograd
-(:func:`hf_gsc.split_points.linearize_with_autograd`); the tests compare the closed forms with autograd through
+(:func:`hf_gsc.backends.autograd.linearize_with_autograd`); the tests compare the closed forms with autograd through
 the model's own LayerNorm and Linear modules, and with a central difference, on every registered head.
 """
 

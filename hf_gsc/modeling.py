@@ -3,10 +3,13 @@
 Data flow (paper Algorithm 1)::
 
     pixel_values -> backbone up to the split point (no gradient) -> F -> head(F) = logits y
-    g = d y_c / dF                  one backward through the head only, c = argmax y
+    g = d y_c / dF                  through the head only, c = argmax y
     mask = top-k |g|, F' = S(F, g)  (hf_gsc.shortcircuit)
     gsc_logits = y + J(F' - F) | y_c + g.(F' - F) | head(F')
     ood_score = score(gsc_logits)   higher = more in-distribution; is_ood = ood_score < threshold
+
+How ``F`` is taken and the head linearised is the backend's job (:mod:`hf_gsc.backends`, chosen once at
+construction); everything after that is :func:`hf_gsc.gsc_step.gsc_step`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import warnings
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -24,27 +25,11 @@ from torch import nn
 from transformers import AutoModelForImageClassification, PreTrainedModel
 from transformers.utils import ModelOutput
 
+from .backends import Backend, Linearization, select_backend
 from .config import CONFIG_NAME, STATE_FILE, GSCConfig
-from .scores import ood_score
-from .aot_update import UpdatePackage, UpdateSettings, load_or_compile_package, package_key
-from .fused_update import UpdateOutput, gsc_update, updated_logits
-from .shortcircuit import (
-    _as_fraction,
-    diagonal_fisher_sum,
-    mask_size,
-    num_masked,
-    num_masked_adaptive,
-    short_circuit,
-    short_circuit_mask,
-)
-from .head_derivatives import LinearizedHead, Pool, pool, pool_adjoint
-from .split_points import (
-    SplitPoint,
-    linearize_with_autograd,
-    resolve_block_chain,
-    resolve_split_point,
-    submodule,
-)
+from .gsc_step import gsc_step, ranking_gradient
+from .shortcircuit import diagonal_fisher_sum, num_masked_adaptive
+from .split_points import SplitPoint
 
 
 @dataclass
@@ -71,31 +56,6 @@ class GSCOutput(ModelOutput):
     gradient: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
-    def __post_init__(self) -> None:
-        # ModelOutput.__post_init__ re-validates the class and re-registers it as a pytree node on every
-        # instance (50 µs, 1% of a batch of 16 on the reference ViT). Registration happens once per class
-        # (ModelOutput.__init_subclass__), and __setattr__ below has already made every field that is set an
-        # item of the mapping, in field order, as the dataclass __init__ assigned them.
-        pass
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # ModelOutput.__setattr__, with the field names computed once instead of on every assignment.
-        if name in _GSC_OUTPUT_FIELDS and value is not None:
-            OrderedDict.__setitem__(self, name, value)
-        object.__setattr__(self, name, value)
-
-
-_GSC_OUTPUT_FIELDS = frozenset(field.name for field in dataclasses.fields(GSCOutput))
-
-
-@dataclass
-class _PerClassTables:
-    """``gradient`` ``(K, d)`` and ``mask`` ``(K, d)`` bool of every class, valid while ``key`` matches."""
-
-    key: tuple
-    gradient: torch.Tensor
-    mask: torch.Tensor
-
 
 def _split_overrides(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Separate ``GSCConfig`` fields from the keyword arguments meant for the base model loader."""
@@ -119,7 +79,8 @@ class GSCForImageClassification(nn.Module):
     """Wraps (and owns) a base image classifier; adds GSC logits and OOD scores to its forward.
 
     The base model is kept in eval mode, its parameters are frozen (``requires_grad=False``) and never
-    receive ``.grad``; gradients are taken with respect to ``F`` only, through the head only.
+    receive ``.grad``; gradients are taken with respect to ``F`` only, through the head only. One detector may
+    be called from several threads at once: a forward registers nothing on the model and keeps no state.
 
     Args:
         model: a ``*ForImageClassification`` model returning ``.logits``.
@@ -142,41 +103,22 @@ class GSCForImageClassification(nn.Module):
         self.image_processor: Any = None
         # (d,) diagonal Fisher of the feature, fitted on ID training data for selection="fisher".
         self.fisher_diagonal: torch.Tensor | None = None
-        # Per-class gradients and masks where the head is affine (see _per_class_tables).
-        self._tables: _PerClassTables | None = None
-        # torch.compile'd hf_gsc.fused_update.gsc_update, or an UpdatePackage, set by compile_update().
-        self._compiled_update: Any = None
-        self._warned_stale_package = False
         self.model.eval()
         self.model.requires_grad_(False)
-        # Read once: transformers' config attribute access is slow enough to show in GSC's per-batch cost.
         base_config = getattr(model, "config", None)
         self._expected_channels: int | None = getattr(base_config, "num_channels", None)
-        # pixel_values take the dtype of the first parameter (the embeddings'): its module and name are found
-        # once; next(model.parameters()) walks the module tree on every batch.
-        self._first_parameter: tuple[nn.Module, str] | None = next(
-            ((module, name) for module in model.modules() for name, p in module._parameters.items() if p is not None),
-            None,
-        )
         image_size = getattr(base_config, "image_size", None)
         self._expected_size: tuple[int, int] | None = (
             None if image_size is None
             else tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
         )
-        self.split_point: SplitPoint = resolve_split_point(model, config.split_point)
-        # Multi-layer short-circuit: the earlier split point and the blocks from it to the final one.
-        self.block_chain = (
-            None if config.earlier_split_point is None
-            else resolve_block_chain(model, config.earlier_split_point, config.split_point)
-        )
-        if (
-            config.approximation == "first_order"
-            and (config.split_point not in ("final_encoder_output", "penultimate") or self.block_chain is not None)
-            and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa"
-        ):
-            # A head made of encoder blocks contains attention; J t there takes a double backward, which the
-            # fused SDPA kernels lack. Eager attention computes the same function and has one.
-            model.set_attn_implementation("eager")
+        # How F is taken and the head linearised, for this split point (hf_gsc.backends).
+        self.backend: Backend = select_backend(model, config)
+
+    @property
+    def split_point(self) -> SplitPoint:
+        """The resolved split point where ``F`` is taken."""
+        return self.backend.split_point
 
     # ------------------------------------------------------------------ loading and saving
     @classmethod
@@ -260,14 +202,12 @@ class GSCForImageClassification(nn.Module):
     @property
     def device(self) -> torch.device:
         """The device of the base model's parameters (what ``pixel_values`` are moved to by pipelines)."""
-        module, name = self._first_parameter
-        return module._parameters[name].device
+        return next(self.model.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
         """The dtype of the base model's first parameter; ``pixel_values`` are cast to it."""
-        module, name = self._first_parameter
-        return module._parameters[name].dtype
+        return next(self.model.parameters()).dtype
 
     def train(self, mode: bool = True) -> "GSCForImageClassification":
         """The wrapper may be put in train mode; the base model always stays in eval mode."""
@@ -300,266 +240,16 @@ class GSCForImageClassification(nn.Module):
         if not math.isfinite(pixel_values.sum().item()) and not torch.isfinite(pixel_values).all():
             bad = (~torch.isfinite(pixel_values)).flatten(1).any(dim=1).nonzero().flatten().tolist()
             raise ValueError(f"pixel_values contains NaN or infinite values in batch rows {bad}")
-        if self._first_parameter is None:
-            return pixel_values
-        module, name = self._first_parameter
-        return pixel_values.to(module._parameters[name].dtype)
+        return pixel_values.to(self.dtype)
 
-    def _linearize(
-        self, pixel_values: torch.Tensor, features: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, Pool, LinearizedHead]:
-        """``F`` (no gradient, backbone stopped at the split point), the pool ``read`` keeping the part of ``F``
-        the head reads, and the head linearized as a function of that part, ``pool(F, read)``.
-
-        ``read`` is ``first_token`` for ViT and DeiT at the final encoder output (only the first token reaches
-        the classifier, so masks and updates run on ``(B, D)`` instead of ``(B, N, D)``) and ``identity``
-        elsewhere. Random selection keeps ``identity``: it draws one number per coordinate of ``F``, and a
-        seeded ablation must draw the same numbers whatever the head reads.
-
-        With ``earlier_split_point`` the feature is the concatenation ``[F_earlier, F_final]`` flattened,
-        ``(B, d_earlier + d_final)``, and ``H([F1, F2]) = head(blocks(F1) + F2 - F2_0)``: its gradient
-        holds ``d y_c / dF1`` (through the blocks) and ``d y_c / dF2``, and moving both parts moves both layers.
-
-        ``features``: ``F`` when the backbone already ran (single split point only).
-        """
-        split = self.split_point
-        # Only the first-order update needs J t; otherwise autograd may free the head's graph after g.
-        keep_graph = self.config.approximation == "first_order"
-        if self.block_chain is None:
-            features = split.features(pixel_values) if features is None else features
-            read = split.read_pool if self.config.selection != "random" else "identity"
-            if read != "identity":
-                return features, read, split.linearize_read_part(pool(features, read))
-            return features, read, split.linearize(features, pixel_values, keep_graph)
-
-        earlier, run_blocks = self.block_chain
-        earlier_features = earlier.features(pixel_values)
-        with torch.no_grad():
-            final_0 = run_blocks(earlier_features)
-        shapes = [earlier_features.shape[1:], final_0.shape[1:]]
-        self._layer_sizes = sizes = [earlier_features[0].numel(), final_0[0].numel()]
-
-        def joint_head(joint: torch.Tensor, pixel_values: torch.Tensor | None) -> torch.Tensor:
-            f1, f2 = joint.split(sizes, dim=1)
-            moved = run_blocks(f1.reshape(-1, *shapes[0])) + (f2.reshape(-1, *shapes[1]) - final_0)
-            return split.head(moved, pixel_values)
-
-        joint_features = torch.cat([earlier_features.flatten(1), final_0.flatten(1)], dim=1)
-        return joint_features, "identity", linearize_with_autograd(joint_head, joint_features, pixel_values, keep_graph)
-
-    def _feature_gradient(
-        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, LinearizedHead, torch.Tensor]:
-        """``F``, the linearized head and the per-sample gradient w.r.t. ``F``, ``(B, *feature_shape)``.
-
-        Without ``labels`` the gradient is ``g = d y_c / dF`` for the predicted class ``c``; with labels it is
-        the gradient of the cross-entropy loss, ``softmax(y) - onehot(label)`` pulled back (what the diagonal
-        Fisher is made of). Heads are batch-separable, so one product for the whole batch gives every
-        per-sample gradient.
-        """
-        features, read, head = self._linearize(pixel_values)
-        logits = head.logits
-        if labels is None:
-            gradient = head.class_gradient(logits.argmax(dim=-1))
-        else:
-            target = nn.functional.one_hot(labels.to(logits.device).long(), logits.shape[-1]).to(logits.dtype)
-            gradient = head.vjp(logits.softmax(dim=-1) - target)
-        return features, head, pool_adjoint(gradient, read, features.shape[1:])
-
-    def _selection_gradient(self, gradient: torch.Tensor) -> torch.Tensor:
-        """The gradient that ranks coordinates: per-layer RMS-normalised under a shared multi-layer budget
-        (raw gradient scales differ between layers), the gradient itself otherwise. ``(B, d) -> (B, d)``."""
-        if self.block_chain is None:
-            return gradient
-        parts = []
-        for part in gradient.split(self._layer_sizes, dim=1):
-            read = (part != 0).sum(dim=1, keepdim=True).clamp_min(1)
-            rms = (part.pow(2).sum(dim=1, keepdim=True) / read).sqrt()
-            parts.append(part / rms.clamp_min(torch.finfo(part.dtype).tiny))
-        return torch.cat(parts, dim=1)
-
-    def _mask(
-        self, flat_gradient: torch.Tensor, read: Pool = "identity", feature_shape: torch.Size | None = None
-    ) -> torch.Tensor:
-        """The short-circuit mask ``(B, d)`` of the configured size and selection for gradients ``(B, d)``
-        taken w.r.t. ``pool(F, read)`` (``F`` of shape ``(B, *feature_shape)``)."""
+    def _linearize(self, pixel_values: torch.Tensor) -> Linearization:
+        """``F`` and the head linearised on the part of ``F`` it reads. Random selection linearises on all of ``F``:
+        it draws one number per coordinate of ``F``, and a seeded ablation must draw the same numbers whatever
+        the head reads. Only the first-order update needs ``J t``; otherwise autograd frees the head's graph."""
         config = self.config
-        ranking = self._selection_gradient(flat_gradient)
-        if config.mask_size == "adaptive":
-            k = num_masked_adaptive(ranking, config.gradient_mass)
-        else:
-            k = num_masked(flat_gradient, config.mask_ratio)
-        generator = torch.Generator().manual_seed(config.seed) if config.selection == "random" else None
-        fisher = self.fisher_diagonal
-        if fisher is not None and read != "identity":
-            fisher = pool(fisher.view(1, *feature_shape), read).flatten()
-        return short_circuit_mask(ranking, k, config.selection, fisher, generator)
-
-    def _per_class_tables(
-        self, head: LinearizedHead, read: Pool, feature_shape: torch.Size
-    ) -> "_PerClassTables | None":
-        """Gradient and mask of every class, where they depend on the class alone; ``None`` elsewhere.
-
-        With an affine head (ResNet at the final encoder output, any ``penultimate`` split) ``g = d y_c / dF``
-        is the classifier row ``W[c]`` pulled back through the pooling, whatever the input, so the mask is a
-        function of ``c`` too: both are computed for all ``K`` classes once and looked up per sample. They
-        are recomputed when the configuration, the fitted Fisher or the classifier weights change. Random
-        selection draws per batch and is never tabulated.
-        """
-        split = self.split_point
-        if self.block_chain is not None or not split.head_is_linear or split.head_spec is None:
-            return None
-        config = self.config
-        if config.selection == "random":
-            return None
-        weight = submodule(self.model, split.head_spec.classifier).weight
-        fisher = self.fisher_diagonal
-        key = (
-            read, tuple(feature_shape), weight.data_ptr(), weight._version, weight.dtype, weight.device,
-            config.mask_ratio, config.mask_size, config.gradient_mass, config.selection,
-            None if fisher is None else (fisher.data_ptr(), fisher._version),
+        return self.backend.linearize(
+            pixel_values, whole_feature=config.selection == "random", keep_graph=config.approximation == "first_order"
         )
-        if self._tables is None or self._tables.key != key:
-            classes = torch.arange(weight.shape[0], device=weight.device)
-            gradient = head.class_gradient(classes).flatten(1)
-            self._tables = _PerClassTables(key, gradient, self._mask(gradient, read, feature_shape))
-        return self._tables
-
-    def compile_update(
-        self,
-        ahead_of_time: bool = False,
-        package_path: str | os.PathLike | None = None,
-        **compile_kwargs: Any,
-    ) -> "GSCForImageClassification":
-        """Run GSC's per-batch work after the backbone as compiled code instead of eager ops; returns ``self``.
-
-        That work is 25-35 small ops (:func:`hf_gsc.fused_update.gsc_update`); next to a small backbone on a
-        CPU their dispatch cost is most of GSC's overhead, and compiled they fuse into a few kernels. The
-        results equal the eager path's to float rounding (tested); a batch with a tie across some sample's
-        mask cut is recomputed eagerly, which fills ties in index order.
-
-        Two ways to compile:
-
-        * ``ahead_of_time=False`` (default): ``torch.compile``. The first call per batch shape and
-          configuration compiles (about 10 s on a CPU), and ``torch.compile`` recompiles when they change;
-          past ``torch._dynamo.config.recompile_limit`` (shared by every detector in the process) the same
-          function runs eagerly. Each call pays dynamo's guard check and wrappers, which on the ViT reference
-          head cost as much as the fusion saves.
-        * ``ahead_of_time=True``: ``torch.export`` + AOTInductor, compiled here, now, for the current
-          configuration, dtype and device, any batch size (:mod:`hf_gsc.aot_update`; 10-30 s on a CPU). Calls
-          run the kernels from C++. ``package_path`` (a ``.pt2`` file) is reused when it was built for the same
-          configuration and written otherwise. If the configuration, dtype or device changes afterwards,
-          ``forward`` warns once and runs eagerly until ``compile_update`` is called again.
-
-        Both need a C++ compiler for inductor's CPU backend.
-
-        It applies where the head has a registered closed form and ``g`` varies over the coordinates it reads
-        (``final_encoder_output`` of ViT, DeiT and Swin), with ``selection="gradient"`` and
-        ``mask_size="fixed"``; with other settings, and with ``output_short_circuit=True``, ``forward`` runs
-        eagerly. It does not apply where the head is affine (ResNet at ``final_encoder_output``, any
-        ``penultimate``: gradients and masks are per-class lookups already), nor where the head averages
-        positions before its LayerNorm (ConvNeXt): ``g`` is then equal over the positions of a channel, every
-        sample's mask has ties across its cut, and the eager path fills them. The backbone is not compiled
-        here (``detector.model.compile()`` does that).
-
-        Args:
-            ahead_of_time: compile with AOTInductor now instead of ``torch.compile`` on the first call.
-            package_path: ahead of time only: the package file to reuse or write; ``None`` keeps it in memory.
-            **compile_kwargs: ``torch.compile`` only (e.g. ``dynamic=False``, ``backend="aot_eager"``).
-        Raises:
-            ValueError: the head is not one of those, ``earlier_split_point`` is set, the settings are not
-                covered (ahead of time), or arguments of the other way are given.
-            RuntimeError: ahead of time, the compilation failed (e.g. no C++ compiler).
-        """
-        split, spec = self.split_point, self.split_point.head_spec
-        if self.block_chain is not None:
-            raise ValueError("compile_update does not support earlier_split_point; unset it or run eagerly")
-        if spec is None:
-            reason = "has no registered closed form"
-        elif split.head_is_linear:
-            reason = "is affine, so its gradients and masks are per-class lookups already"
-        elif spec.pool != "first_token" and not spec.norm_before_pool:
-            reason = "averages positions before its LayerNorm, so every mask has ties, which only the eager path fills"
-        else:
-            reason = None
-        if reason is not None:
-            raise ValueError(
-                f"compile_update: the head at split_point={self.config.split_point!r} {reason}; it applies to "
-                "split_point='final_encoder_output' of ViT, DeiT and Swin"
-            )
-        if not ahead_of_time:
-            if package_path is not None:
-                raise ValueError("compile_update: package_path needs ahead_of_time=True")
-            self._compiled_update = torch.compile(gsc_update, **compile_kwargs)
-            return self
-        if compile_kwargs:
-            raise ValueError(
-                f"compile_update: {sorted(compile_kwargs)} are torch.compile arguments; they do not apply with "
-                "ahead_of_time=True"
-            )
-        read_part = self._example_read_part()
-        head = split.bound_head(on_read_part=True)
-        settings = self._update_settings(read_part)
-        if settings is None:
-            raise ValueError(
-                "compile_update(ahead_of_time=True) covers selection='gradient' and mask_size='fixed' with a "
-                f"non-empty mask; got selection={self.config.selection!r}, mask_size={self.config.mask_size!r}, "
-                f"mask_ratio={self.config.mask_ratio!r}"
-            )
-        self._compiled_update = load_or_compile_package(read_part, head, settings, package_path)
-        self._warned_stale_package = False
-        return self
-
-    def _example_read_part(self) -> torch.Tensor:
-        """``pool(F, read_pool)`` of two blank images, ``(2, *shape)``: what compiling ahead of time traces. The
-        package depends on its shape, dtype and device only (two, not one: a batch of one would be specialised)."""
-        module, name = self._first_parameter
-        parameter = module._parameters[name]
-        height, width = self._expected_size
-        blank = parameter.new_zeros(2, self._expected_channels, height, width)
-        return pool(self.split_point.features(blank), self.split_point.read_pool)
-
-    def _update_settings(self, read_part: torch.Tensor) -> UpdateSettings | None:
-        """The Python-valued arguments of ``gsc_update`` for the current configuration; ``None`` where the compiled
-        update does not cover it (random or Fisher selection, adaptive mask size, an empty mask)."""
-        config = self.config
-        if config.selection != "gradient" or config.mask_size != "fixed":
-            return None
-        mask_ratio = _as_fraction(float(config.mask_ratio))
-        k_bound = mask_size(math.prod(read_part.shape[1:]), *mask_ratio)
-        if k_bound == 0:
-            return None
-        return UpdateSettings(
-            mask_ratio, k_bound, config.operation, config.alpha, config.clip_bound, config.beta,
-            config.approximation, config.score, config.temperature,
-        )
-
-    def _compiled_update_result(self, features: torch.Tensor) -> UpdateOutput | None:
-        """The compiled update of ``F`` where it applies to the current configuration, else ``None``."""
-        split = self.split_point
-        read_part = pool(features, split.read_pool)
-        settings = self._update_settings(read_part)
-        if settings is None:
-            return None
-        head = split.bound_head(on_read_part=True)
-        compiled = self._compiled_update
-        if not isinstance(compiled, UpdatePackage):
-            return compiled(read_part, head, *settings)
-        if compiled.key != package_key(read_part, head, settings):
-            if not self._warned_stale_package:
-                warnings.warn(
-                    "the update compiled ahead of time was built for another configuration, dtype or device; "
-                    "running eagerly. Call compile_update(ahead_of_time=True) again to compile for the current one.",
-                    stacklevel=3,
-                )
-                self._warned_stale_package = True
-            return None
-        return compiled(read_part, head)
-
-    def _is_ood(self, scores: torch.Tensor) -> torch.Tensor | None:
-        """``scores < threshold`` ``(B,)`` bool, or ``None`` while no threshold is set."""
-        threshold = self.config.threshold
-        return None if threshold is None else scores < threshold
 
     def forward(
         self,
@@ -587,58 +277,48 @@ class GSCForImageClassification(nn.Module):
             raise RuntimeError(
                 "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
             )
-        features = None
-        if self._compiled_update is not None and not output_short_circuit:
-            features = self.split_point.features(pixel_values)
-            update = self._compiled_update_result(features)
-            if update is not None and not update.tied:
-                return GSCOutput(
-                    logits=update.logits,
-                    gsc_logits=update.gsc_logits,
-                    ood_score=update.ood_score,
-                    is_ood=self._is_ood(update.ood_score),
-                    predicted_class=update.predicted_class,
-                )
-            # Settings the compiled update does not cover, or a tie across some sample's cut: the eager path
-            # below fills ties in index order. The backbone does not run again.
-        features, read, head = self._linearize(pixel_values, features)
-        read_features = pool(features, read)
-        logits = head.logits
-        predicted_class = logits.argmax(dim=-1)
-        flat_features = read_features.flatten(1)
-        tables = self._per_class_tables(head, read, features.shape[1:])
-        if tables is None:
-            flat_gradient = head.class_gradient(predicted_class).flatten(1)
-            mask = self._mask(flat_gradient, read, features.shape[1:])
-        else:
-            flat_gradient = tables.gradient.index_select(0, predicted_class)
-            mask = tables.mask.index_select(0, predicted_class)
-        shorted = short_circuit(
-            flat_features, flat_gradient, mask, config.operation, config.alpha, config.clip_bound, config.beta
+        linearization = self._linearize(pixel_values)  # backbone up to F, head linearised at F
+        step = gsc_step(  # g, mask, F' = S(F, g), updated logits, score
+            linearization.head,
+            linearization.read_part,
+            config,
+            fisher_diagonal=linearization.restrict(self.fisher_diagonal),
+            layer_sizes=linearization.layer_sizes,
         )
-
-        gsc_logits = updated_logits(
-            head, config.approximation, predicted_class, flat_gradient, flat_features, shorted, read_features.shape
-        )
-
-        scores = ood_score(gsc_logits, config.score, config.temperature)
-        is_ood = self._is_ood(scores)
+        threshold = config.threshold
         extra = {}
         if output_short_circuit:
-            shape = features.shape[1:]
             extra = dict(
-                features=features,
-                gradient=pool_adjoint(flat_gradient.view_as(read_features), read, shape),
-                mask=pool_adjoint(mask.view_as(read_features), read, shape),
+                features=linearization.features,
+                gradient=linearization.spread(step.gradient),
+                mask=linearization.spread(step.mask),
             )
         return GSCOutput(
-            logits=logits,
-            gsc_logits=gsc_logits,
-            ood_score=scores,
-            is_ood=is_ood,
-            predicted_class=predicted_class,
+            logits=step.logits,
+            gsc_logits=step.gsc_logits,
+            ood_score=step.ood_score,
+            is_ood=None if threshold is None else step.ood_score < threshold,
+            predicted_class=step.predicted_class,
             **extra,
         )
+
+    def _feature_gradient(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> Linearization:
+        """The linearisation of a batch and its per-sample gradient w.r.t. the read part of ``F``, ``(B, d)``.
+
+        Without ``labels`` the gradient is ``g = d y_c / dF`` for the predicted class ``c``; with labels it is
+        the gradient of the cross-entropy loss, ``softmax(y) - onehot(label)`` pulled back (what the diagonal
+        Fisher is made of). Heads are batch-separable, so one product for the whole batch gives every
+        per-sample gradient.
+        """
+        linearization = self._linearize(pixel_values)
+        head = linearization.head
+        logits = head.logits
+        if labels is None:
+            gradient = head.class_gradient(logits.argmax(dim=-1))
+        else:
+            target = nn.functional.one_hot(labels.to(logits.device).long(), logits.shape[-1]).to(logits.dtype)
+            gradient = head.vjp(logits.softmax(dim=-1) - target)
+        return linearization, gradient.flatten(1)
 
     # ------------------------------------------------------------------ calibration and fitting
     def calibrate(
@@ -679,8 +359,8 @@ class GSCForImageClassification(nn.Module):
         """
         gradients = []
         for pixel_values, _ in _batches(id_validation_data, "id_validation_data"):
-            gradient = self._feature_gradient(self._check_pixel_values(pixel_values))[2]
-            gradients.append(self._selection_gradient(gradient.flatten(1)))
+            linearization, gradient = self._feature_gradient(self._check_pixel_values(pixel_values))
+            gradients.append(ranking_gradient(linearization.spread(gradient).flatten(1), linearization.layer_sizes))
         gradient = torch.cat(gradients)
         read = (gradient != 0).sum(dim=1).clamp_min(1).double()
 
@@ -707,7 +387,8 @@ class GSCForImageClassification(nn.Module):
         for pixel_values, labels in _batches(id_train_data, "id_train_data"):
             if labels is None:
                 raise ValueError("fit_fisher needs labels: pass (pixel_values, labels) batches of ID training data")
-            gradient = self._feature_gradient(self._check_pixel_values(pixel_values), labels)[2]
+            linearization, gradient = self._feature_gradient(self._check_pixel_values(pixel_values), labels)
+            gradient = linearization.spread(gradient)
             batch_sum = diagonal_fisher_sum(gradient.flatten(1))
             total = batch_sum if total is None else total + batch_sum
             count += gradient.shape[0]

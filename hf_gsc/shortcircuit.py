@@ -15,7 +15,7 @@ from __future__ import annotations
 import fractions
 import functools
 import math
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 
@@ -84,14 +84,21 @@ def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float) -> torch.T
     return torch.minimum(k, (gradient != 0).sum(dim=1))
 
 
-def _mask_from_priority(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Mask of the ``k[i]`` highest-priority coordinates per row; ties go to the lower index.
+def top_k_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Mask of the ``k[i]`` highest-priority coordinates per row; ties go to the lower index. The one top-k of GSC.
 
     A partial ``topk`` finds each row's ``k[i]``-th largest value ``v``; everything above ``v`` is kept
     and the ties at ``v`` are filled in index order. This equals a stable descending argsort cut at
     ``k[i]``, without sorting all ``d`` coordinates (most of which the head does not even read).
+
+    Args:
+        priority: ``(B, d)`` float; ``-inf`` marks coordinates that must not be chosen (``k[i]`` never exceeds
+            the number of finite ones in the callers).
+        k: ``(B,)`` int64 mask sizes.
+    Returns:
+        ``(B, d)`` bool with ``k[i]`` coordinates in row ``i``.
     """
-    sizes = k.tolist()  # a few Python ints: cheaper than reducing on the tensor and reading two scalars
+    sizes = k.tolist()
     k_min, k_max = (min(sizes), max(sizes)) if sizes else (0, 0)
     if k_max == 0:
         return torch.zeros_like(priority, dtype=torch.bool)
@@ -117,6 +124,7 @@ def short_circuit_mask(
     selection: Selection = "gradient",
     fisher_diagonal: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    excluded: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean mask of the ``k[i]`` coordinates to short-circuit in each row.
 
@@ -128,28 +136,34 @@ def short_circuit_mask(
             smallest nonzero ``|g|``; ``random`` = uniformly among the read coordinates (ablation controls).
         fisher_diagonal: ``(d,)`` nonnegative ``lambda``, required for ``selection="fisher"``.
         generator: random source for ``selection="random"``.
+        excluded: ``(B, d)`` bool, coordinates never chosen (those an iterative short-circuit already took);
+            ``k[i]`` must not exceed the number of the others.
     Returns:
-        ``(B, d)`` bool. Coordinates with ``g = 0`` (not read by the head) are chosen last.
+        ``(B, d)`` bool. Coordinates with ``g = 0`` (not read by the head) are chosen after every read one.
     """
     magnitude = gradient.abs()
-    if selection == "gradient":
-        # Unread coordinates (g = 0) already rank last; k never exceeds the number of read ones.
-        return _mask_from_priority(magnitude, k)
     read = gradient != 0
-    unread = torch.full_like(magnitude, -math.inf)
-    if selection == "fisher":
+    if selection == "gradient":
+        # Unread coordinates (|g| = 0) already rank after every read one.
+        priority = magnitude
+    elif selection == "fisher":
         if fisher_diagonal is None:
             raise ValueError("selection='fisher' needs the diagonal Fisher: fit it on ID training data first")
         scale = fisher_diagonal.to(magnitude).sqrt().clamp_min(torch.finfo(magnitude.dtype).tiny)
-        priority = torch.where(read, magnitude / scale, unread)
+        priority = magnitude / scale
     elif selection == "reverse":
-        priority = torch.where(read, -magnitude, unread)
+        priority = -magnitude
     elif selection == "random":
         noise = torch.rand(gradient.shape, generator=generator, device="cpu").to(gradient.device)
-        priority = torch.where(read, noise.to(magnitude.dtype), unread)
+        priority = noise.to(magnitude.dtype)
     else:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
-    return _mask_from_priority(priority, k)
+    if selection != "gradient":
+        # The lowest finite value: after every read coordinate, before every excluded one (-inf).
+        priority = torch.where(read, priority, torch.finfo(priority.dtype).min)
+    if excluded is not None:
+        priority = priority.masked_fill(excluded, -math.inf)
+    return top_k_mask(priority, k)
 
 
 def diagonal_fisher_sum(loss_gradient: torch.Tensor) -> torch.Tensor:
@@ -198,24 +212,6 @@ def short_circuit(
     if operation == "scale":
         return torch.where(mask, beta * features, features)
     raise ValueError(f"operation must be one of {OPERATIONS}, got {operation!r}")
-
-
-def first_order_logits(
-    head: Callable[[torch.Tensor], torch.Tensor], features: torch.Tensor, delta: torch.Tensor
-) -> torch.Tensor:
-    """``y + J (F' - F)`` for all ``K`` logits: one forward-mode product through the head.
-
-    The head must be batch-separable (row ``i`` of its output depends on row ``i`` of its input only),
-    so the batched Jacobian-vector product is the per-sample one.
-
-    Args:
-        head: maps features ``(B, *feature_shape)`` to logits ``(B, K)``.
-        features: ``F``, ``(B, *feature_shape)``; delta: ``F' - F``, same shape.
-    Returns:
-        ``(B, K)``.
-    """
-    logits, tangent = torch.func.jvp(head, (features,), (delta,))
-    return logits + tangent
 
 
 def predicted_logit_update(

@@ -22,8 +22,11 @@ model elsewhere.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable
+import threading
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -54,7 +57,7 @@ def validate_split_point_name(split_point: str) -> None:
 
 
 class _SplitReached(Exception):
-    """Raised by the capture hook to stop the backbone forward once ``F`` is known."""
+    """Raised by the split hook to stop the backbone forward once ``F`` is known."""
 
 
 def _first_tensor(output: Any) -> torch.Tensor:
@@ -69,46 +72,69 @@ def _replace_first(output: Any, replacement: torch.Tensor) -> Any:
     raise TypeError(f"cannot replace the output of type {type(output).__name__} at the split point")
 
 
-def linearize_with_autograd(
-    head: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor],
-    features: torch.Tensor,
-    pixel_values: torch.Tensor | None,
-    keep_graph_for_jvp: bool = True,
-) -> LinearizedHead:
-    """:class:`LinearizedHead` of any batch-separable ``head(F, pixel_values)`` by autograd. The head's graph is
-    built once; ``vjp`` and ``jvp`` both run backward through it. With ``keep_graph_for_jvp=False`` the first
-    ``vjp`` frees the graph (its saved activations would otherwise stay alive) and ``jvp`` is unavailable.
+# Thread safety by construction: each split module carries one pair of hooks for its lifetime, registered when
+# a SplitPoint on it is built. They act only on a request the *calling thread* made (thread-local), so threads
+# sharing a model never see each other's requests, and a plain call of the model (no request) passes through.
+_REQUESTS = threading.local()
+_HOOKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_HOOK_LOCK = threading.Lock()
 
-    ``jvp`` uses two reverse passes instead of forward mode: ``v -> v^T J`` is linear in ``v``, so the gradient
-    of ``<v^T J, t>`` with respect to ``v`` is ``J t``. Through two ViT blocks that is 2-3x faster than
-    ``torch.func.jvp``, which runs LayerNorm as a Python decomposition and gives the constant weights slow
-    zero tangents. It needs a twice-differentiable head (eager attention, as for forward mode).
 
-    Works inside ``torch.inference_mode()``: tensors made there cannot be saved for backward, so ``F`` and
-    ``pixel_values`` are cloned with inference mode switched off.
-    """
-    with torch.inference_mode(False), torch.enable_grad():
-        primal = features.clone().requires_grad_(True)
-        pixel_values = None if pixel_values is None else pixel_values.clone()
-        logits = head(primal, pixel_values)
+@dataclass
+class _Request:
+    """What the calling thread wants from ``module`` in its current forward: ``capture_input``,
+    ``capture_output`` (then stop the forward) or ``replace_output`` (with ``replacement``)."""
 
-    def vjp(cotangent: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode(False):
-            return torch.autograd.grad(logits, primal, cotangent.clone(), retain_graph=keep_graph_for_jvp)[0].detach()
+    module: nn.Module
+    action: str
+    replacement: torch.Tensor | None = None
+    captured: torch.Tensor | None = None
 
-    def jvp(tangent: torch.Tensor) -> torch.Tensor:
-        if not keep_graph_for_jvp:
-            raise RuntimeError("this head was linearized with keep_graph_for_jvp=False; it has no jvp")
-        with torch.inference_mode(False), torch.enable_grad():
-            cotangent = torch.zeros_like(logits, requires_grad=True)
-            (pulled,) = torch.autograd.grad(logits, primal, cotangent, retain_graph=True, create_graph=True)
-            return torch.autograd.grad(pulled, cotangent, tangent.clone())[0].detach()
 
-    def function(moved: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return head(moved, pixel_values)
+def _current_request(module: nn.Module) -> _Request | None:
+    request = getattr(_REQUESTS, "request", None)
+    return request if request is not None and request.module is module else None
 
-    return LinearizedHead(logits.detach(), vjp, jvp, function)
+
+def _before_forward(module: nn.Module, args: Any) -> None:
+    request = _current_request(module)
+    if request is not None and request.action == "capture_input":
+        request.captured = args[0]
+        raise _SplitReached
+
+
+def _after_forward(module: nn.Module, args: Any, output: Any) -> Any:
+    request = _current_request(module)
+    if request is None or request.action == "capture_input":
+        return None
+    if request.action == "replace_output":
+        return _replace_first(output, request.replacement)
+    request.captured = _first_tensor(output)
+    raise _SplitReached
+
+
+def _install_hooks(module: nn.Module) -> None:
+    """The split hooks of ``module``, registered once (again only if the module was replaced by a new one)."""
+    if module in _HOOKED:
+        return
+    with _HOOK_LOCK:
+        if module not in _HOOKED:
+            _HOOKED[module] = (
+                module.register_forward_pre_hook(_before_forward),
+                module.register_forward_hook(_after_forward),
+            )
+
+
+@contextmanager
+def _requesting(request: _Request) -> Iterator[_Request]:
+    """Make ``request`` the calling thread's current one for the duration of the block."""
+    _install_hooks(request.module)
+    previous = getattr(_REQUESTS, "request", None)
+    _REQUESTS.request = request
+    try:
+        yield request
+    finally:
+        _REQUESTS.request = previous
 
 
 @dataclass
@@ -131,11 +157,9 @@ class SplitPoint:
     head_is_linear: bool
     head_spec: HeadSpec | None = None
     _block_head: Callable[[torch.Tensor], torch.Tensor] | None = None
-    # (parameter versions, folded head, folded head on the read part): folding costs more ops than GSC's
-    # whole per-batch update, so it happens once per parameter version.
-    _bound_heads: tuple[tuple, PoolNormLinearHead, PoolNormLinearHead] | None = field(
-        default=None, repr=False, compare=False
-    )
+
+    def __post_init__(self) -> None:
+        _install_hooks(self.module)
 
     @property
     def read_pool(self) -> Pool:
@@ -145,42 +169,30 @@ class SplitPoint:
         return "identity" if self.head_spec is None else read_pool(self.head_spec.pool)
 
     def bound_head(self, on_read_part: bool = False) -> PoolNormLinearHead:
-        """The registered head with the model's current parameters, as a function of ``F`` or (``on_read_part``)
-        of ``pool(F, self.read_pool)``. Refolded when a parameter is replaced or changed in place (tensor
-        identity and ``_version``)."""
-        parameters = self.head_spec.parameters(self.model)
-        key = tuple(None if p is None else (p.data_ptr(), p._version, p.dtype, p.device) for p in parameters)
-        if self._bound_heads is None or self._bound_heads[0] != key:
-            head = self.head_spec.bind(self.model)
-            self._bound_heads = (key, head, restrict_to_read_part(head))
-        return self._bound_heads[2 if on_read_part else 1]
+        """The registered head with the model's current parameters (folded on every call, so it follows
+        replaced or changed parameters), as a function of ``F`` or (``on_read_part``) of
+        ``pool(F, self.read_pool)``."""
+        head = self.head_spec.bind(self.model)
+        return restrict_to_read_part(head) if on_read_part else head
 
     @property
     def module(self) -> nn.Module:
         return submodule(self.model, self.module_path)
 
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """Run the backbone up to the split point, without gradient. ``(B, C, H, W) -> (B, *feature_shape)``."""
-        captured: list[torch.Tensor] = []
+        """Run the backbone up to the split point, without gradient. ``(B, C, H, W) -> (B, *feature_shape)``.
 
-        def capture(_module: nn.Module, args: Any, output: Any = None) -> None:
-            captured.append(args[0] if self.capture_input else _first_tensor(output))
-            raise _SplitReached
-
-        if self.capture_input:
-            handle = self.module.register_forward_pre_hook(capture)
-        else:
-            handle = self.module.register_forward_hook(capture)
-        try:
-            with torch.no_grad():
-                self.model(pixel_values=pixel_values)
-        except _SplitReached:
-            pass
-        finally:
-            handle.remove()
-        if not captured:
+        Thread-safe: the split module's persistent hook captures ``F`` for the calling thread only."""
+        action = "capture_input" if self.capture_input else "capture_output"
+        with _requesting(_Request(self.module, action)) as request:
+            try:
+                with torch.no_grad():
+                    self.model(pixel_values=pixel_values)
+            except _SplitReached:
+                pass
+        if request.captured is None:
             raise RuntimeError(f"the forward pass never reached the split point {self.module_path!r}")
-        return captured[0]
+        return request.captured
 
     def head(self, features: torch.Tensor, pixel_values: torch.Tensor | None = None) -> torch.Tensor:
         """``f_{>L}(F)``: logits ``(B, K)`` from features ``(B, *feature_shape)``.
@@ -195,15 +207,8 @@ class SplitPoint:
             return self._block_head(features)
         if pixel_values is None:
             raise ValueError(f"split point {self.name!r} has no direct head: pass pixel_values to replay the model")
-
-        def replace(_module: nn.Module, _args: Any, output: Any) -> Any:
-            return _replace_first(output, features)
-
-        handle = self.module.register_forward_hook(replace)
-        try:
+        with _requesting(_Request(self.module, "replace_output", replacement=features)):
             return self.model(pixel_values=pixel_values).logits
-        finally:
-            handle.remove()
 
     def linearize(
         self, features: torch.Tensor, pixel_values: torch.Tensor | None = None, keep_graph_for_jvp: bool = True
@@ -212,6 +217,8 @@ class SplitPoint:
         head has a :class:`HeadSpec`, autograd otherwise; see :func:`linearize_with_autograd` for the flag)."""
         if self.head_spec is not None:
             return self.bound_head().linearize(features)
+        from .backends.autograd import linearize_with_autograd  # the backends build on this module
+
         return linearize_with_autograd(self.head, features, pixel_values, keep_graph_for_jvp)
 
     def linearize_read_part(self, read_part: torch.Tensor) -> LinearizedHead:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from hf_gsc.head_derivatives import POOLS, layer_norm_jacobian_product, layer_norm_statistics, pool, pool_adjoint
-from hf_gsc.split_points import HeadSpec, linearize_with_autograd, resolve_split_point
+from hf_gsc.backends.autograd import linearize_with_autograd
+from hf_gsc.split_points import HeadSpec, resolve_split_point
 
 from conftest import make_tiny_model
 

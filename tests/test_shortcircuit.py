@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_gsc.shortcircuit import _mask_from_priority, num_masked
+from hf_gsc.shortcircuit import num_masked, top_k_mask
 
 
 def _stable_argsort_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -26,7 +26,7 @@ def test_mask_keeps_top_k_with_ties_to_the_lower_index():
         else:
             priority = torch.randn(4, width, generator=generator, dtype=torch.float64)
         k = torch.randint(0, width + 1, (4,), generator=generator)
-        mask = _mask_from_priority(priority, k)
+        mask = top_k_mask(priority, k)
         assert torch.equal(mask, _stable_argsort_mask(priority, k)), (priority, k)
         assert mask.sum(dim=1).tolist() == k.tolist()
 
@@ -50,5 +50,5 @@ def test_mask_with_one_size_for_every_row_handles_ties():
             priority = torch.randn(4, width, generator=generator, dtype=torch.float64)
         k = torch.full((4,), int(torch.randint(0, width + 1, (1,), generator=generator)))
         expected = _stable_argsort_mask(priority, k)
-        assert torch.equal(_mask_from_priority(priority, k), expected), (priority, k)
+        assert torch.equal(top_k_mask(priority, k), expected), (priority, k)
 

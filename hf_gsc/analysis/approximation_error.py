@@ -17,8 +17,9 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .context import HeadContext, logits_after, scores_of
-from ..shortcircuit import num_masked, short_circuit, short_circuit_mask
+from ..config import GSCConfig
+from ..gsc_step import gsc_step
+from .context import HeadContext, scores_of
 
 APPROXIMATIONS: tuple[str, ...] = ("exact", "first_order", "predicted_logit")
 ERROR_SCORES: tuple[str, ...] = ("energy", "msp")
@@ -32,12 +33,13 @@ def approximation_outputs(
     Returns ``{"<approximation>/<score>": (B,) float64, "<approximation>/prediction": (B,) int64,
     "base/<score>", "base/prediction"}`` on the CPU.
     """
-    flat_f, flat_g = context.features.flatten(1), context.gradient.flatten(1)
-    mask = short_circuit_mask(flat_g, num_masked(flat_g, mask_ratio))
-    shorted = short_circuit(flat_f, flat_g, mask, operation)
+    def step_logits(approximation: str) -> torch.Tensor:
+        settings = GSCConfig(mask_ratio=mask_ratio, operation=operation, approximation=approximation)
+        return gsc_step(context.linearization.head, context.features, settings).gsc_logits
+
     out: dict[str, torch.Tensor] = {}
     for name, logits in [("base", context.logits)] + [
-        (approximation, logits_after(context, shorted, approximation)) for approximation in APPROXIMATIONS
+        (approximation, step_logits(approximation)) for approximation in APPROXIMATIONS
     ]:
         for score in ERROR_SCORES:
             out[f"{name}/{score}"] = scores_of(logits, score)

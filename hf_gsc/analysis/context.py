@@ -1,8 +1,7 @@
 """What every head-only GSC variant at one split point shares: ``F``, ``y``, ``g``, ``c`` and the head.
 
-The backbone runs once per (batch, split point); every variant then costs one pass (or one JVP) through
-the head only. Built from the public pieces: :meth:`hf_gsc.split_points.SplitPoint.features` /
-:meth:`~hf_gsc.split_points.SplitPoint.head` and :mod:`hf_gsc.shortcircuit`.
+The backbone runs once per (batch, split point) and the head is linearised once, by the same backend the
+detector uses (:mod:`hf_gsc.backends`); every variant is then one :func:`hf_gsc.gsc_step.gsc_step` on it.
 """
 
 from __future__ import annotations
@@ -12,32 +11,35 @@ from typing import Callable
 
 import torch
 
+from ..backends import Linearization, split_point_backend
+from ..config import GSCConfig
+from ..gsc_step import gsc_step, updated_logits
 from ..scores import ood_score
-from ..shortcircuit import first_order_logits, num_masked, predicted_logit_update, short_circuit, short_circuit_mask
 from ..split_points import SplitPoint
-from .iterative import head_gradient, iterative_short_circuit
+from .iterative import iterative_short_circuit
 
 
 @dataclass
 class HeadContext:
-    """``F`` ``(B, *shape)``, logits ``y`` ``(B, K)``, ``g = d y_c / dF`` ``(B, *shape)``, ``c`` ``(B,)`` and ``head``."""
+    """``F`` ``(B, *shape)``, logits ``y`` ``(B, K)``, ``g = d y_c / dF`` ``(B, *shape)``, ``c`` ``(B,)``, ``head``
+    (``F -> y``) and the head linearised on all of ``F`` (:class:`hf_gsc.backends.Linearization`)."""
 
     features: torch.Tensor
     logits: torch.Tensor
     gradient: torch.Tensor
     predicted_class: torch.Tensor
     head: Callable[[torch.Tensor], torch.Tensor]
+    linearization: Linearization
 
 
 def head_context(split: SplitPoint, pixel_values: torch.Tensor) -> HeadContext:
-    """Run the backbone once up to ``split`` and one backward through the head."""
-    features = split.features(pixel_values)
-
-    def head(f: torch.Tensor) -> torch.Tensor:
-        return split.head(f, pixel_values)
-
-    logits, gradient = head_gradient(head, features)
-    return HeadContext(features.detach(), logits, gradient, logits.argmax(dim=-1), head)
+    """Run the backbone once up to ``split`` and linearise the head there (on all of ``F``: random selection
+    draws one number per coordinate of ``F``, as in the detector)."""
+    linearization = split_point_backend(split).linearize(pixel_values, whole_feature=True)
+    head = linearization.head
+    predicted_class = head.logits.argmax(dim=-1)
+    gradient = head.class_gradient(predicted_class)
+    return HeadContext(linearization.features, head.logits, gradient, predicted_class, head.function, linearization)
 
 
 def gsc_logits(
@@ -54,9 +56,9 @@ def gsc_logits(
 ) -> torch.Tensor:
     """Short-circuited logits ``(B, K)`` of one variant, head only.
 
-    ``steps == 1``: the same computation as :class:`hf_gsc.GSCForImageClassification` with a fixed mask size
-    (``num_masked`` -> ``short_circuit_mask`` -> ``short_circuit`` -> ``approximation``).
-    ``steps > 1``: :func:`hf_gsc.analysis.iterative.iterative_short_circuit` (zero op, exact logits).
+    ``steps == 1``: :func:`hf_gsc.gsc_step.gsc_step`, as :class:`hf_gsc.GSCForImageClassification` runs it with
+    a fixed mask size. ``steps > 1``: :func:`hf_gsc.analysis.iterative.iterative_short_circuit` (zero op, exact
+    logits).
     """
     if steps > 1:
         if operation != "zero" or approximation != "exact":
@@ -65,25 +67,20 @@ def gsc_logits(
             context.head, context.features, mask_ratio, steps, selection, generator,
             gradient=context.gradient, predicted_class=context.predicted_class,
         )[0]
-    flat_f, flat_g = context.features.flatten(1), context.gradient.flatten(1)
-    mask = short_circuit_mask(flat_g, num_masked(flat_g, mask_ratio), selection, generator=generator)
-    shorted = short_circuit(flat_f, flat_g, mask, operation, alpha, clip_bound, beta)
-    return logits_after(context, shorted, approximation)
+    settings = GSCConfig(
+        mask_ratio=mask_ratio, selection=selection, operation=operation, approximation=approximation,
+        alpha=alpha, clip_bound=clip_bound, beta=beta,
+    )
+    return gsc_step(context.linearization.head, context.features, settings, generator=generator).gsc_logits
 
 
 def logits_after(context: HeadContext, shorted: torch.Tensor, approximation: str) -> torch.Tensor:
     """Logits at ``F'`` = ``shorted`` ``(B, d)``: ``first_order`` | ``predicted_logit`` | ``exact``."""
     features = context.features
-    delta = shorted - features.flatten(1)
-    if approximation == "first_order":
-        with torch.inference_mode(False):
-            return first_order_logits(context.head, features, delta.view_as(features)).detach()
-    if approximation == "predicted_logit":
-        return predicted_logit_update(context.logits, context.predicted_class, context.gradient.flatten(1), delta)
-    if approximation == "exact":
-        with torch.no_grad():
-            return context.head(shorted.view_as(features)).detach()
-    raise ValueError(f"approximation must be first_order, predicted_logit or exact, got {approximation!r}")
+    return updated_logits(
+        context.linearization.head, approximation, context.predicted_class, context.gradient.flatten(1),
+        features.flatten(1), shorted, features.shape,
+    )
 
 
 def scores_of(logits: torch.Tensor, score: str = "energy", temperature: float = 1.0) -> torch.Tensor:

@@ -23,7 +23,8 @@ from typing import Callable
 
 import torch
 
-from ..shortcircuit import num_masked, short_circuit
+from ..backends.autograd import linearize_with_autograd
+from ..shortcircuit import num_masked, short_circuit, short_circuit_mask
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 
@@ -42,23 +43,12 @@ def head_gradient(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logits, d y_c / dF)`` at ``features`` (both detached); ``c`` defaults to ``argmax`` of the logits.
 
-    The head must be batch-separable, so one backward of ``sum_i y[i, c_i]`` gives every per-sample gradient.
+    The head must be batch-separable, so one backward gives every per-sample gradient (the autograd backend's
+    :func:`hf_gsc.backends.autograd.linearize_with_autograd`).
     """
-    with torch.inference_mode(False), torch.enable_grad():
-        f = features.detach().clone().requires_grad_(True)
-        logits = head(f)
-        c = logits.argmax(dim=-1) if predicted_class is None else predicted_class
-        (gradient,) = torch.autograd.grad(logits.gather(1, c[:, None]).sum(), f)
-    return logits.detach(), gradient.detach()
-
-
-def _top_unmasked(priority: torch.Tensor, taken: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Mask of the ``k[i]`` highest-priority not-yet-taken coordinates per row (ties: lower index)."""
-    priority = torch.where(taken, torch.full_like(priority, -torch.inf), priority)
-    order = torch.argsort(priority, dim=1, descending=True, stable=True)
-    ranks = torch.empty_like(order)
-    ranks.scatter_(1, order, torch.arange(priority.shape[1], device=priority.device).expand_as(order))
-    return ranks < k.unsqueeze(1)
+    linearized = linearize_with_autograd(lambda f, _: head(f), features.detach(), None, keep_graph_for_jvp=False)
+    c = linearized.logits.argmax(dim=-1) if predicted_class is None else predicted_class
+    return linearized.logits, linearized.class_gradient(c)
 
 
 def iterative_short_circuit(
@@ -92,19 +82,9 @@ def iterative_short_circuit(
     for t in range(steps):
         if t > 0:
             g = head_gradient(head, current.view(shape), predicted_class)[1].flatten(1)
-        magnitude = g.abs()
-        read = g != 0
-        if selection == "gradient":
-            priority = torch.where(read, magnitude, torch.full_like(magnitude, -1.0))
-        elif selection == "reverse":
-            lowest = -(magnitude.amax(dim=1, keepdim=True) + 1)
-            priority = torch.where(read, -magnitude, lowest.expand_as(magnitude))
-        elif selection == "random":
-            noise = torch.rand(g.shape, generator=generator).to(g)
-            priority = torch.where(read, noise, torch.full_like(noise, -1.0))
-        else:
+        if selection not in ("gradient", "reverse", "random"):
             raise ValueError(f"selection must be gradient, reverse or random, got {selection!r}")
-        step_mask = _top_unmasked(priority, taken, budget[t])
+        step_mask = short_circuit_mask(g, budget[t], selection, generator=generator, excluded=taken)
         current = short_circuit(current, g, step_mask, "zero")
         taken |= step_mask
     with torch.no_grad():

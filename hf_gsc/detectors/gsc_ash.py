@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from ..backends import Backend, Linearization
 from ..config import GSCConfig
 from ..modeling import GSCForImageClassification
-from ..split_points import SplitPoint
 from .ash import ASH_VARIANTS, ash_shape, default_ash_percentile
 from .base import register_detector
 from .common import BaselineDetector
@@ -23,15 +22,26 @@ GSC_SETTINGS = (
 )
 
 
-@dataclass
-class ShapedSplitPoint(SplitPoint):
-    """A split point whose feature is shaped on the way out: ``features(x) = shaping(F(x))``; same head."""
+class ShapedFeatures(Backend):
+    """A backend whose feature is shaped on the way out: ``F -> shaping(F)``, then ``inner``'s head at it."""
 
-    shaping: Callable[[torch.Tensor], torch.Tensor] | None = None
+    def __init__(self, inner: Backend, shaping: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__(inner.split_point)
+        self.inner, self.shaping = inner, shaping
 
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        features = super().features(pixel_values)
+        features = self.inner.features(pixel_values)
         return self.shaping(features.flatten(1)).view_as(features)
+
+    def linearize(
+        self,
+        pixel_values: torch.Tensor,
+        features: torch.Tensor | None = None,
+        whole_feature: bool = False,
+        keep_graph: bool = True,
+    ) -> Linearization:
+        features = self.features(pixel_values) if features is None else features
+        return self.inner.linearize(pixel_values, features, whole_feature, keep_graph)
 
 
 @register_detector
@@ -69,10 +79,8 @@ class GSCASHDetector(BaselineDetector):
         super().__init__(model, **hyperparameters)
         gsc_fields = {k: v for k, v in self.hyperparameters.items() if k in GSC_SETTINGS}
         self.detector = GSCForImageClassification(model, GSCConfig(**gsc_fields))
-        split = self.detector.split_point
-        self.detector.split_point = ShapedSplitPoint(
-            **{f.name: getattr(split, f.name) for f in dataclasses.fields(SplitPoint)},
-            shaping=lambda f: ash_shape(f, variant, self.hyperparameters["ash_percentile"]),
+        self.detector.backend = ShapedFeatures(
+            self.detector.backend, lambda f: ash_shape(f, variant, self.hyperparameters["ash_percentile"])
         )
 
     def validate(self) -> None:

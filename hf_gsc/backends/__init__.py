@@ -1,0 +1,44 @@
+"""How ``F`` is taken and the head linearised, chosen once per detector, when its configuration is set.
+
+Like PEFT's list of dispatchers, each backend module has ``dispatch(model, split_point, config)`` returning a
+backend or ``None``; the first that returns one serves the detector:
+
+1. :mod:`~hf_gsc.backends.multi_layer`: ``earlier_split_point`` is set (two layers, one budget; autograd).
+2. :mod:`~hf_gsc.backends.closed_form`: the head has the registered pool / LayerNorm / linear form.
+3. :mod:`~hf_gsc.backends.autograd`: any other split point (autograd through the model's own head modules).
+
+``torch.compile``, AOTInductor and per-class lookup tables were backends too; at realistic scale (ResNet-50,
+ViT-B/16, Swin-T at 224 px) each saved under 2% of a forward and they were removed (docs/efficiency.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..split_points import SplitPoint, resolve_split_point
+from . import autograd, closed_form, multi_layer
+from .base import Backend, Linearization
+
+DISPATCHERS = (multi_layer.dispatch, closed_form.dispatch, autograd.dispatch)
+
+
+def select_backend(model: nn.Module, config: Any) -> Backend:
+    """The backend for ``config.split_point`` (and ``earlier_split_point``) of ``model``."""
+    split_point = resolve_split_point(model, config.split_point)
+    for dispatch in DISPATCHERS:
+        backend = dispatch(model, split_point, config)
+        if backend is not None:
+            return backend
+    raise AssertionError("the autograd backend applies to every split point")
+
+
+def split_point_backend(split_point: SplitPoint) -> Backend:
+    """The backend of one resolved split point (closed form where it applies, else autograd)."""
+    if split_point.head_spec is not None:
+        return closed_form.ClosedFormHead(split_point)
+    return autograd.AutogradHead(split_point)
+
+
+__all__ = ["Backend", "DISPATCHERS", "Linearization", "select_backend", "split_point_backend"]

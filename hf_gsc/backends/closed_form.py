@@ -1,0 +1,38 @@
+"""Closed-form backend: the head has the registered pool / LayerNorm / linear form (every ``final_encoder_output``
+of a registered architecture, every ``penultimate``); logits, ``g`` and ``J t`` come from
+:mod:`hf_gsc.head_derivatives`, with no autograd."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..head_derivatives import pool, restrict_to_read_part
+from ..split_points import SplitPoint
+from .base import Backend, Linearization
+
+
+class ClosedFormHead(Backend):
+    def linearize(
+        self,
+        pixel_values: torch.Tensor,
+        features: torch.Tensor | None = None,
+        whole_feature: bool = False,
+        keep_graph: bool = True,
+    ) -> Linearization:
+        split = self.split_point
+        features = split.features(pixel_values) if features is None else features
+        # Folded with the model's current parameters on every call: a few small ops next to the backbone, and
+        # nothing to invalidate when the weights change.
+        head = split.bound_head()
+        read = "identity" if whole_feature else split.read_pool
+        if read != "identity":
+            head = restrict_to_read_part(head)
+        read_part = pool(features, read)
+        return Linearization(features, read, read_part, head.linearize(read_part))
+
+
+def dispatch(model: torch.nn.Module, split_point: SplitPoint, config: Any) -> Backend | None:
+    """This backend where the head has a registered closed form."""
+    return ClosedFormHead(split_point) if split_point.head_spec is not None else None

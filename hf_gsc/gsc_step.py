@@ -1,0 +1,141 @@
+"""The GSC step (paper Algorithm 1 after the backbone), once, as a pure function of tensors.
+
+Given the head linearised at ``F`` (its logits ``y``, ``v^T J``, ``J t`` and the head itself), the step is::
+
+    c = argmax y;  g = d y_c / dF
+    k = ceil(mask_ratio * n)            (or the adaptive size);  mask = top-k of the ranking of g
+    F' = S(F, g) on the mask            (hf_gsc.shortcircuit.short_circuit)
+    gsc_logits = y + J(F' - F)  |  y + e_c g.(F' - F)  |  head(F')
+    ood_score = score(gsc_logits)
+
+:meth:`hf_gsc.GSCForImageClassification.forward`, every analysis (:mod:`hf_gsc.analysis`) and GSC + ASH
+(:mod:`hf_gsc.detectors.gsc_ash`) call :func:`gsc_step`; how ``F`` and the linearised head are obtained is the
+backend's business (:mod:`hf_gsc.backends`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from .head_derivatives import LinearizedHead
+from .scores import ood_score
+from .shortcircuit import num_masked, num_masked_adaptive, predicted_logit_update, short_circuit, short_circuit_mask
+
+
+class StepSettings(Protocol):
+    """The :class:`hf_gsc.GSCConfig` fields the step reads."""
+
+    mask_ratio: float
+    mask_size: str
+    gradient_mass: float | None
+    selection: str
+    operation: str
+    alpha: float
+    clip_bound: float
+    beta: float
+    approximation: str
+    score: str
+    temperature: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class GSCStep:
+    """Result of :func:`gsc_step` on a batch of ``B`` samples with ``d`` read coordinates each.
+
+    Attributes:
+        logits: ``(B, K)`` ``y``, the head's logits at ``F``.
+        predicted_class: ``(B,)`` ``c = argmax y``.
+        gradient: ``(B, d)`` ``g = d y_c / dF`` on the read part of ``F``, flattened.
+        mask: ``(B, d)`` bool, the short-circuited coordinates.
+        gsc_logits: ``(B, K)`` logits after the short-circuit.
+        ood_score: ``(B,)`` score of ``gsc_logits``; higher = more in-distribution.
+    """
+
+    logits: torch.Tensor
+    predicted_class: torch.Tensor
+    gradient: torch.Tensor
+    mask: torch.Tensor
+    gsc_logits: torch.Tensor
+    ood_score: torch.Tensor
+
+
+def ranking_gradient(gradient: torch.Tensor, layer_sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """The gradient that ranks coordinates, ``(B, d) -> (B, d)``: the gradient itself, or, for a feature joining
+    several layers (``layer_sizes`` coordinates each), each layer's part divided by its RMS over the read
+    coordinates, because raw gradient scales differ between layers that share one budget."""
+    if layer_sizes is None:
+        return gradient
+    parts = []
+    for part in gradient.split(list(layer_sizes), dim=1):
+        read = (part != 0).sum(dim=1, keepdim=True).clamp_min(1)
+        rms = (part.pow(2).sum(dim=1, keepdim=True) / read).sqrt()
+        parts.append(part / rms.clamp_min(torch.finfo(part.dtype).tiny))
+    return torch.cat(parts, dim=1)
+
+
+def updated_logits(
+    head: LinearizedHead,
+    approximation: str,
+    predicted_class: torch.Tensor,
+    gradient: torch.Tensor,
+    features: torch.Tensor,
+    shorted: torch.Tensor,
+    shape: torch.Size,
+) -> torch.Tensor:
+    """``gsc_logits`` ``(B, K)`` after moving ``F`` to ``F'`` by the approximation.
+
+    Args:
+        head: linearised at ``F``. gradient, features, shorted: ``g``, ``F``, ``F'`` flattened, ``(B, d)``.
+        shape: the shape ``head`` takes, ``(B, *shape)`` with ``d`` coordinates per sample.
+    """
+    if approximation == "first_order":
+        return head.logits + head.jvp((shorted - features).view(shape))
+    if approximation == "predicted_logit":
+        return predicted_logit_update(head.logits, predicted_class, gradient, shorted - features)
+    if approximation == "exact":
+        return head.function(shorted.view(shape))
+    raise ValueError(f"approximation must be first_order, predicted_logit or exact, got {approximation!r}")
+
+
+def gsc_step(
+    head: LinearizedHead,
+    features: torch.Tensor,
+    settings: StepSettings,
+    fisher_diagonal: torch.Tensor | None = None,
+    layer_sizes: Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> GSCStep:
+    """Mask, short-circuit, logit update and score of one batch.
+
+    Args:
+        head: the head linearised at ``features``.
+        features: the part of ``F`` the head reads, ``(B, *shape)`` (all of ``F``, or its first token for a
+            first-token head).
+        settings: a :class:`hf_gsc.GSCConfig` (or anything with its fields).
+        fisher_diagonal: ``(d,)`` for ``selection="fisher"``, on the same coordinates as ``features``.
+        layer_sizes: coordinates per layer when ``features`` joins several layers (multi-layer short-circuit).
+        generator: random source of ``selection="random"``; ``None`` = seeded with ``settings.seed`` per call.
+    """
+    logits = head.logits
+    predicted_class = logits.argmax(dim=-1)
+    gradient = head.class_gradient(predicted_class).flatten(1)
+    ranking = ranking_gradient(gradient, layer_sizes)
+    if settings.mask_size == "adaptive":
+        k = num_masked_adaptive(ranking, settings.gradient_mass)
+    else:
+        k = num_masked(gradient, settings.mask_ratio)
+    if generator is None and settings.selection == "random":
+        generator = torch.Generator().manual_seed(settings.seed)
+    mask = short_circuit_mask(ranking, k, settings.selection, fisher_diagonal, generator)
+    flat = features.flatten(1)
+    shorted = short_circuit(
+        flat, gradient, mask, settings.operation, settings.alpha, settings.clip_bound, settings.beta
+    )
+    gsc_logits = updated_logits(head, settings.approximation, predicted_class, gradient, flat, shorted, features.shape)
+    return GSCStep(
+        logits, predicted_class, gradient, mask, gsc_logits, ood_score(gsc_logits, settings.score, settings.temperature)
+    )
