@@ -6,15 +6,14 @@ warm-up with a fixed number of threads, and summarised by the median. Peak memor
 mark of tensor memory allocated during one call, read from the torch profiler's memory events on CPU
 (``torch.cuda.max_memory_allocated`` on GPU). Results go to a JSON file; nothing here asserts a speed.
 
-With ``--compile`` the GSC methods are also run with ``compile_update(dynamic=False)`` (``gsc_<approximation>_compiled``,
-where it applies), and with ``--compile-ahead-of-time`` with ``compile_update(ahead_of_time=True)``
-(``gsc_<approximation>_ahead_of_time``; one package per model, split point and approximation, reused across batch
-sizes). Compilation happens before the warm-up and its time is reported (``compile_seconds``), not timed with the calls.
+With ``--after-backbone`` each GSC method is also timed with its backbone replaced by a lookup of ``F``: what is
+left is GSC's whole work after the backbone (what a faster backend could save), reported relative to MSP's whole
+forward (``after_backbone_relative_to_msp``).
 
-Example::
+Example (random-weight ResNet-50, ViT-B/16 and Swin-T at 224 px)::
 
-    python scripts/benchmark_efficiency.py --models resnet,vit,swin --batch-sizes 1,16,64 \\
-        --output docs/results/efficiency.json
+    python scripts/benchmark_efficiency.py --models resnet-50-random,vit-b16-random,swin-t-random \\
+        --baselines msp --batch-sizes 8 --after-backbone --output docs/results/efficiency/cpu_batch8.json
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -66,55 +64,19 @@ def load_model(name: str) -> torch.nn.Module:
 def _methods(
     model: torch.nn.Module,
     split_point: str,
-    compile_update: bool = False,
-    package_dir: Path | None = None,
-    compile_seconds: dict[str, float] | None = None,
     baselines: tuple[str, ...] = BASELINES,
     approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
-    without_tables: bool = False,
     detectors: dict[str, GSCForImageClassification] | None = None,
 ) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """Every method as ``pixel_values -> scores``. ``package_dir``: also GSC compiled ahead of time, with its
-    packages kept there; the seconds ``compile_update`` took (compiling or loading) go to ``compile_seconds``.
-    ``without_tables``: also GSC with the per-class tables of affine heads switched off (``gsc_<a>_no_tables``).
-    ``detectors``: filled with every GSC method's detector, by method name."""
+    """Every method as ``pixel_values -> scores``; ``detectors`` is filled with each GSC method's detector."""
     methods: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-    gsc_detectors = detectors if detectors is not None else {}
     for name in baselines:
-        detector = get_detector(name, model)
-        methods[name] = detector.score
+        methods[name] = get_detector(name, model).score
     for approximation in approximations:
         gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
         methods[f"gsc_{approximation}"] = lambda x, gsc=gsc: gsc(x).ood_score
-        gsc_detectors[f"gsc_{approximation}"] = gsc
-        if without_tables and gsc.split_point.head_is_linear:
-            plain = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
-            plain._per_class_tables = lambda *args: None
-            methods[f"gsc_{approximation}_no_tables"] = lambda x, gsc=plain: gsc(x).ood_score
-            gsc_detectors[f"gsc_{approximation}_no_tables"] = plain
-    if compile_update:
-        for approximation in approximations:
-            gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
-            try:
-                gsc.compile_update(dynamic=False)
-            except ValueError:  # a head compile_update does not cover (affine, no closed form): nothing to add
-                break
-            methods[f"gsc_{approximation}_compiled"] = lambda x, gsc=gsc: gsc(x).ood_score
-            gsc_detectors[f"gsc_{approximation}_compiled"] = gsc
-    if package_dir is not None:
-        for approximation in approximations:
-            gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
-            name = f"gsc_{approximation}_ahead_of_time"
-            package = package_dir / f"{model.config.model_type}_{split_point}_{approximation}.pt2"
-            start = time.perf_counter()
-            try:
-                gsc.compile_update(ahead_of_time=True, package_path=package)
-            except ValueError:  # a head compile_update does not cover: nothing to add
-                break
-            if compile_seconds is not None:
-                compile_seconds[name] = time.perf_counter() - start
-            methods[name] = lambda x, gsc=gsc: gsc(x).ood_score
-            gsc_detectors[name] = gsc
+        if detectors is not None:
+            detectors[f"gsc_{approximation}"] = gsc
     return methods
 
 
@@ -169,11 +131,8 @@ def benchmark_model(
     warmup: int,
     split_point: str,
     device: str,
-    compile_update: bool = False,
-    package_dir: Path | None = None,
     baselines: tuple[str, ...] = BASELINES,
     approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
-    without_tables: bool = False,
     after_backbone_rounds: bool = False,
 ) -> dict:
     config = model.config
@@ -181,18 +140,9 @@ def benchmark_model(
     size = getattr(config, "image_size", 28)
     size = size if isinstance(size, int) else size[0]
     x = torch.randn(batch_size, channels, size, size, generator=torch.Generator().manual_seed(0)).to(device)
-    # Each cell compiles afresh: every detector compiles the same function, and its recompile limit is shared.
-    torch._dynamo.reset()
-    compile_seconds: dict[str, float] = {}
     detectors: dict[str, GSCForImageClassification] = {}
-    methods = _methods(
-        model, split_point, compile_update, package_dir, compile_seconds, baselines, approximations, without_tables,
-        detectors,
-    )
+    methods = _methods(model, split_point, baselines, approximations, detectors)
     names = list(methods)
-    for name in names:
-        if name.endswith("_compiled"):
-            compile_seconds[name] = _time_once(methods[name], x)  # the first call compiles
     for _ in range(warmup):
         for name in names:
             _time_once(methods[name], x)
@@ -219,7 +169,6 @@ def benchmark_model(
             "round_seconds": times[name],
             "peak_memory_bytes": memory[name],
             "relative_memory": memory[name] / msp_memory if msp_memory else None,
-            **({"compile_seconds": compile_seconds[name]} if name in compile_seconds else {}),
             **({
                 # GSC's work after the backbone alone (F looked up instead of computed), over MSP's whole forward.
                 "after_backbone_median_seconds": statistics.median(after_backbone[name]),
@@ -309,8 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-backbone", action="store_true",
                         help="also time each GSC method with its backbone replaced by a lookup of F (what a backend "
                         "can change), relative to MSP's whole forward")
-    parser.add_argument("--without-tables", action="store_true",
-                        help="also run GSC with the per-class tables of affine heads switched off")
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--split-points", default="final_encoder_output",
                         help="comma list of split points to benchmark GSC at (e.g. final_encoder_output,vit.layers.-3)")
@@ -318,10 +265,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", action="store_true",
-                        help="also run the GSC methods with compile_update(dynamic=False), where it applies")
-    parser.add_argument("--compile-ahead-of-time", action="store_true",
-                        help="also run the GSC methods with compile_update(ahead_of_time=True), where it applies")
     parser.add_argument("--profile", action="store_true",
                         help="also print the top operators by self CPU time of msp / gsc_exact / gsc_first_order at "
                         "the largest batch size and first split point (where the overhead goes)")
@@ -347,9 +290,6 @@ def main(argv: list[str] | None = None) -> int:
         "settings": vars(args),
         "models": {},
     }
-    # Packages compiled ahead of time live for this run only; they are reused across batch sizes.
-    scratch = tempfile.TemporaryDirectory(prefix="gsc_packages_") if args.compile_ahead_of_time else None
-    package_dir = Path(scratch.name) if scratch is not None else None
     for name in args.models.split(","):
         model = load_model(name).to(args.device)
         results["models"][name] = {}
@@ -361,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                 row = benchmark_model(
-                    model, batch_size, args.repeats, args.warmup, split_point, args.device, args.compile, package_dir,
-                    baselines, approximations, args.without_tables, args.after_backbone,
+                    model, batch_size, args.repeats, args.warmup, split_point, args.device, baselines, approximations,
+                    args.after_backbone,
                 )
                 results["models"][name].setdefault(split_point, {})[str(batch_size)] = row
                 summary = ", ".join(
