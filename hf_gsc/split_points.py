@@ -22,16 +22,14 @@ model elsewhere.
 from __future__ import annotations
 
 import re
-import threading
-import weakref
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import nn
 
 from .architectures import ARCHITECTURES, architecture_for, registered_architecture
+from .feature_capture import capture, install_hooks, with_replaced_output
 from .heads import HeadSpec, bind_head_paths, normalise_path, submodule
 from .head_derivatives import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
 
@@ -56,87 +54,6 @@ def validate_split_point_name(split_point: str) -> None:
         )
 
 
-class _SplitReached(Exception):
-    """Raised by the split hook to stop the backbone forward once ``F`` is known."""
-
-
-def _first_tensor(output: Any) -> torch.Tensor:
-    return output if isinstance(output, torch.Tensor) else output[0]
-
-
-def _replace_first(output: Any, replacement: torch.Tensor) -> Any:
-    if isinstance(output, torch.Tensor):
-        return replacement
-    if isinstance(output, tuple):
-        return (replacement, *output[1:])
-    raise TypeError(f"cannot replace the output of type {type(output).__name__} at the split point")
-
-
-# Thread safety by construction: each split module carries one pair of hooks for its lifetime, registered when
-# a SplitPoint on it is built. They act only on a request the *calling thread* made (thread-local), so threads
-# sharing a model never see each other's requests, and a plain call of the model (no request) passes through.
-_REQUESTS = threading.local()
-_HOOKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
-_HOOK_LOCK = threading.Lock()
-
-
-@dataclass
-class _Request:
-    """What the calling thread wants from ``module`` in its current forward: ``capture_input``,
-    ``capture_output`` (then stop the forward) or ``replace_output`` (with ``replacement``)."""
-
-    module: nn.Module
-    action: str
-    replacement: torch.Tensor | None = None
-    captured: torch.Tensor | None = None
-
-
-def _current_request(module: nn.Module) -> _Request | None:
-    request = getattr(_REQUESTS, "request", None)
-    return request if request is not None and request.module is module else None
-
-
-def _before_forward(module: nn.Module, args: Any) -> None:
-    request = _current_request(module)
-    if request is not None and request.action == "capture_input":
-        request.captured = args[0]
-        raise _SplitReached
-
-
-def _after_forward(module: nn.Module, args: Any, output: Any) -> Any:
-    request = _current_request(module)
-    if request is None or request.action == "capture_input":
-        return None
-    if request.action == "replace_output":
-        return _replace_first(output, request.replacement)
-    request.captured = _first_tensor(output)
-    raise _SplitReached
-
-
-def _install_hooks(module: nn.Module) -> None:
-    """The split hooks of ``module``, registered once (again only if the module was replaced by a new one)."""
-    if module in _HOOKED:
-        return
-    with _HOOK_LOCK:
-        if module not in _HOOKED:
-            _HOOKED[module] = (
-                module.register_forward_pre_hook(_before_forward),
-                module.register_forward_hook(_after_forward),
-            )
-
-
-@contextmanager
-def _requesting(request: _Request) -> Iterator[_Request]:
-    """Make ``request`` the calling thread's current one for the duration of the block."""
-    _install_hooks(request.module)
-    previous = getattr(_REQUESTS, "request", None)
-    _REQUESTS.request = request
-    try:
-        yield request
-    finally:
-        _REQUESTS.request = previous
-
-
 @dataclass
 class SplitPoint:
     """A resolved split point of one model: ``features(x) = F`` and ``head(F, x) = logits``.
@@ -159,7 +76,7 @@ class SplitPoint:
     _block_head: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
-        _install_hooks(self.module)
+        install_hooks(self.module)  # once, for the model's lifetime: a forward registers nothing
 
     @property
     def read_pool(self) -> Pool:
@@ -182,17 +99,17 @@ class SplitPoint:
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """Run the backbone up to the split point, without gradient. ``(B, C, H, W) -> (B, *feature_shape)``.
 
-        Thread-safe: the split module's persistent hook captures ``F`` for the calling thread only."""
-        action = "capture_input" if self.capture_input else "capture_output"
-        with _requesting(_Request(self.module, action)) as request:
-            try:
-                with torch.no_grad():
-                    self.model(pixel_values=pixel_values)
-            except _SplitReached:
-                pass
-        if request.captured is None:
+        Thread-safe: the split module's persistent hook captures ``F`` for the calling thread only
+        (:mod:`hf_gsc.feature_capture`)."""
+
+        def run() -> None:
+            with torch.no_grad():
+                self.model(pixel_values=pixel_values)
+
+        features = capture(run, self.module, module_input=self.capture_input)
+        if features is None:
             raise RuntimeError(f"the forward pass never reached the split point {self.module_path!r}")
-        return request.captured
+        return features
 
     def head(self, features: torch.Tensor, pixel_values: torch.Tensor | None = None) -> torch.Tensor:
         """``f_{>L}(F)``: logits ``(B, K)`` from features ``(B, *feature_shape)``.
@@ -207,8 +124,7 @@ class SplitPoint:
             return self._block_head(features)
         if pixel_values is None:
             raise ValueError(f"split point {self.name!r} has no direct head: pass pixel_values to replay the model")
-        with _requesting(_Request(self.module, "replace_output", replacement=features)):
-            return self.model(pixel_values=pixel_values).logits
+        return with_replaced_output(lambda: self.model(pixel_values=pixel_values), self.module, features).logits
 
     def linearize(
         self, features: torch.Tensor, pixel_values: torch.Tensor | None = None, keep_graph_for_jvp: bool = True
