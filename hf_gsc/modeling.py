@@ -15,10 +15,9 @@ construction); everything after that is :func:`hf_gsc.gsc_step.gsc_step`.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -28,6 +27,7 @@ from transformers.utils import ModelOutput
 from .backends import Backend, Linearization, select_backend
 from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 from .gsc_step import gsc_step, ranking_gradient
+from .inputs import batches, check_pixel_values
 from .shortcircuit import diagonal_fisher_sum, num_masked_adaptive
 from .split_points import SplitPoint
 
@@ -217,30 +217,7 @@ class GSCForImageClassification(nn.Module):
 
     # ------------------------------------------------------------------ inference
     def _check_pixel_values(self, pixel_values: Any) -> torch.Tensor:
-        if not isinstance(pixel_values, torch.Tensor):
-            raise TypeError(f"pixel_values must be a torch.Tensor of shape (B, C, H, W), got {type(pixel_values).__name__}")
-        if pixel_values.ndim != 4:
-            raise ValueError(f"pixel_values must have shape (B, C, H, W), got shape {tuple(pixel_values.shape)}")
-        if pixel_values.shape[0] == 0:
-            raise ValueError("pixel_values is an empty batch (B=0); pass at least one image")
-        if not pixel_values.is_floating_point():
-            raise ValueError(f"pixel_values must be floating point (the image processor's output), got {pixel_values.dtype}")
-        channels, expected = self._expected_channels, self._expected_size
-        if channels is not None and pixel_values.shape[1] != channels:
-            raise ValueError(
-                f"pixel_values has {pixel_values.shape[1]} channels but the base model expects {channels}; "
-                "convert the images (e.g. grayscale to RGB) with the model's image processor"
-            )
-        if expected is not None and tuple(pixel_values.shape[2:]) != expected:
-            raise ValueError(
-                f"pixel_values has spatial size {tuple(pixel_values.shape[2:])} but the base model expects "
-                f"{expected}; resize with the model's image processor"
-            )
-        # The sum of finite values is finite unless it overflows, so one reduction clears the common case.
-        if not math.isfinite(pixel_values.sum().item()) and not torch.isfinite(pixel_values).all():
-            bad = (~torch.isfinite(pixel_values)).flatten(1).any(dim=1).nonzero().flatten().tolist()
-            raise ValueError(f"pixel_values contains NaN or infinite values in batch rows {bad}")
-        return pixel_values.to(self.dtype)
+        return check_pixel_values(pixel_values, self._expected_channels, self._expected_size, self.dtype)
 
     def _linearize(self, pixel_values: torch.Tensor) -> Linearization:
         """``F`` and the head linearised on the part of ``F`` it reads. Random selection linearises on all of ``F``:
@@ -302,8 +279,10 @@ class GSCForImageClassification(nn.Module):
             **extra,
         )
 
-    def _feature_gradient(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> Linearization:
-        """The linearisation of a batch and its per-sample gradient w.r.t. the read part of ``F``, ``(B, d)``.
+    def _feature_gradient(
+        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> tuple[Linearization, torch.Tensor]:
+        """The linearisation of a batch and its per-sample gradient w.r.t. ``F``, ``(B, *feature_shape)``.
 
         Without ``labels`` the gradient is ``g = d y_c / dF`` for the predicted class ``c``; with labels it is
         the gradient of the cross-entropy loss, ``softmax(y) - onehot(label)`` pulled back (what the diagonal
@@ -318,7 +297,7 @@ class GSCForImageClassification(nn.Module):
         else:
             target = nn.functional.one_hot(labels.to(logits.device).long(), logits.shape[-1]).to(logits.dtype)
             gradient = head.vjp(logits.softmax(dim=-1) - target)
-        return linearization, gradient.flatten(1)
+        return linearization, linearization.spread(gradient.flatten(1))
 
     # ------------------------------------------------------------------ calibration and fitting
     def calibrate(
@@ -343,7 +322,7 @@ class GSCForImageClassification(nn.Module):
         from .evaluation.calibration import calibrate_threshold, calibration_record
 
         scores = []
-        for pixel_values, _ in _batches(id_validation_data, "id_validation_data"):
+        for pixel_values, _ in batches(id_validation_data, "id_validation_data"):
             with torch.no_grad():
                 scores.append(self(pixel_values).ood_score.double().cpu())
         all_scores = torch.cat(scores)
@@ -358,9 +337,9 @@ class GSCForImageClassification(nn.Module):
         Use ID validation data only. Returns the mass and stores it in ``config.gradient_mass``.
         """
         gradients = []
-        for pixel_values, _ in _batches(id_validation_data, "id_validation_data"):
+        for pixel_values, _ in batches(id_validation_data, "id_validation_data"):
             linearization, gradient = self._feature_gradient(self._check_pixel_values(pixel_values))
-            gradients.append(ranking_gradient(linearization.spread(gradient).flatten(1), linearization.layer_sizes))
+            gradients.append(ranking_gradient(gradient.flatten(1), linearization.layer_sizes))
         gradient = torch.cat(gradients)
         read = (gradient != 0).sum(dim=1).clamp_min(1).double()
 
@@ -384,11 +363,10 @@ class GSCForImageClassification(nn.Module):
             ``(d,)`` float64 ``lambda``, also stored for ``selection="fisher"`` and saved with the detector.
         """
         total, count = None, 0
-        for pixel_values, labels in _batches(id_train_data, "id_train_data"):
+        for pixel_values, labels in batches(id_train_data, "id_train_data"):
             if labels is None:
                 raise ValueError("fit_fisher needs labels: pass (pixel_values, labels) batches of ID training data")
-            linearization, gradient = self._feature_gradient(self._check_pixel_values(pixel_values), labels)
-            gradient = linearization.spread(gradient)
+            gradient = self._feature_gradient(self._check_pixel_values(pixel_values), labels)[1]
             batch_sum = diagonal_fisher_sum(gradient.flatten(1))
             total = batch_sum if total is None else total + batch_sum
             count += gradient.shape[0]
@@ -396,30 +374,3 @@ class GSCForImageClassification(nn.Module):
             raise ValueError(f"fit_fisher needs at least 2 ID training samples, got {count}")
         self.fisher_diagonal = total / count
         return self.fisher_diagonal
-
-
-def _batches(data: torch.Tensor | Iterable[Any], name: str) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Normalise tensors, ``(pixel_values, labels)`` tuples and mappings into ``(pixel_values, labels)`` batches."""
-    if data is None:
-        raise TypeError(
-            f"{name} is None; pass a (N, C, H, W) tensor of pixel_values or an iterable of batches "
-            "(tensors, (pixel_values, labels) tuples or mappings with 'pixel_values')"
-        )
-    batches = [data] if isinstance(data, torch.Tensor) else data
-    seen = False
-    for index, batch in enumerate(batches):
-        labels = None
-        if isinstance(batch, Mapping):
-            labels = batch.get("labels", batch.get("label"))
-            batch = batch.get("pixel_values")
-        elif isinstance(batch, (tuple, list)) and batch:
-            batch, labels = batch[0], (batch[1] if len(batch) > 1 else None)
-        if not isinstance(batch, torch.Tensor):
-            raise TypeError(
-                f"{name} batch {index} must be a tensor, a (pixel_values, labels) tuple or a "
-                f"mapping with 'pixel_values'; got {type(batch).__name__}"
-            )
-        seen = True
-        yield batch, labels
-    if not seen:
-        raise ValueError(f"{name} is empty; it must hold at least one batch of images")
