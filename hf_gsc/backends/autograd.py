@@ -62,16 +62,10 @@ def use_eager_attention_for_first_order(model: torch.nn.Module, config: Any) -> 
 
 
 class AutogradHead(Backend):
-    def linearize(
-        self,
-        pixel_values: torch.Tensor,
-        features: torch.Tensor | None = None,
-        whole_feature: bool = False,
-        keep_graph: bool = True,
+    def linearize_at(
+        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
-        split = self.split_point
-        features = split.features(pixel_values) if features is None else features
-        head = linearize_with_autograd(split.head, features, pixel_values, keep_graph)
+        head = linearize_with_autograd(self.split_point.head, features, pixel_values, keep_graph)
         return Linearization(features, "identity", features, head)
 
 

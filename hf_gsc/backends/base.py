@@ -53,7 +53,6 @@ class Backend(ABC):
         """``F``, ``(B, *feature_shape)``: the backbone run without gradient up to the split point."""
         return self.split_point.features(pixel_values)
 
-    @abstractmethod
     def linearize(
         self,
         pixel_values: torch.Tensor,
@@ -69,3 +68,11 @@ class Backend(ABC):
             keep_graph: autograd backends only: keep the head's graph for ``J t`` (the first-order update);
                 otherwise it is freed after ``g``.
         """
+        features = self.features(pixel_values) if features is None else features
+        return self.linearize_at(features, pixel_values, whole_feature, keep_graph)
+
+    @abstractmethod
+    def linearize_at(
+        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
+    ) -> Linearization:
+        """:meth:`linearize` at given ``features``."""

@@ -14,15 +14,10 @@ from .base import Backend, Linearization
 
 
 class ClosedFormHead(Backend):
-    def linearize(
-        self,
-        pixel_values: torch.Tensor,
-        features: torch.Tensor | None = None,
-        whole_feature: bool = False,
-        keep_graph: bool = True,
+    def linearize_at(
+        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
         split = self.split_point
-        features = split.features(pixel_values) if features is None else features
         # Folded with the model's current parameters on every call: a few small ops next to the backbone, and
         # nothing to invalidate when the weights change.
         head = split.bound_head()

@@ -24,22 +24,16 @@ class MultiLayerHead(Backend):
         self.earlier, self.run_blocks = earlier, run_blocks
 
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.linearize(pixel_values).features
+        """``F1``, the earlier layer's feature; the linearisation's ``features`` join it with ``F2_0``."""
+        return self.earlier.features(pixel_values)
 
-    def linearize(
-        self,
-        pixel_values: torch.Tensor,
-        features: torch.Tensor | None = None,
-        whole_feature: bool = False,
-        keep_graph: bool = True,
+    def linearize_at(
+        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
-        if features is not None:
-            raise ValueError("a multi-layer short-circuit takes its two features itself; features cannot be given")
-        earlier_features = self.earlier.features(pixel_values)
         with torch.no_grad():
-            final_0 = self.run_blocks(earlier_features)
-        shapes = [earlier_features.shape[1:], final_0.shape[1:]]
-        sizes = (earlier_features[0].numel(), final_0[0].numel())
+            final_0 = self.run_blocks(features)
+        shapes = [features.shape[1:], final_0.shape[1:]]
+        sizes = (features[0].numel(), final_0[0].numel())
         head = self.split_point.head
 
         def joint_head(joint: torch.Tensor, pixel_values: torch.Tensor | None) -> torch.Tensor:
@@ -47,7 +41,7 @@ class MultiLayerHead(Backend):
             moved = self.run_blocks(f1.reshape(-1, *shapes[0])) + (f2.reshape(-1, *shapes[1]) - final_0)
             return head(moved, pixel_values)
 
-        joint = torch.cat([earlier_features.flatten(1), final_0.flatten(1)], dim=1)
+        joint = torch.cat([features.flatten(1), final_0.flatten(1)], dim=1)
         linearized = linearize_with_autograd(joint_head, joint, pixel_values, keep_graph)
         return Linearization(joint, "identity", joint, linearized, sizes)
 

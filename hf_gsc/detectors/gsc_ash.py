@@ -33,15 +33,10 @@ class ShapedFeatures(Backend):
         features = self.inner.features(pixel_values)
         return self.shaping(features.flatten(1)).view_as(features)
 
-    def linearize(
-        self,
-        pixel_values: torch.Tensor,
-        features: torch.Tensor | None = None,
-        whole_feature: bool = False,
-        keep_graph: bool = True,
+    def linearize_at(
+        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
-        features = self.features(pixel_values) if features is None else features
-        return self.inner.linearize(pixel_values, features, whole_feature, keep_graph)
+        return self.inner.linearize_at(features, pixel_values, whole_feature, keep_graph)
 
 
 @register_detector
