@@ -19,6 +19,7 @@ Example (random-weight ResNet-50, ViT-B/16 and Swin-T at 224 px)::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -134,6 +135,7 @@ def benchmark_model(
     baselines: tuple[str, ...] = BASELINES,
     approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
     after_backbone_rounds: bool = False,
+    unhooked_twin: torch.nn.Module | None = None,
 ) -> dict:
     config = model.config
     channels = config.num_channels
@@ -142,6 +144,8 @@ def benchmark_model(
     x = torch.randn(batch_size, channels, size, size, generator=torch.Generator().manual_seed(0)).to(device)
     detectors: dict[str, GSCForImageClassification] = {}
     methods = _methods(model, split_point, baselines, approximations, detectors)
+    if unhooked_twin is not None:  # the same weights, never wrapped by GSC: no split hooks on any module
+        methods["msp_without_split_hooks"] = get_detector("msp", unhooked_twin).score
     names = list(methods)
     for _ in range(warmup):
         for name in names:
@@ -255,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baselines", default=",".join(BASELINES), help="comma list of baselines; msp is required")
     parser.add_argument("--approximations", default=",".join(GSC_APPROXIMATIONS),
                         help="comma list of GSC approximations to run")
+    parser.add_argument("--hook-overhead", action="store_true",
+                        help="also run MSP on an untouched copy of the model (msp_without_split_hooks): the cost of "
+                        "the persistent split hooks GSC leaves on the model")
     parser.add_argument("--after-backbone", action="store_true",
                         help="also time each GSC method with its backbone replaced by a lookup of F (what a backend "
                         "can change), relative to MSP's whole forward")
@@ -292,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in args.models.split(","):
         model = load_model(name).to(args.device)
+        twin = copy.deepcopy(model) if args.hook_overhead else None
         results["models"][name] = {}
         for split_point in args.split_points.split(","):
             try:
@@ -302,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                 row = benchmark_model(
                     model, batch_size, args.repeats, args.warmup, split_point, args.device, baselines, approximations,
-                    args.after_backbone,
+                    args.after_backbone, twin,
                 )
                 results["models"][name].setdefault(split_point, {})[str(batch_size)] = row
                 summary = ", ".join(
