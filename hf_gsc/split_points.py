@@ -129,13 +129,13 @@ class SplitPoint:
     def linearize(
         self, features: torch.Tensor, pixel_values: torch.Tensor | None = None, keep_graph_for_jvp: bool = True
     ) -> LinearizedHead:
-        """The head at ``F`` with its vector-Jacobian and Jacobian-vector products (closed form where the
-        head has a :class:`HeadSpec`, autograd otherwise; see :func:`linearize_with_autograd` for the flag)."""
-        if self.head_spec is not None:
-            return self.bound_head().linearize(features)
-        from .backends.autograd import linearize_with_autograd  # the backends build on this module
+        """The head at all of ``F`` with its vector-Jacobian and Jacobian-vector products, by this split point's
+        backend (:func:`hf_gsc.backends.split_point_backend`: closed form where the head has a :class:`HeadSpec`,
+        autograd otherwise, whose graph ``keep_graph_for_jvp=False`` frees after the first ``vjp``)."""
+        from .backends import split_point_backend  # the backends build on this module
 
-        return linearize_with_autograd(self.head, features, pixel_values, keep_graph_for_jvp)
+        backend = split_point_backend(self)
+        return backend.linearize_at(features, pixel_values, whole_feature=True, keep_graph=keep_graph_for_jvp).head
 
     def linearize_read_part(self, read_part: torch.Tensor) -> LinearizedHead:
         """The head as a function of ``read_part = pool(F, self.read_pool)``, linearized there (closed form;
