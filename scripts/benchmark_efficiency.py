@@ -226,15 +226,17 @@ def profile_methods(model: torch.nn.Module, batch_size: int, split_point: str, d
 
 def markdown(results: dict) -> str:
     """One table per (model, split point) and batch size: relative time (ratio of medians, +- half the IQR), the
-    median of per-repeat ratios to MSP (paired), and relative peak memory."""
+    median of per-repeat ratios to MSP (paired), relative peak memory and, where measured, the time after the
+    backbone (median ms, and as a percentage of MSP's whole forward)."""
     lines = []
     for model, per_split in results["models"].items():
         for split_point, per_batch in per_split.items():
             batches = list(per_batch)
+            after = any("after_backbone_median_seconds" in r for b in batches for r in per_batch[b].values())
+            columns = ["time", "time, paired", "mem"] + (["after backbone"] if after else [])
             lines += [f"#### {model}, split point `{split_point}`", ""]
-            lines.append("| method | " + " | ".join(
-                f"batch {b} time | batch {b} time, paired | batch {b} mem" for b in batches) + " |")
-            lines.append("|---|" + "---|---|---|" * len(batches))
+            lines.append("| method | " + " | ".join(f"batch {b} {c}" for b in batches for c in columns) + " |")
+            lines.append("|---|" + "---|" * len(columns) * len(batches))
             for method in per_batch[batches[0]]:
                 cells = []
                 for b in batches:
@@ -243,6 +245,12 @@ def markdown(results: dict) -> str:
                     memory = "n/a" if r["relative_memory"] is None else f"{r['relative_memory']:.2f}x"
                     paired = f"{r['relative_time_paired']:.2f}x (+-{r['relative_time_paired_iqr'] / 2:.2f})"
                     cells += [f"{r['relative_time']:.2f}x (+-{spread / 2:.2f})", paired, memory]
+                    if after:
+                        cells.append(
+                            f"{1000 * r['after_backbone_median_seconds']:.2f} ms "
+                            f"({100 * r['after_backbone_relative_to_msp']:.2f}% of MSP)"
+                            if "after_backbone_median_seconds" in r else ""
+                        )
                 lines.append(f"| {method} | " + " | ".join(cells) + " |")
             msp = {b: per_batch[b]["msp"] for b in batches}
             lines += ["", "MSP: " + ", ".join(
@@ -276,7 +284,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print the top operators by self CPU time of msp / gsc_exact / gsc_first_order at "
                         "the largest batch size and first split point (where the overhead goes)")
     parser.add_argument("--output", required=True, help="JSON file to write (and the same name with .md: tables)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="measure nothing: rewrite the .md tables of an existing --output JSON")
     args = parser.parse_args(argv)
+    if args.render_only:
+        output = Path(args.output)
+        output.with_suffix(".md").write_text(markdown(json.loads(output.read_text())) + "\n")
+        return 0
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")
     baselines = tuple(args.baselines.split(","))
