@@ -28,7 +28,7 @@ from .backends import Backend, Linearization, select_backend
 from .config import CONFIG_NAME, STATE_FILE, GSCConfig
 from .gsc_step import gsc_step, ranking_gradient
 from .inputs import batches, check_pixel_values
-from .shortcircuit import diagonal_fisher_sum, num_masked_adaptive
+from .shortcircuit import diagonal_fisher_sum, gradient_mass_for_mean_ratio
 from .split_points import SplitPoint
 
 
@@ -340,18 +340,8 @@ class GSCForImageClassification(nn.Module):
         for pixel_values, _ in batches(id_validation_data, "id_validation_data"):
             linearization, gradient = self._feature_gradient(self._check_pixel_values(pixel_values))
             gradients.append(ranking_gradient(gradient.flatten(1), linearization.layer_sizes))
-        gradient = torch.cat(gradients)
-        read = (gradient != 0).sum(dim=1).clamp_min(1).double()
-
-        def mean_ratio(mass: float) -> float:
-            return float((num_masked_adaptive(gradient, mass) / read).mean())
-
-        low, high = 0.0, 1.0
-        for _ in range(40):
-            middle = (low + high) / 2
-            low, high = (middle, high) if mean_ratio(middle) < self.config.mask_ratio else (low, middle)
-        self.config.gradient_mass = high
-        return high
+        self.config.gradient_mass = gradient_mass_for_mean_ratio(torch.cat(gradients), self.config.mask_ratio)
+        return self.config.gradient_mass
 
     def fit_fisher(self, id_train_data: Iterable[Any]) -> torch.Tensor:
         """Fit the diagonal Fisher ``lambda_i = E[(d CE(y, label) / dF_i)^2]`` on ID *training* data.

@@ -84,6 +84,23 @@ def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float) -> torch.T
     return torch.minimum(k, (gradient != 0).sum(dim=1))
 
 
+def gradient_mass_for_mean_ratio(gradient: torch.Tensor, mask_ratio: float, iterations: int = 40) -> float:
+    """The ``gradient_mass`` whose :func:`num_masked_adaptive` sizes average ``mask_ratio`` of each row's read
+    (nonzero) coordinates over the rows of ``gradient`` ``(N, d)``: bisection on ``[0, 1]``, since the mean
+    ratio grows with the mass. Returns the upper end of the final bracket (a mean ratio of at least the target).
+    """
+    read = (gradient != 0).sum(dim=1).clamp_min(1).double()
+
+    def mean_ratio(mass: float) -> float:
+        return float((num_masked_adaptive(gradient, mass) / read).mean())
+
+    low, high = 0.0, 1.0
+    for _ in range(iterations):
+        middle = (low + high) / 2
+        low, high = (middle, high) if mean_ratio(middle) < mask_ratio else (low, middle)
+    return high
+
+
 def top_k_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Mask of the ``k[i]`` highest-priority coordinates per row; ties go to the lower index. The one top-k of GSC.
 
