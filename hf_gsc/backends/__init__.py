@@ -7,8 +7,8 @@ backend or ``None``; the first that returns one serves the detector:
 2. :mod:`~hf_gsc.backends.closed_form`: the head has the registered pool / LayerNorm / linear form.
 3. :mod:`~hf_gsc.backends.autograd`: any other split point (autograd through the model's own head modules).
 
-``torch.compile``, AOTInductor and per-class lookup tables were backends too; at realistic scale (ResNet-50,
-ViT-B/16, Swin-T at 224 px) each saved under 2% of a forward and they were removed (docs/efficiency.md).
+There is no compiled (``torch.compile``, AOTInductor) or tabulated (per-class ``g`` and mask) backend: at
+realistic scale (ResNet-50, ViT-B/16, Swin-T at 224 px) each saves under 2% of a forward (docs/efficiency.md).
 """
 
 from __future__ import annotations
