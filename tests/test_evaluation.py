@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_gsc.evaluation import runner
+from hf_gsc.evaluation import cli, fingerprints, loop, models, options, runner
 from hf_gsc.evaluation.calibration import calibrate_threshold, true_positive_rate
 from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
 
@@ -139,8 +139,8 @@ def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
     assert saved["methods"].keys() == set(_methods().split(","))
     assert saved["num_processes"] == 1
     assert saved["split_sizes"] == {"id_test": 17, "id_validation": 13, "ood": OOD_SIZES,
-                                    "fit": {m: SIZES[runner._registered_methods()[m].fit_split]
-                                            for m in _methods().split(",") if runner._registered_methods()[m].needs_fit}}
+                                    "fit": {m: SIZES[options.registered_methods()[m].fit_split]
+                                            for m in _methods().split(",") if options.registered_methods()[m].needs_fit}}
     assert 0.0 <= saved["id_accuracy"] <= 1.0
     for name, entry in saved["methods"].items():
         assert entry["calibration"] == {"split": "validation", "num_samples": 13, "tpr": 0.95}
@@ -183,24 +183,24 @@ def test_model_fingerprint_follows_weights() -> None:
 
     torch.manual_seed(0)  # ResNet has 0-dim BatchNorm buffers (num_batches_tracked)
     model = ResNetForImageClassification(ResNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1]))
-    before = runner.model_fingerprint(model)
-    assert runner.model_fingerprint(model) == before
+    before = fingerprints.model_fingerprint(model)
+    assert fingerprints.model_fingerprint(model) == before
     with torch.no_grad():
         model.classifier[-1].bias[0] += 1e-6
-    assert runner.model_fingerprint(model) != before
+    assert fingerprints.model_fingerprint(model) != before
 
 
 # -------------------------------------------------------------------------------- cache and resume
 def _record_scored_splits(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Any]:
-    """Patch ``runner.score_split`` to record the split of every call; returns the record and the spy."""
+    """Patch ``loop.score_split`` to record the split of every call; returns the record and the spy."""
     scored: list[str] = []
-    real_score_split = runner.score_split
+    real_score_split = loop.score_split
 
     def spy(accelerator, dataloader, scorers, description=""):
         scored.append(description.split(" ")[0])
         return real_score_split(accelerator, dataloader, scorers, description)
 
-    monkeypatch.setattr(runner, "score_split", spy)
+    monkeypatch.setattr(loop, "score_split", spy)
     return scored, spy
 
 
@@ -223,7 +223,7 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
             raise KeyboardInterrupt("simulated crash")
         return spy(accelerator, dataloader, scorers, description)
 
-    monkeypatch.setattr(runner, "score_split", crash)
+    monkeypatch.setattr(loop, "score_split", crash)
     with pytest.raises(KeyboardInterrupt):
         runner.run_evaluation(_argv(tiny, output_dir))
     assert (output_dir / "scores" / "gsc" / "ood_noise.safetensors").is_file()
@@ -231,7 +231,7 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
 
     # 3. Resume: only the split lost in the crash is scored, plus one whose file was truncated.
     scored.clear()
-    monkeypatch.setattr(runner, "score_split", spy)
+    monkeypatch.setattr(loop, "score_split", spy)
     truncated = output_dir / "scores" / "msp" / "id_validation.safetensors"
     truncated.write_bytes(truncated.read_bytes()[:20])
     resumed = runner.run_evaluation(_argv(tiny, output_dir))
@@ -276,8 +276,8 @@ def test_odin_takes_the_image_std_from_the_processor(tiny: dict[str, str], tmp_p
     assert automatic["methods"]["odin"]["hyperparameters"]["image_std"] == [0.5]  # the tiny processor's std
     given = runner.run_evaluation([*base, "--output-dir", str(tmp_path / "given"), "--hyperparameter", "odin.image_std=2.0"])
     assert given["methods"]["odin"]["hyperparameters"]["image_std"] == 2.0
-    assert runner.processor_image_std(SimpleNamespace(image_std=[0.2, 0.3], do_normalize=False)) == [1.0]
-    assert runner.processor_image_std(SimpleNamespace(image_std=0.25)) == [0.25]
+    assert models.processor_image_std(SimpleNamespace(image_std=[0.2, 0.3], do_normalize=False)) == [1.0]
+    assert models.processor_image_std(SimpleNamespace(image_std=0.25)) == [0.25]
 
 
 def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:
@@ -300,9 +300,9 @@ def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch) ->
     def forbidden(*args, **kwargs):
         raise AssertionError("expensive work started before the input was checked")
 
-    monkeypatch.setattr(runner, "score_split", forbidden)
+    monkeypatch.setattr(loop, "score_split", forbidden)
     monkeypatch.setattr(runner, "fit_detectors", forbidden)
-    with pytest.raises(runner.InputError, match=match):
+    with pytest.raises(options.InputError, match=match):
         runner.run_evaluation(argv)
 
 
@@ -365,7 +365,7 @@ def test_cli_exit_status_and_message(tiny, tmp_path, capsys) -> None:
     argv = _argv(tiny, tmp_path / "out")
     argv[argv.index("--methods") + 1] = "nope"
     with pytest.raises(SystemExit) as exit_info:
-        runner.main(argv, prog="evaluate_ood.py")
+        cli.main(argv, prog="evaluate_ood.py")
     assert exit_info.value.code == 2
     stderr = capsys.readouterr().err
     assert "evaluate_ood.py: error: --methods: unknown method(s) 'nope'" in stderr

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..evaluation.report import table_lines
 from .gradient_concentration import TABLE_FRACTIONS, column_of
 
 PAPER_TABLES = {
@@ -52,10 +53,9 @@ def combined_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
                 )
         if not rows:
             continue
-        lines += [f"### {title}", "", "| row | " + " | ".join(stems) + " |", "|---|" + "---|" * len(stems)]
-        for label, cells in rows.items():
-            escaped = label.replace("|", "\\|")
-            lines.append(f"| {escaped} | " + " | ".join(cells.get(s, "-") for s in stems) + " |")
+        lines += [f"### {title}", ""]
+        lines += table_lines(["row", *stems], ([label.replace("|", "\\|"), *(cells.get(s, "-") for s in stems)]
+                                               for label, cells in rows.items()))
         lines.append("")
 
     lines += ["### approximation error |score(approx) - score(exact)| (5% zero-out), mean +- std (max)", ""]

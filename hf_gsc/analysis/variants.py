@@ -34,7 +34,6 @@ Selection protocol (:func:`run_protocol`), which never reads an ID test split or
 from __future__ import annotations
 
 import json
-import math
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,11 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ..evaluation.fingerprints import file_sha256
+from ..evaluation.loop import device_batches, make_dataloader, score_split
+from ..evaluation.plan import subset
+from ..evaluation.report import average_over_splits, jsonable
 
 #: Every method compared, in report order.
 VARIANT_NAMES: tuple[str, ...] = ("energy", "gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
@@ -166,34 +170,27 @@ def build_validation_ood(
     raise ValueError(f"no validation OOD sets defined for benchmark {benchmark!r}; known: {BENCHMARK_NAMES}")
 
 
-def subset(dataset: Any, max_samples: int | None, seed: int, key: str) -> Any:
-    """At most ``max_samples`` rows drawn with ``(seed, key)``: the rows ``scripts/evaluate_ood.py
-    --max-samples`` scores for the split of the same key (``test``, ``ood_{name}``)."""
-    from ..evaluation.runner import subset as runner_subset
-
-    return runner_subset(dataset, max_samples, seed, key)
-
-
 # -------------------------------------------------------------------------------------- scoring
-def batches(
-    dataset: Any, transform: Callable[[dict[str, list]], dict[str, torch.Tensor]], batch_size: int
-) -> Any:
-    """``(pixel_values, labels)`` batches of a benchmark-style dataset."""
-    for start in range(0, len(dataset), batch_size):
-        batch = transform(dataset[start : start + batch_size])
-        yield batch["pixel_values"], batch["label"]
+def _accelerator() -> Any:
+    """The (single-process) accelerator the variants are scored with; the model goes to its device."""
+    from accelerate import Accelerator
+
+    return Accelerator()
+
+
+def fit_batches(dataset: Any, transform: Callable[[list], torch.Tensor], batch_size: int, device: Any) -> Any:
+    """``(pixel_values, labels)`` batches of a benchmark-style dataset on ``device``, for ``Detector.fit``."""
+    return device_batches(make_dataloader(dataset, transform, batch_size), device)
 
 
 def score_dataset(
-    detectors: Mapping[str, Any], dataset: Any, transform: Callable, batch_size: int = 128
+    detectors: Mapping[str, Any], dataset: Any, transform: Callable[[list], torch.Tensor], batch_size: int = 128
 ) -> dict[str, np.ndarray]:
-    """Scores (higher = ID) of every detector on ``dataset``; images are preprocessed once per batch."""
-    scores: dict[str, list[np.ndarray]] = {name: [] for name in detectors}
-    for pixel_values, _ in batches(dataset, transform, batch_size):
-        with torch.no_grad():
-            for name, detector in detectors.items():
-                scores[name].append(detector.score(pixel_values).double().cpu().numpy())
-    return {name: np.concatenate(parts) for name, parts in scores.items()}
+    """Scores (higher = ID) of every detector on ``dataset`` through the evaluation's loop
+    (:func:`hf_gsc.evaluation.loop.score_split`); images are preprocessed once per batch."""
+    outputs = score_split(_accelerator(), make_dataloader(dataset, transform, batch_size),
+                          {name: detector.score for name, detector in detectors.items()})
+    return {name: outputs[name].numpy() for name in detectors}
 
 
 def metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -201,7 +198,7 @@ def metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict
     from ..evaluation.metrics import auroc, fpr_at_tpr
 
     out = {name: {"fpr95": fpr_at_tpr(id_scores, s), "auroc": auroc(id_scores, s)} for name, s in ood_scores.items()}
-    out["average"] = {key: float(np.mean([v[key] for v in out.values()])) for key in ("fpr95", "auroc")}
+    out["average"] = average_over_splits(out, ("fpr95", "auroc"))
     return out
 
 
@@ -232,7 +229,7 @@ def fit_variants(
             continue
         data = subset(id_splits["train"], max_fit_samples, seed, "fit") if detector.fit_split == "train" else fit_validation
         start = time.perf_counter()
-        detector.fit(batches(data, transform, batch_size))
+        detector.fit(fit_batches(data, transform, batch_size, detector.model.device))
         entry: dict[str, Any] = {"split": detector.fit_split, "num_samples": len(data), "seconds": time.perf_counter() - start}
         gsc = getattr(detector, "detector", None)
         if gsc is not None and gsc.config.gradient_mass is not None:
@@ -313,13 +310,15 @@ def compare(
     """Everything for one (reference model, benchmark) pair: protocol, test metrics, the comparison."""
     from transformers import AutoModelForImageClassification
 
-    from ..data import load_benchmark, load_image_processor, make_transform, num_channels
+    from ..data import load_benchmark, load_image_processor
+    from ..evaluation.models import image_transform
     from ..reference_models import reference_model_path
 
     start = time.perf_counter()
     path = Path(model_dir) if model_dir is not None else reference_model_path(arch, benchmark)
     sha256 = model_sha256(path)  # before loading, so that a checkpoint replaced during the run is noticed
     model = AutoModelForImageClassification.from_pretrained(path).eval().requires_grad_(False)
+    model.to(_accelerator().device)
     processor = load_image_processor(path)
     bench = load_benchmark(benchmark)
     if model.config.num_labels != bench.num_labels:
@@ -327,7 +326,7 @@ def compare(
     detectors, unavailable = build_variants(model)
 
     def transform_for(name: str) -> Callable:
-        return make_transform(processor, num_channels(model.config), f"{benchmark}/{name}")
+        return image_transform(processor, model, f"{benchmark}/{name}")
 
     protocol = run_protocol(detectors, bench.id_splits, benchmark, transform_for("validation"), max_samples,
                             max_fit_samples, seed, batch_size)
@@ -355,9 +354,7 @@ def compare(
 
 def model_sha256(path: str | Path) -> str:
     """SHA-256 of ``model.safetensors`` in ``path``: results are tied to the exact checkpoint."""
-    import hashlib
-
-    return hashlib.sha256((Path(path) / "model.safetensors").read_bytes()).hexdigest()
+    return file_sha256(Path(path) / "model.safetensors")
 
 
 # --------------------------------------------------------------------------------------- report
@@ -419,18 +416,6 @@ def markdown_tables(results: Sequence[Mapping[str, Any]], missing: Mapping[str, 
     return "\n".join(lines)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.floating, float)):
-        return float(value) if math.isfinite(value) else str(value)
-    if isinstance(value, (np.integer, np.bool_)):
-        return value.item()
-    return value
-
-
 def run(
     archs: Sequence[str],
     benchmarks: Sequence[str],
@@ -465,7 +450,7 @@ def run(
                     results.append(saved)
                     continue
             log(f"{benchmark}/{arch}: running")
-            result = _jsonable(compare(arch, benchmark, max_samples, max_fit_samples, seed, batch_size))
+            result = jsonable(compare(arch, benchmark, max_samples, max_fit_samples, seed, batch_size))
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result, indent=2, sort_keys=True))
             log(f"{benchmark}/{arch}: picked {result['choice']}, test best {result['test_best']} ({result['seconds']:.0f} s)")
