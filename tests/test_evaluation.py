@@ -296,12 +296,14 @@ def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- bad input
-def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch, before_model: bool = False) -> None:
     def forbidden(*args, **kwargs):
         raise AssertionError("expensive work started before the input was checked")
 
     monkeypatch.setattr(loop, "score_split", forbidden)
     monkeypatch.setattr(runner, "fit_detectors", forbidden)
+    if before_model:
+        monkeypatch.setattr(runner, "load_model", forbidden)
     with pytest.raises(options.InputError, match=match):
         runner.run_evaluation(argv)
 
@@ -361,6 +363,28 @@ def test_bad_numbers(tiny, tmp_path, monkeypatch, flag, value, match) -> None:
     _fails_fast(_argv(tiny, tmp_path / "out", flag, value), match, monkeypatch)
 
 
+@pytest.mark.parametrize(
+    "flag, value, match",
+    [("--num-workers", "-1", "--num-workers must be a nonnegative integer"),
+     ("--mixed-precision", "fp8x", "--mixed-precision must be one of no, fp16, bf16, got 'fp8x'"),
+     ("--image-backend", "opencv", "--image-backend must be one of auto, pil, torchvision")],
+)
+def test_bad_device_options_fail_before_the_model(tiny, tmp_path, monkeypatch, flag, value, match) -> None:
+    _fails_fast(_argv(tiny, tmp_path / "out", flag, value), match, monkeypatch, before_model=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 autocast exists on CUDA")
+def test_fp16_on_cpu_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    """accelerate accepts fp16 on a CPU and runs it as fp32: the evaluation refuses instead of mislabelling."""
+    _fails_fast(_argv(tiny, tmp_path / "out", "--mixed-precision", "fp16"),
+                r"--mixed-precision fp16: not available on device cpu", monkeypatch, before_model=True)
+
+
+def test_streaming_a_local_folder_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    _fails_fast(_argv(tiny, tmp_path / "out", "--streaming"), r"--streaming needs Hub dataset ids; .* is a local folder",
+                monkeypatch, before_model=True)
+
+
 def test_cli_exit_status_and_message(tiny, tmp_path, capsys) -> None:
     argv = _argv(tiny, tmp_path / "out")
     argv[argv.index("--methods") + 1] = "nope"
@@ -370,6 +394,96 @@ def test_cli_exit_status_and_message(tiny, tmp_path, capsys) -> None:
     stderr = capsys.readouterr().err
     assert "evaluate_ood.py: error: --methods: unknown method(s) 'nope'" in stderr
     assert "Traceback" not in stderr
+
+
+# ------------------------------------------------------------ device, precision, workers, streaming
+def test_results_record_device_precision_and_throughput(single_run: tuple[Path, dict]) -> None:
+    _, results = single_run
+    assert results["device"] == str(torch.device("cuda", 0) if torch.cuda.is_available() else "cpu")
+    assert results["mixed_precision"] == "no" and results["num_processes"] == 1
+    assert results["num_workers"] == (min(4, os.cpu_count()) if torch.cuda.is_available() else 0)
+    assert results["image_backend"] in ("pil", "torchvision")
+    scored = results["seconds"]["splits_scored"]
+    assert set(scored) == {"id_test", "id_validation", "ood_noise", "ood_flat"}
+    assert scored["id_test"]["num_samples"] == SIZES["test"] and scored["ood_flat"]["num_samples"] == OOD_SIZES["flat"]
+    assert all(entry["seconds"] > 0 and entry["images_per_second"] > 0 for entry in scored.values())
+
+
+def test_bf16_from_the_environment_runs_under_autocast(
+    tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACCELERATE_MIXED_PRECISION=bf16 (what `accelerate launch --mixed_precision bf16` sets) changes the
+    scores: the backbone ran under autocast. Before, the score files were bit-identical to fp32."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    results = runner.run_evaluation(_argv(tiny, tmp_path / "bf16"))
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    assert results["mixed_precision"] == "bf16"
+    for name in ("msp", "gsc"):
+        fp32 = load_file(str(single_run[0] / "scores" / name / "id_test.safetensors"))["ood_score"]
+        bf16 = load_file(str(tmp_path / "bf16" / "scores" / name / "id_test.safetensors"))["ood_score"]
+        assert not torch.equal(fp32, bf16), name
+        assert torch.allclose(fp32, bf16, atol=0.1, rtol=0.05), name
+    # The next evaluation in this process runs in fp32 again (accelerate's shared state is reset).
+    again = runner.run_evaluation(_argv(tiny, tmp_path / "fp32"))
+    assert again["mixed_precision"] == "no"
+
+
+def test_worker_processes_give_the_same_numbers(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path) -> None:
+    results = runner.run_evaluation(_argv(tiny, tmp_path / "workers", "--num-workers", "2"))
+    assert results["num_workers"] == 2
+    _assert_close(_numbers(results), _numbers(single_run[1]))
+
+
+def test_streaming_matches_the_map_style_run_and_resumes(
+    tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--streaming reads datasets.IterableDataset splits (here the local datasets through
+    ``to_iterable_dataset``, standing in for Hub ids): same metrics; a rerun reuses every score file."""
+    import datasets
+
+    import hf_gsc.data
+
+    loaded = hf_gsc.data.load_split
+    requested = []
+
+    def load_split(spec: str, streaming: bool = False):
+        requested.append(streaming)
+        dataset = loaded(spec)
+        return dataset.to_iterable_dataset(num_shards=3) if streaming else dataset
+
+    monkeypatch.setattr(hf_gsc.data, "load_split", load_split)
+    monkeypatch.setattr(options, "_is_local", lambda spec: False)
+    output_dir = tmp_path / "streamed"
+    results = runner.run_evaluation(_argv(tiny, output_dir, "--streaming"))
+    assert requested and all(requested)
+    assert isinstance(load_split(tiny["noise"], streaming=True), datasets.IterableDataset)
+    _assert_close(_numbers(results), _numbers(single_run[1]))
+    scored, _ = _record_scored_splits(monkeypatch)
+    again = runner.run_evaluation(_argv(tiny, output_dir, "--streaming"))
+    assert scored == []
+    _assert_close(_numbers(again), _numbers(single_run[1]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_scores_match_a_cpu_reference(tiny: dict[str, str], single_run: tuple[Path, dict]) -> None:
+    """On a CUDA machine every run of this module is on the GPU: its MSP scores equal a plain CPU forward."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageClassification
+
+    from hf_gsc.data import load_split
+    from hf_gsc.scores import ood_score
+
+    output_dir, results = single_run
+    assert results["device"].startswith("cuda")
+    model, processor, _, _ = models.load_model(tiny["model"])
+    images = load_split(f"{tiny['id']}:test")["image"]
+    with torch.no_grad():
+        logits = model(pixel_values=models.image_transform(processor, model, "test")(images)).logits
+    saved = load_file(str(output_dir / "scores" / "msp" / "id_test.safetensors"))["ood_score"]
+    torch.testing.assert_close(saved, ood_score(logits, "msp").double(), atol=1e-4, rtol=1e-4)
+    assert isinstance(AutoModelForImageClassification, type)
 
 
 # ----------------------------------------------------------------------------- 1 vs 2 processes

@@ -251,12 +251,10 @@ def collect(
         "approximation": {split_point: {split: {...}}}, "concentration": {split_point: {split: (N, F)}},
         "seconds": {variant: float}}``.
     """
-    from accelerate import Accelerator
-
-    from ..evaluation.loop import score_split
+    from ..evaluation.loop import make_accelerator, score_split
 
     _prepare_model(model)
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
     model.to(accelerator.device)
     variants = unique_variants(tables)
     work = _BatchWork(model, {v: _Scorer(model, v) for v in variants})

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..evaluation.fingerprints import file_sha256
-from ..evaluation.loop import device_batches, make_dataloader, score_split
+from ..evaluation.loop import device_batches, make_accelerator, make_dataloader, score_split
 from ..evaluation.plan import subset
 from ..evaluation.report import average_over_splits, jsonable
 
@@ -171,13 +171,6 @@ def build_validation_ood(
 
 
 # -------------------------------------------------------------------------------------- scoring
-def _accelerator() -> Any:
-    """The (single-process) accelerator the variants are scored with; the model goes to its device."""
-    from accelerate import Accelerator
-
-    return Accelerator()
-
-
 def fit_batches(dataset: Any, transform: Callable[[list], torch.Tensor], batch_size: int, device: Any) -> Any:
     """``(pixel_values, labels)`` batches of a benchmark-style dataset on ``device``, for ``Detector.fit``."""
     return device_batches(make_dataloader(dataset, transform, batch_size), device)
@@ -188,7 +181,7 @@ def score_dataset(
 ) -> dict[str, np.ndarray]:
     """Scores (higher = ID) of every detector on ``dataset`` through the evaluation's loop
     (:func:`hf_gsc.evaluation.loop.score_split`); images are preprocessed once per batch."""
-    outputs = score_split(_accelerator(), make_dataloader(dataset, transform, batch_size),
+    outputs = score_split(make_accelerator(), make_dataloader(dataset, transform, batch_size),
                           {name: detector.score for name, detector in detectors.items()})
     return {name: outputs[name].numpy() for name in detectors}
 
@@ -318,7 +311,7 @@ def compare(
     path = Path(model_dir) if model_dir is not None else reference_model_path(arch, benchmark)
     sha256 = model_sha256(path)  # before loading, so that a checkpoint replaced during the run is noticed
     model = AutoModelForImageClassification.from_pretrained(path).eval().requires_grad_(False)
-    model.to(_accelerator().device)
+    model.to(make_accelerator().device)
     processor = load_image_processor(path)
     bench = load_benchmark(benchmark)
     if model.config.num_labels != bench.num_labels:

@@ -1,5 +1,7 @@
 """The scoring loop: batches of one split through every method, sharded with ``accelerate``, cached.
 
+* :func:`make_accelerator`: the ``Accelerator`` (device, processes, mixed precision); a precision the
+  device cannot run is an error, not a silent fp32 run.
 * :func:`make_dataloader`: a ``DataLoader`` whose collate function turns the images of a batch into
   ``pixel_values`` in one image-processor call, optionally in worker processes. A map-style dataset is
   read by *index* (``accelerator.prepare`` shards the indices over the processes); a streamed
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .fingerprints import fingerprint, is_streamed
+from .options import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,43 @@ FINGERPRINT_KEY = "fingerprint"
 #: Batches each worker prepares ahead on CUDA (DataLoader's default is 2): decoding a batch of photos
 #: takes longer than scoring it, so a deeper queue absorbs the variation of decode times.
 CUDA_PREFETCH_FACTOR = 4
+
+
+def make_accelerator(mixed_precision: str | None = None) -> Any:
+    """An ``Accelerator`` with ``mixed_precision`` (``None``: accelerate's config / ``ACCELERATE_MIXED_PRECISION``).
+
+    Raises :class:`InputError` for a precision the device cannot run: accelerate itself refuses bf16 on a
+    GPU without it, and accepts fp16 on a CPU while running it as fp32 (no autocast), which would
+    silently report fp32 numbers as fp16.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    from accelerate.state import AcceleratorState
+
+    flag = "--mixed-precision" if mixed_precision is not None else "ACCELERATE_MIXED_PRECISION (or accelerate config)"
+    if mixed_precision is None:  # what accelerate reads itself (`accelerate launch` puts its config there)
+        mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    # Fitting runs on the main process while the others wait at a barrier: allow for a long fit.
+    options = {"mixed_precision": mixed_precision, "kwargs_handlers": [InitProcessGroupKwargs(timeout=timedelta(hours=3))]}
+    try:
+        try:
+            accelerator = Accelerator(**options)
+        except ValueError as error:
+            if "already been initialized" not in str(error):
+                raise
+            # An earlier evaluation in this Python process fixed another precision in accelerate's shared
+            # state; the process group (PartialState) is kept, only the precision settings are reset.
+            AcceleratorState._reset_state(reset_partial_state=False)
+            accelerator = Accelerator(**options)
+    except ValueError as error:
+        raise InputError(f"{flag}: {error}") from None
+    if accelerator.mixed_precision not in ("no", "fp16", "bf16"):
+        raise InputError(f"{flag}: {accelerator.mixed_precision!r} is not supported here; use no, fp16 or bf16")
+    if accelerator.mixed_precision != "no" and not accelerator.native_amp:
+        raise InputError(f"{flag} {accelerator.mixed_precision}: not available on device {accelerator.device.type} "
+                         "(accelerate would run it as fp32); use bf16 or no on a CPU")
+    return accelerator
 
 
 def default_num_workers(device: torch.device | str) -> int:
@@ -251,6 +292,7 @@ __all__ = [
     "default_num_workers",
     "device_batches",
     "fingerprint",
+    "make_accelerator",
     "make_dataloader",
     "score_split",
 ]

@@ -21,7 +21,7 @@ import argparse
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 
 from .. import __version__
 from .fitting import fit_detectors, saved_fit_size
-from .loop import SCORE_KEY, ScoreCache, default_num_workers
+from .loop import SCORE_KEY, ScoreCache, default_num_workers, make_accelerator
 from .models import (
     build_detectors,
     effective_hyperparameters,
@@ -83,31 +83,6 @@ def _broadcast(accelerator: Any, value: Any) -> Any:
     holder = [value]
     broadcast_object_list(holder, from_process=0)
     return holder[0]
-
-
-def make_accelerator(mixed_precision: str | None = None) -> Any:
-    """An ``Accelerator`` with ``mixed_precision`` (``None``: accelerate's config / ``ACCELERATE_MIXED_PRECISION``).
-
-    Raises :class:`InputError` for a precision the device cannot run: accelerate itself refuses bf16 on a
-    GPU without it, and accepts fp16 on a CPU while running it as fp32 (no autocast), which would
-    silently report fp32 numbers as fp16.
-    """
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
-    flag = "--mixed-precision" if mixed_precision is not None else "ACCELERATE_MIXED_PRECISION (or accelerate config)"
-    try:
-        # Fitting runs on the main process while the others wait at a barrier: allow for a long fit.
-        accelerator = Accelerator(mixed_precision=mixed_precision,
-                                  kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(hours=3))])
-    except ValueError as error:
-        raise InputError(f"{flag}: {error}") from None
-    if accelerator.mixed_precision not in ("no", "fp16", "bf16"):
-        raise InputError(f"{flag}: {accelerator.mixed_precision!r} is not supported here; use no, fp16 or bf16")
-    if accelerator.mixed_precision != "no" and not accelerator.native_amp:
-        raise InputError(f"{flag} {accelerator.mixed_precision}: not available on device {accelerator.device.type} "
-                         "(accelerate would run it as fp32); use bf16 or no on a CPU")
-    return accelerator
 
 
 def collect_results(
@@ -245,4 +220,4 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-__all__ = ["InputError", "collect_results", "make_accelerator", "package_versions", "run_evaluation"]
+__all__ = ["InputError", "collect_results", "package_versions", "run_evaluation"]
