@@ -487,8 +487,27 @@ def test_cuda_scores_match_a_cpu_reference(tiny: dict[str, str], single_run: tup
 
 
 # ----------------------------------------------------------------------------- 1 vs 2 processes
-def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path) -> None:
+#: Runs the evaluation with the local datasets streamed (``to_iterable_dataset``, 3 shards: uneven over 2
+#: processes), standing in for Hub ids, under ``accelerate launch``.
+STREAMING_SCRIPT = """
+import sys
+import hf_gsc.data
+from hf_gsc.evaluation import main, options
+
+loaded = hf_gsc.data.load_split
+hf_gsc.data.load_split = lambda spec, streaming=False: loaded(spec).to_iterable_dataset(num_shards=3) if streaming else loaded(spec)
+options._is_local = lambda spec: False
+sys.exit(main(sys.argv[1:], prog="evaluate_ood.py"))
+"""
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streamed"])
+def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, streaming: bool) -> None:
     output_dir = tmp_path / "two"
+    script = SCRIPT
+    if streaming:
+        script = tmp_path / "evaluate_streamed.py"
+        script.write_text(STREAMING_SCRIPT)
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     accelerate = Path(sys.executable).with_name("accelerate")
@@ -497,11 +516,11 @@ def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, d
         port = probe.getsockname()[1]
     command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(SCRIPT), *_argv(tiny, output_dir)]
+               str(script), *_argv(tiny, output_dir, *(["--streaming"] if streaming else []))]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     two = json.loads((output_dir / "results.json").read_text())
-    assert two["num_processes"] == 2
+    assert two["num_processes"] == 2 and two["config"]["streaming"] == streaming
     try:
         _assert_close(_numbers(two), _numbers(single_run[1]))
     except AssertionError as error:
