@@ -46,7 +46,7 @@ import torch
 from ..evaluation.fingerprints import file_sha256
 from ..evaluation.loop import device_batches, make_accelerator, make_dataloader, score_split
 from ..evaluation.plan import subset
-from ..evaluation.report import average_over_splits, jsonable
+from ..evaluation.report import average_over_splits, jsonable, table_lines
 
 #: Every method compared, in report order.
 VARIANT_NAMES: tuple[str, ...] = ("energy", "gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
@@ -376,23 +376,19 @@ def markdown_tables(results: Sequence[Mapping[str, Any]], missing: Mapping[str, 
             continue
         splits = list(rows[0]["test"][next(iter(rows[0]["test"]))])
         splits = [s for s in splits if s != "average"] + ["average"]
-        lines += [f"### `{benchmark}`: test (FPR95 / AUROC, %)", "",
-                  "| model | method | " + " | ".join(splits) + " |", "|---|---|" + "---|" * len(splits)]
-        for r in rows:
-            for name in VARIANT_NAMES:
-                cells = [_cell(r["test"][name].get(s)) if name in r["test"] else "n/a" for s in splits]
-                mark = " (picked)" if name == r["choice"] else ""
-                lines.append(f"| {r['arch']} | {name}{mark} | " + " | ".join(cells) + " |")
+        lines += [f"### `{benchmark}`: test (FPR95 / AUROC, %)", ""]
+        lines += table_lines(["model", "method", *splits], (
+            [r["arch"], name + (" (picked)" if name == r["choice"] else ""),
+             *(_cell(r["test"][name].get(s)) if name in r["test"] else "n/a" for s in splits)]
+            for r in rows for name in VARIANT_NAMES))
         counts = ", ".join(f"{r['arch']}: " + ", ".join(f"{k} {v}" for k, v in r["num_samples"].items()) for r in rows)
         lines += ["", f"Samples: {counts}.", ""]
-    lines += ["### Validation protocol (FPR95 / AUROC on validation OOD, %)", "",
-              "| model | benchmark | validation OOD sets | " + " | ".join(VARIANT_NAMES) + " | picked | test best GSC | picked beats default on test |",
-              "|---|---|---|" + "---|" * len(VARIANT_NAMES) + "---|---|---|"]
-    for r in results:
-        sets = ", ".join(s for s in r["validation"][next(iter(r["validation"]))] if s != "average")
-        cells = [_cell(r["validation"][n]["average"]) if n in r["validation"] else "n/a" for n in VARIANT_NAMES]
-        lines.append(f"| {r['arch']} | {r['benchmark']} | {sets} | " + " | ".join(cells)
-                     + f" | {r['choice']} | {r['test_best']} | {'yes' if r['choice_beats_default_on_test'] else 'no'} |")
+    lines += ["### Validation protocol (FPR95 / AUROC on validation OOD, %)", ""]
+    lines += table_lines(
+        ["model", "benchmark", "validation OOD sets", *VARIANT_NAMES, "picked", "test best GSC", "picked beats default on test"],
+        ([r["arch"], r["benchmark"], ", ".join(s for s in r["validation"][next(iter(r["validation"]))] if s != "average"),
+          *(_cell(r["validation"][n]["average"]) if n in r["validation"] else "n/a" for n in VARIANT_NAMES),
+          r["choice"], r["test_best"], "yes" if r["choice_beats_default_on_test"] else "no"] for r in results))
     lines.append("")
     notes = sorted({(r["arch"], n, reason) for r in results for n, reason in r["unavailable"].items()})
     for arch, name, reason in notes:
