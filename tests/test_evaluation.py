@@ -380,6 +380,12 @@ def test_fp16_on_cpu_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None
                 r"--mixed-precision fp16: not available on device cpu", monkeypatch, before_model=True)
 
 
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torchvision") is not None, reason="torchvision is installed")
+def test_torchvision_backend_without_torchvision_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    _fails_fast(_argv(tiny, tmp_path / "out", "--image-backend", "torchvision"),
+                r"--image-backend torchvision: torchvision is not installed", monkeypatch, before_model=True)
+
+
 def test_streaming_a_local_folder_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
     _fails_fast(_argv(tiny, tmp_path / "out", "--streaming"), r"--streaming needs Hub dataset ids; .* is a local folder",
                 monkeypatch, before_model=True)
