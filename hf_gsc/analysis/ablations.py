@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -374,14 +373,11 @@ def markdown_tables(summary: Mapping[str, Any], title: str = "") -> str:
         lines.append("")
     for point, result in summary["approximation_error"].items():
         lines += [f"### approximation error at {point} (5% zero-out): |score(approx) - score(exact)|", ""]
-        lines += ["| approximation | score | ID mean +- std | ID max | OOD mean +- std | OOD max |", "|---|---|---|---|---|---|"]
-        for approximation, per_score in result["errors"].items():
-            for score, groups in per_score.items():
-                i, o = groups["ID"], groups["OOD"]
-                lines.append(
-                    f"| {approximation} | {score} | {i['mean']:.3g} +- {i['std']:.3g} | {i['max']:.3g} | "
-                    f"{o['mean']:.3g} +- {o['std']:.3g} | {o['max']:.3g} |"
-                )
+        lines += table_lines(
+            ["approximation", "score", "ID mean +- std", "ID max", "OOD mean +- std", "OOD max"],
+            ([approximation, score, *(cell for group in ("ID", "OOD") for cell in (
+                f"{groups[group]['mean']:.3g} +- {groups[group]['std']:.3g}", f"{groups[group]['max']:.3g}"))]
+             for approximation, per_score in result["errors"].items() for score, groups in per_score.items()))
         if result["id_accuracy"]:
             acc = result["id_accuracy"]
             lines += ["", "ID accuracy: " + ", ".join(f"{k} {_pct(v)}%" for k, v in acc.items())]
@@ -390,10 +386,8 @@ def markdown_tables(summary: Mapping[str, Any], title: str = "") -> str:
         fractions = result["fractions"]
         cols = [column_of(f, fractions) for f in TABLE_FRACTIONS]
         lines += [f"### gradient concentration at {point}: mean TopKRatio(k = f n) +- std", ""]
-        lines += ["| data | " + " | ".join(f"f={100 * f:g}%" for f in TABLE_FRACTIONS) + " |",
-                  "|---|" + "---|" * len(TABLE_FRACTIONS)]
-        for split, curve in result["curves"].items():
-            lines.append(f"| {split} | " + " | ".join(
-                f"{curve['mean'][c]:.3f} +- {curve['std'][c]:.3f}" for c in cols) + " |")
+        lines += table_lines(["data", *(f"f={100 * f:g}%" for f in TABLE_FRACTIONS)], (
+            [split, *(f"{curve['mean'][c]:.3f} +- {curve['std'][c]:.3f}" for c in cols)]
+            for split, curve in result["curves"].items()))
         lines.append("")
     return "\n".join(lines)
