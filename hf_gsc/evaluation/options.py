@@ -235,9 +235,12 @@ def _check_streaming(args: argparse.Namespace, extra_ood: Sequence[tuple[str, st
     if local:
         raise InputError(f"--streaming needs Hub dataset ids; {local[0]!r} is a local folder "
                          "(local data is memory-mapped from disk anyway: drop --streaming)")
-    if args.benchmark is not None:
+    from ..data import benchmarks
+
+    # Benchmarks read from the Hub can be streamed; the generated ones are built in memory on this machine.
+    if args.benchmark is not None and args.benchmark not in getattr(benchmarks, "HUB_BENCHMARKS", ()):
         raise InputError(f"--streaming needs Hub dataset ids; --benchmark {args.benchmark} is built locally "
-                         "(use --id-dataset and --ood-dataset with Hub ids)")
+                         "(use --id-dataset and --ood-dataset with Hub ids, or a benchmark read from the Hub)")
 
 
 def validate_args(args: argparse.Namespace) -> dict[str, Any]:

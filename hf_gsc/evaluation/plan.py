@@ -70,7 +70,11 @@ def load_data(
     if args.benchmark is not None:
         from ..data import load_benchmark
 
-        benchmark = load_benchmark(args.benchmark, ood_splits=parsed["ood_splits"])
+        streamed = {"streaming": True} if streaming else {}  # only Hub-read benchmarks accept it (checked in options)
+        try:
+            benchmark = load_benchmark(args.benchmark, ood_splits=parsed["ood_splits"], **streamed)
+        except Exception as error:  # noqa: BLE001  (Hub access, gated datasets, decoding: many types)
+            raise InputError(f"--benchmark {args.benchmark}: could not load it: {error}") from None
         source = f"--benchmark {args.benchmark}"
         available = benchmark.id_splits
         id_splits = {split: available[split] for split in needed if split in available}
