@@ -139,6 +139,28 @@ def test_streamed_and_map_style_scores_agree() -> None:
     torch.testing.assert_close(streamed["labels"], mapped["labels"])
 
 
+def test_streamed_split_is_scored_as_it_is_read() -> None:
+    """Bounded memory: the first batch is scored before the stream has produced more than a batch or two,
+    so a split is never held whole (as a list of images or decoded tensors)."""
+    produced = []
+
+    def rows():
+        for index, row in enumerate(_dataset(40)):
+            produced.append(index)
+            yield row
+
+    stream = datasets.IterableDataset.from_generator(rows, features=_dataset(1).features)
+    read_at_first_batch = []
+
+    def scorer(x: torch.Tensor) -> torch.Tensor:
+        read_at_first_batch.append(len(produced))
+        return x.flatten(1).sum(dim=1)
+
+    outputs = loop.score_split(make_accelerator(), loop.make_dataloader(stream, _to_tensor, 4), {"s": scorer})
+    assert outputs["s"].shape == (40,)
+    assert read_at_first_batch[0] <= 8 < 40
+
+
 def test_loader_options_per_device() -> None:
     cpu = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cpu")
     assert (cpu.num_workers, cpu.pin_memory, cpu.prefetch_factor, cpu.persistent_workers) == (2, False, 2, False)
