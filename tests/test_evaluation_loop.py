@@ -172,9 +172,7 @@ def test_loader_options_per_device() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_scoring_on_cuda_with_workers_and_pinned_memory() -> None:
-    from accelerate import Accelerator
-
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
     seen = []
 
     def scorer(x: torch.Tensor) -> torch.Tensor:
