@@ -391,6 +391,21 @@ def test_streaming_a_local_folder_fails_before_the_model(tiny, tmp_path, monkeyp
                 monkeypatch, before_model=True)
 
 
+def test_streaming_a_generated_benchmark_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    argv = ["--model", tiny["model"], "--benchmark", "fmnist-ood", "--streaming", "--output-dir", str(tmp_path / "out")]
+    _fails_fast(argv, r"--streaming needs Hub dataset ids; --benchmark fmnist-ood is built locally", monkeypatch,
+                before_model=True)
+
+
+def test_streaming_a_hub_benchmark_passes_validation() -> None:
+    """The paper's benchmarks are read from the Hub, so they may be streamed (loading them needs the Hub)."""
+    from hf_gsc.data import HUB_BENCHMARKS
+
+    name = sorted(HUB_BENCHMARKS)[0]
+    args = options.parse_args(["--model", "m", "--benchmark", name, "--streaming", "--output-dir", "out"])
+    assert options.validate_args(args)["ood_splits"] is None
+
+
 def test_cli_exit_status_and_message(tiny, tmp_path, capsys) -> None:
     argv = _argv(tiny, tmp_path / "out")
     argv[argv.index("--methods") + 1] = "nope"
