@@ -15,25 +15,9 @@ import pytest
 import torch
 
 from hub_server import LoopbackHub
-from test_benchmarks_by_name import _stand_ins
+from test_benchmarks_by_name import hub  # noqa: F401  (the fixture: loopback Hub with the stand-in repos)
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory):
-    repos = _stand_ins(tmp_path_factory.mktemp("stand_ins"))
-    repos = {repo_id: folder for repo_id, folder in repos.items() if repo_id != "ILSVRC/imagenet-1k"}
-    with LoopbackHub(tokens={"hf_owner": "owner"}) as server:
-        server.orgs = {"owner": sorted({repo_id.split("/")[0] for repo_id in repos})}
-        with server.patch_client(token="hf_owner"):
-            from huggingface_hub import HfApi
-
-            api = HfApi()
-            for repo_id, folder in repos.items():
-                api.create_repo(repo_id, repo_type="dataset")
-                api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="dataset")
-        yield server
 
 
 @pytest.fixture(scope="module")
