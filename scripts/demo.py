@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from hf_gsc.evaluation.runner import main
+from hf_gsc.evaluation import main
 from hf_gsc.reference_models import reference_model_path
 
 #: Samples per split: ID test, ID validation (calibration) and each of the 4 OOD splits.

@@ -7,11 +7,11 @@ Same results with ``python`` and with ``accelerate launch`` over several process
         --methods gsc,msp,energy --output-dir runs/resnet --max-samples 1000
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 scripts/evaluate_ood.py ...
 
-See ``python scripts/evaluate_ood.py --help`` and ``hf_gsc.evaluation.runner``.
+See ``python scripts/evaluate_ood.py --help``, ``hf_gsc.evaluation`` and docs/evaluation.md.
 """
 import sys
 
-from hf_gsc.evaluation.runner import main
+from hf_gsc.evaluation import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="evaluate_ood.py"))

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 from transformers import ViTConfig, ViTForImageClassification
 
 from hf_gsc import GSCForImageClassification
@@ -228,9 +229,11 @@ def test_run_ablations_end_to_end(tmp_path, one_thread):
     generator = torch.Generator().manual_seed(0)
 
     def batches(n, labelled, shift=0.0):
+        """A DataLoader of {"pixel_values", "labels"} batches of 8, as the evaluation's loop reads them."""
         x = torch.randn(n, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator) + shift
         y = torch.randint(0, 5, (n,), generator=generator) if labelled else torch.full((n,), -1)
-        return [(x[:8], y[:8]), (x[8:], y[8:])]
+        return DataLoader(list(zip(x, y)), batch_size=8, collate_fn=lambda rows: {
+            "pixel_values": torch.stack([row[0] for row in rows]), "labels": torch.stack([row[1] for row in rows])})
 
     data = {"id_test": batches(12, True), "far": batches(10, False, 2.0), "near": batches(10, False, 0.5)}
     summary = run_one(model, data, tmp_path, "tiny", "tiny vit")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_gsc.evaluation import runner
+from hf_gsc.evaluation import cli, fingerprints, loop, models, options, runner
 from hf_gsc.evaluation.calibration import calibrate_threshold, true_positive_rate
 from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
 
@@ -139,8 +139,8 @@ def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
     assert saved["methods"].keys() == set(_methods().split(","))
     assert saved["num_processes"] == 1
     assert saved["split_sizes"] == {"id_test": 17, "id_validation": 13, "ood": OOD_SIZES,
-                                    "fit": {m: SIZES[runner._registered_methods()[m].fit_split]
-                                            for m in _methods().split(",") if runner._registered_methods()[m].needs_fit}}
+                                    "fit": {m: SIZES[options.registered_methods()[m].fit_split]
+                                            for m in _methods().split(",") if options.registered_methods()[m].needs_fit}}
     assert 0.0 <= saved["id_accuracy"] <= 1.0
     for name, entry in saved["methods"].items():
         assert entry["calibration"] == {"split": "validation", "num_samples": 13, "tpr": 0.95}
@@ -183,24 +183,24 @@ def test_model_fingerprint_follows_weights() -> None:
 
     torch.manual_seed(0)  # ResNet has 0-dim BatchNorm buffers (num_batches_tracked)
     model = ResNetForImageClassification(ResNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1]))
-    before = runner.model_fingerprint(model)
-    assert runner.model_fingerprint(model) == before
+    before = fingerprints.model_fingerprint(model)
+    assert fingerprints.model_fingerprint(model) == before
     with torch.no_grad():
         model.classifier[-1].bias[0] += 1e-6
-    assert runner.model_fingerprint(model) != before
+    assert fingerprints.model_fingerprint(model) != before
 
 
 # -------------------------------------------------------------------------------- cache and resume
 def _record_scored_splits(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Any]:
-    """Patch ``runner.score_split`` to record the split of every call; returns the record and the spy."""
+    """Patch ``loop.score_split`` to record the split of every call; returns the record and the spy."""
     scored: list[str] = []
-    real_score_split = runner.score_split
+    real_score_split = loop.score_split
 
     def spy(accelerator, dataloader, scorers, description=""):
         scored.append(description.split(" ")[0])
         return real_score_split(accelerator, dataloader, scorers, description)
 
-    monkeypatch.setattr(runner, "score_split", spy)
+    monkeypatch.setattr(loop, "score_split", spy)
     return scored, spy
 
 
@@ -223,7 +223,7 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
             raise KeyboardInterrupt("simulated crash")
         return spy(accelerator, dataloader, scorers, description)
 
-    monkeypatch.setattr(runner, "score_split", crash)
+    monkeypatch.setattr(loop, "score_split", crash)
     with pytest.raises(KeyboardInterrupt):
         runner.run_evaluation(_argv(tiny, output_dir))
     assert (output_dir / "scores" / "gsc" / "ood_noise.safetensors").is_file()
@@ -231,7 +231,7 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
 
     # 3. Resume: only the split lost in the crash is scored, plus one whose file was truncated.
     scored.clear()
-    monkeypatch.setattr(runner, "score_split", spy)
+    monkeypatch.setattr(loop, "score_split", spy)
     truncated = output_dir / "scores" / "msp" / "id_validation.safetensors"
     truncated.write_bytes(truncated.read_bytes()[:20])
     resumed = runner.run_evaluation(_argv(tiny, output_dir))
@@ -276,8 +276,8 @@ def test_odin_takes_the_image_std_from_the_processor(tiny: dict[str, str], tmp_p
     assert automatic["methods"]["odin"]["hyperparameters"]["image_std"] == [0.5]  # the tiny processor's std
     given = runner.run_evaluation([*base, "--output-dir", str(tmp_path / "given"), "--hyperparameter", "odin.image_std=2.0"])
     assert given["methods"]["odin"]["hyperparameters"]["image_std"] == 2.0
-    assert runner.processor_image_std(SimpleNamespace(image_std=[0.2, 0.3], do_normalize=False)) == [1.0]
-    assert runner.processor_image_std(SimpleNamespace(image_std=0.25)) == [0.25]
+    assert models.processor_image_std(SimpleNamespace(image_std=[0.2, 0.3], do_normalize=False)) == [1.0]
+    assert models.processor_image_std(SimpleNamespace(image_std=0.25)) == [0.25]
 
 
 def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:
@@ -296,13 +296,15 @@ def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- bad input
-def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch, before_model: bool = False) -> None:
     def forbidden(*args, **kwargs):
         raise AssertionError("expensive work started before the input was checked")
 
-    monkeypatch.setattr(runner, "score_split", forbidden)
+    monkeypatch.setattr(loop, "score_split", forbidden)
     monkeypatch.setattr(runner, "fit_detectors", forbidden)
-    with pytest.raises(runner.InputError, match=match):
+    if before_model:
+        monkeypatch.setattr(runner, "load_model", forbidden)
+    with pytest.raises(options.InputError, match=match):
         runner.run_evaluation(argv)
 
 
@@ -361,20 +363,170 @@ def test_bad_numbers(tiny, tmp_path, monkeypatch, flag, value, match) -> None:
     _fails_fast(_argv(tiny, tmp_path / "out", flag, value), match, monkeypatch)
 
 
+@pytest.mark.parametrize(
+    "flag, value, match",
+    [("--num-workers", "-1", "--num-workers must be a nonnegative integer"),
+     ("--mixed-precision", "fp8x", "--mixed-precision must be one of no, fp16, bf16, got 'fp8x'"),
+     ("--image-backend", "opencv", "--image-backend must be one of auto, pil, torchvision")],
+)
+def test_bad_device_options_fail_before_the_model(tiny, tmp_path, monkeypatch, flag, value, match) -> None:
+    _fails_fast(_argv(tiny, tmp_path / "out", flag, value), match, monkeypatch, before_model=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 autocast exists on CUDA")
+def test_fp16_on_cpu_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    """accelerate accepts fp16 on a CPU and runs it as fp32: the evaluation refuses instead of mislabelling."""
+    _fails_fast(_argv(tiny, tmp_path / "out", "--mixed-precision", "fp16"),
+                r"--mixed-precision fp16: not available on device cpu", monkeypatch, before_model=True)
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torchvision") is not None, reason="torchvision is installed")
+def test_torchvision_backend_without_torchvision_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    _fails_fast(_argv(tiny, tmp_path / "out", "--image-backend", "torchvision"),
+                r"--image-backend torchvision: torchvision is not installed", monkeypatch, before_model=True)
+
+
+def test_streaming_a_local_folder_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    _fails_fast(_argv(tiny, tmp_path / "out", "--streaming"), r"--streaming needs Hub dataset ids; .* is a local folder",
+                monkeypatch, before_model=True)
+
+
+def test_streaming_a_generated_benchmark_fails_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    argv = ["--model", tiny["model"], "--benchmark", "fmnist-ood", "--streaming", "--output-dir", str(tmp_path / "out")]
+    _fails_fast(argv, r"--streaming needs Hub dataset ids; --benchmark fmnist-ood is built locally", monkeypatch,
+                before_model=True)
+
+
+def test_streaming_a_hub_benchmark_passes_validation() -> None:
+    """The paper's benchmarks are read from the Hub, so they may be streamed (loading them needs the Hub)."""
+    from hf_gsc.data import HUB_BENCHMARKS
+
+    name = sorted(HUB_BENCHMARKS)[0]
+    args = options.parse_args(["--model", "m", "--benchmark", name, "--streaming", "--output-dir", "out"])
+    assert options.validate_args(args)["ood_splits"] is None
+
+
 def test_cli_exit_status_and_message(tiny, tmp_path, capsys) -> None:
     argv = _argv(tiny, tmp_path / "out")
     argv[argv.index("--methods") + 1] = "nope"
     with pytest.raises(SystemExit) as exit_info:
-        runner.main(argv, prog="evaluate_ood.py")
+        cli.main(argv, prog="evaluate_ood.py")
     assert exit_info.value.code == 2
     stderr = capsys.readouterr().err
     assert "evaluate_ood.py: error: --methods: unknown method(s) 'nope'" in stderr
     assert "Traceback" not in stderr
 
 
+# ------------------------------------------------------------ device, precision, workers, streaming
+def test_results_record_device_precision_and_throughput(single_run: tuple[Path, dict]) -> None:
+    _, results = single_run
+    assert results["device"] == str(torch.device("cuda", 0) if torch.cuda.is_available() else "cpu")
+    assert results["mixed_precision"] == "no" and results["num_processes"] == 1
+    assert results["num_workers"] == (min(4, os.cpu_count()) if torch.cuda.is_available() else 0)
+    assert results["image_backend"] in ("pil", "torchvision")
+    scored = results["seconds"]["splits_scored"]
+    assert set(scored) == {"id_test", "id_validation", "ood_noise", "ood_flat"}
+    assert scored["id_test"]["num_samples"] == SIZES["test"] and scored["ood_flat"]["num_samples"] == OOD_SIZES["flat"]
+    assert all(entry["seconds"] > 0 and entry["images_per_second"] > 0 for entry in scored.values())
+
+
+def test_bf16_from_the_environment_runs_under_autocast(
+    tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ACCELERATE_MIXED_PRECISION=bf16 (what `accelerate launch --mixed_precision bf16` sets) changes the
+    scores: the backbone ran under autocast. Before, the score files were bit-identical to fp32."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    results = runner.run_evaluation(_argv(tiny, tmp_path / "bf16"))
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    assert results["mixed_precision"] == "bf16"
+    for name in ("msp", "gsc"):
+        fp32 = load_file(str(single_run[0] / "scores" / name / "id_test.safetensors"))["ood_score"]
+        bf16 = load_file(str(tmp_path / "bf16" / "scores" / name / "id_test.safetensors"))["ood_score"]
+        assert not torch.equal(fp32, bf16), name
+        assert torch.allclose(fp32, bf16, atol=0.1, rtol=0.05), name
+    # The next evaluation in this process runs in fp32 again (accelerate's shared state is reset).
+    again = runner.run_evaluation(_argv(tiny, tmp_path / "fp32"))
+    assert again["mixed_precision"] == "no"
+
+
+def test_worker_processes_give_the_same_numbers(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path) -> None:
+    results = runner.run_evaluation(_argv(tiny, tmp_path / "workers", "--num-workers", "2"))
+    assert results["num_workers"] == 2
+    _assert_close(_numbers(results), _numbers(single_run[1]))
+
+
+def test_streaming_matches_the_map_style_run_and_resumes(
+    tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--streaming reads datasets.IterableDataset splits (here the local datasets through
+    ``to_iterable_dataset``, standing in for Hub ids): same metrics; a rerun reuses every score file."""
+    import datasets
+
+    import hf_gsc.data
+
+    loaded = hf_gsc.data.load_split
+    requested = []
+
+    def load_split(spec: str, streaming: bool = False):
+        requested.append(streaming)
+        dataset = loaded(spec)
+        return dataset.to_iterable_dataset(num_shards=3) if streaming else dataset
+
+    monkeypatch.setattr(hf_gsc.data, "load_split", load_split)
+    monkeypatch.setattr(options, "_is_local", lambda spec: False)
+    output_dir = tmp_path / "streamed"
+    results = runner.run_evaluation(_argv(tiny, output_dir, "--streaming"))
+    assert requested and all(requested)
+    assert isinstance(load_split(tiny["noise"], streaming=True), datasets.IterableDataset)
+    _assert_close(_numbers(results), _numbers(single_run[1]))
+    scored, _ = _record_scored_splits(monkeypatch)
+    again = runner.run_evaluation(_argv(tiny, output_dir, "--streaming"))
+    assert scored == []
+    _assert_close(_numbers(again), _numbers(single_run[1]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_scores_match_a_cpu_reference(tiny: dict[str, str], single_run: tuple[Path, dict]) -> None:
+    """On a CUDA machine every run of this module is on the GPU: its MSP scores equal a plain CPU forward."""
+    from safetensors.torch import load_file
+
+    from hf_gsc.data import load_split
+    from hf_gsc.scores import ood_score
+
+    output_dir, results = single_run
+    assert results["device"].startswith("cuda")
+    model, processor, _, _ = models.load_model(tiny["model"])
+    images = load_split(f"{tiny['id']}:test")["image"]
+    with torch.no_grad():
+        logits = model(pixel_values=models.image_transform(processor, model, "test")(images)).logits
+    saved = load_file(str(output_dir / "scores" / "msp" / "id_test.safetensors"))["ood_score"]
+    torch.testing.assert_close(saved, ood_score(logits, "msp").double(), atol=1e-4, rtol=1e-4)
+
+
 # ----------------------------------------------------------------------------- 1 vs 2 processes
-def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path) -> None:
+#: Runs the evaluation with the local datasets streamed (``to_iterable_dataset``, 3 shards: uneven over 2
+#: processes), standing in for Hub ids, under ``accelerate launch``.
+STREAMING_SCRIPT = """
+import sys
+import hf_gsc.data
+from hf_gsc.evaluation import main, options
+
+loaded = hf_gsc.data.load_split
+hf_gsc.data.load_split = lambda spec, streaming=False: loaded(spec).to_iterable_dataset(num_shards=3) if streaming else loaded(spec)
+options._is_local = lambda spec: False
+sys.exit(main(sys.argv[1:], prog="evaluate_ood.py"))
+"""
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streamed"])
+def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, streaming: bool) -> None:
     output_dir = tmp_path / "two"
+    script = SCRIPT
+    if streaming:
+        script = tmp_path / "evaluate_streamed.py"
+        script.write_text(STREAMING_SCRIPT)
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     accelerate = Path(sys.executable).with_name("accelerate")
@@ -383,11 +535,11 @@ def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, d
         port = probe.getsockname()[1]
     command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(SCRIPT), *_argv(tiny, output_dir)]
+               str(script), *_argv(tiny, output_dir, *(["--streaming"] if streaming else []))]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     two = json.loads((output_dir / "results.json").read_text())
-    assert two["num_processes"] == 2
+    assert two["num_processes"] == 2 and two["config"]["streaming"] == streaming
     try:
         _assert_close(_numbers(two), _numbers(single_run[1]))
     except AssertionError as error:

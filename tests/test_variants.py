@@ -16,12 +16,12 @@ from hf_gsc.data.noise import generate_noise
 from hf_gsc.data.preprocessing import decode_image
 
 
-def tiny_transform(batch: dict[str, list]) -> dict[str, torch.Tensor]:
-    """28x28 grayscale benchmark images -> (B, 3, 16, 16) float64, like an image processor would."""
-    images = np.stack([np.asarray(decode_image(v, "tiny", i).convert("L")) for i, v in enumerate(batch["image"])])
+def tiny_transform(images: list) -> torch.Tensor:
+    """28x28 grayscale benchmark images -> (B, 3, 16, 16) float64 pixel_values, like an image processor would."""
+    images = np.stack([np.asarray(decode_image(v, "tiny", i).convert("L")) for i, v in enumerate(images)])
     pixels = torch.as_tensor(images, dtype=torch.float64)[:, None] / 127.5 - 1.0
     pixels = torch.nn.functional.interpolate(pixels, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear")
-    return {"pixel_values": pixels.expand(-1, 3, -1, -1).contiguous(), "label": torch.as_tensor(batch["label"])}
+    return pixels.expand(-1, 3, -1, -1).contiguous()
 
 
 def tiny_dataset(n: int, seed: int, labels: bool = True):

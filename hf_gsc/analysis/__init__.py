@@ -1,7 +1,9 @@
 """Analyses of GSC (issue #7): ablation grid, approximation error, gradient concentration, iterative short-circuit.
 
 Built on the public pieces of :mod:`hf_gsc.shortcircuit`, :mod:`hf_gsc.scores` and
-:class:`hf_gsc.split_points.SplitPoint`; ``scripts/run_ablations.py`` is the command line.
+:class:`hf_gsc.split_points.SplitPoint`; data is scored through the evaluation's loop
+(:func:`hf_gsc.evaluation.loop.score_split`) and reported with its helpers (:mod:`hf_gsc.evaluation.report`).
+``scripts/run_ablations.py`` and ``scripts/compare_variants.py`` are the command lines.
 """
 
 from .ablations import Variant, collect, markdown_tables, model_split_points, summarise, variant_grid

@@ -25,14 +25,14 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
 from ..config import GSCConfig
 from ..evaluation.metrics import ood_metrics
+from ..evaluation.report import average_over_splits, table_lines
 from ..modeling import GSCForImageClassification
 from ..architectures import registered_architecture
 from ..split_points import resolve_split_point
@@ -164,13 +164,15 @@ class _Scorer:
                 split_point=variant.split_point, mask_ratio=variant.mask_ratio, approximation=variant.approximation)
             self.detector = get_detector(variant.kind, model, **settings)
 
-    def __call__(self, pixel_values: torch.Tensor, contexts: "_Contexts") -> tuple[torch.Tensor, torch.Tensor | None]:
+    def __call__(
+        self, pixel_values: torch.Tensor, contexts: Callable[[str], HeadContext]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(scores (B,) float64, predictions (B,) or None)`` on the CPU."""
         v = self.variant
         if v.kind == "baseline":
-            logits = contexts[DEFAULT_SPLIT].logits
+            logits = contexts(DEFAULT_SPLIT).logits
         elif v.kind == "gsc":
-            logits = gsc_logits(contexts[v.split_point], v.mask_ratio, v.selection, v.operation, v.approximation,
+            logits = gsc_logits(contexts(v.split_point), v.mask_ratio, v.selection, v.operation, v.approximation,
                                 v.alpha, v.clip_bound, v.beta, v.steps, self.generator)
         elif v.kind == "multi_layer":
             logits = self.detector(pixel_values).gsc_logits
@@ -181,19 +183,44 @@ class _Scorer:
         return scores_of(logits, v.score), logits.argmax(dim=-1).cpu()
 
 
-class _Contexts(dict):
-    """Split point -> :class:`HeadContext` of the current batch, computed on first use."""
+class _BatchWork:
+    """Work shared by the scorers of one batch: the :class:`HeadContext` per split point and each variant's
+    ``(scores, predictions)``, computed on first use and dropped when the next batch arrives.
 
-    def __init__(self, model: nn.Module, pixel_values: torch.Tensor, splits: dict) -> None:
-        super().__init__()
-        self.model, self.pixel_values, self.splits = model, pixel_values, splits
+    The scoring loop calls every scorer of a batch with the same ``pixel_values`` object, so its identity
+    tells a new batch from the current one.
+    """
 
-    def __missing__(self, name: str) -> HeadContext:
-        if name not in self.splits:
-            self.splits[name] = resolve_split_point(self.model, name)
-        context = head_context(self.splits[name], self.pixel_values)
-        self[name] = context
-        return context
+    def __init__(self, model: nn.Module, scorers: Mapping[Variant, _Scorer]) -> None:
+        self.model, self.scorers = model, scorers
+        self.splits: dict = {}
+        self.seconds = {variant: 0.0 for variant in scorers}
+        self._batch: torch.Tensor | None = None
+        self._done: dict = {}
+
+    def _memo(self, pixel_values: torch.Tensor, key: Any, compute: Callable[[], Any]) -> Any:
+        if pixel_values is not self._batch:
+            self._batch, self._done = pixel_values, {}
+        if key not in self._done:
+            self._done[key] = compute()
+        return self._done[key]
+
+    def context(self, pixel_values: torch.Tensor, name: str) -> HeadContext:
+        def compute() -> HeadContext:
+            if name not in self.splits:
+                self.splits[name] = resolve_split_point(self.model, name)
+            return head_context(self.splits[name], pixel_values)
+
+        return self._memo(pixel_values, ("context", name), compute)
+
+    def variant(self, pixel_values: torch.Tensor, variant: Variant) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def compute() -> tuple[torch.Tensor, torch.Tensor | None]:
+            tick = time.perf_counter()
+            result = self.scorers[variant](pixel_values, lambda name: self.context(pixel_values, name))
+            self.seconds[variant] += time.perf_counter() - tick
+            return result
+
+        return self._memo(pixel_values, ("variant", variant), compute)
 
 
 def _prepare_model(model: nn.Module) -> None:
@@ -205,7 +232,7 @@ def _prepare_model(model: nn.Module) -> None:
 
 def collect(
     model: nn.Module,
-    data: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    data: Mapping[str, Any],
     tables: Mapping[str, Sequence[tuple[str, Variant]]],
     approximation_split_points: Sequence[str] = (DEFAULT_SPLIT,),
     concentration_split_points: Sequence[str] = (DEFAULT_SPLIT, "penultimate"),
@@ -215,60 +242,52 @@ def collect(
     """Score every variant, the approximation-error outputs and TopKRatio curves on every data split.
 
     Args:
-        data: split name -> iterable of ``(pixel_values, labels)`` batches (labels ``-1`` for OOD).
+        data: split name -> an unprepared ``DataLoader`` of ``{"pixel_values", "labels"}`` batches (labels
+            ``-1`` for OOD), as :func:`hf_gsc.evaluation.loop.make_dataloader` makes; each split goes through
+            :func:`hf_gsc.evaluation.loop.score_split`, the evaluation's own loop.
     Returns:
         ``{"scores": {variant: {split: (N,)}}, "predictions": {...}, "labels": {split: (N,)},
         "approximation": {split_point: {split: {...}}}, "concentration": {split_point: {split: (N, F)}},
         "seconds": {variant: float}}``.
     """
+    from ..evaluation.loop import make_accelerator, score_split
+
     _prepare_model(model)
+    accelerator = make_accelerator()
+    model.to(accelerator.device)
     variants = unique_variants(tables)
-    scorers = {v: _Scorer(model, v) for v in variants}
-    splits: dict = {}
-    scores = {v: {} for v in variants}
-    predictions = {v: {} for v in variants}
+    work = _BatchWork(model, {v: _Scorer(model, v) for v in variants})
+    scorers: dict[Any, Callable[[torch.Tensor], Any]] = {}
+    for variant in variants:
+        scorers[("score", variant)] = lambda x, v=variant: work.variant(x, v)[0]
+        if variant.kind != "ash_s":  # ASH-S scores without new logits: no predictions
+            scorers[("prediction", variant)] = lambda x, v=variant: work.variant(x, v)[1]
+    for point in approximation_split_points:
+        scorers[("approximation", point)] = lambda x, p=point: approximation_outputs(work.context(x, p))
+    for point in concentration_split_points:
+        scorers[("concentration", point)] = lambda x, p=point: top_fraction_ratio(work.context(x, p).gradient, fractions)
+    scores: dict = {v: {} for v in variants}
+    predictions: dict = {v: {} for v in variants}
     labels: dict[str, torch.Tensor] = {}
     approximation: dict = {p: {} for p in approximation_split_points}
     concentration: dict = {p: {} for p in concentration_split_points}
-    seconds = {v: 0.0 for v in variants}
-    for split_name, batches in data.items():
+    for split_name, dataloader in data.items():
         started = time.perf_counter()
-        per_batch: dict[str, list] = {}
-        count = 0
-        for pixel_values, batch_labels in batches:
-            contexts = _Contexts(model, pixel_values, splits)
-            count += pixel_values.shape[0]
-            per_batch.setdefault("labels", []).append(torch.as_tensor(batch_labels).long().cpu())
-            for variant, scorer in scorers.items():
-                tick = time.perf_counter()
-                s, p = scorer(pixel_values, contexts)
-                seconds[variant] += time.perf_counter() - tick
-                per_batch.setdefault(("score", variant), []).append(s)
-                per_batch.setdefault(("prediction", variant), []).append(p)
-            for point in approximation_split_points:
-                per_batch.setdefault(("approximation", point), []).append(approximation_outputs(contexts[point]))
-            for point in concentration_split_points:
-                ratios = top_fraction_ratio(contexts[point].gradient, fractions)
-                per_batch.setdefault(("concentration", point), []).append(ratios)
-        labels[split_name] = torch.cat(per_batch["labels"])
+        out = score_split(accelerator, dataloader, scorers, description=split_name)
+        labels[split_name] = out["labels"]
         for variant in variants:
-            scores[variant][split_name] = torch.cat(per_batch[("score", variant)])
-            preds = per_batch[("prediction", variant)]
-            predictions[variant][split_name] = None if preds[0] is None else torch.cat(preds)
+            scores[variant][split_name] = out[("score", variant)]
+            predictions[variant][split_name] = out.get(("prediction", variant))
         for point in approximation_split_points:
-            parts = per_batch[("approximation", point)]
-            approximation[point][split_name] = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+            approximation[point][split_name] = {
+                key[1]: value for key, value in out.items() if isinstance(key, tuple) and key[0] == ("approximation", point)
+            }
         for point in concentration_split_points:
-            concentration[point][split_name] = torch.cat(per_batch[("concentration", point)])
-        log(f"  {split_name}: {count} samples, {time.perf_counter() - started:.1f}s")
+            concentration[point][split_name] = out[("concentration", point)]
+        log(f"  {split_name}: {labels[split_name].numel()} samples, {time.perf_counter() - started:.1f}s")
     return {"scores": scores, "predictions": predictions, "labels": labels, "approximation": approximation,
-            "concentration": concentration, "seconds": seconds, "split_points": {
-                name: split.module_path for name, split in splits.items()}}
-
-
-def _mean(values: Iterable[float]) -> float:
-    values = list(values)
-    return float(np.mean(values)) if values else math.nan
+            "concentration": concentration, "seconds": work.seconds, "split_points": {
+                name: split.module_path for name, split in work.splits.items()}}
 
 
 def summarise(
@@ -285,7 +304,7 @@ def summarise(
     variants: dict[str, Any] = {}
     for variant, per_split in collected["scores"].items():
         per_ood = {s: ood_metrics(per_split[id_split], per_split[s]) for s in ood_splits}
-        mean = {m: _mean(r[m] for r in per_ood.values()) for m in ("fpr95", "auroc", "aupr_in", "aupr_out")}
+        mean = average_over_splits(per_ood)
         prediction = collected["predictions"][variant][id_split]
         accuracy = None
         if prediction is not None and keep.any():
@@ -327,6 +346,15 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
 
 
+def _row_cells(label: str, r: Mapping[str, Any], ood: Sequence[str]) -> list[str]:
+    """One ablation row: mean FPR95, AUROC, ID accuracy, and per OOD split when there are several."""
+    escaped = label.replace("|", "\\|")  # a literal | would end the markdown cell
+    cells = [escaped, _pct(r["mean"]["fpr95"]), _pct(r["mean"]["auroc"]), _pct(r["id_accuracy"])]
+    if len(ood) > 1:
+        cells += [f"{_pct(r['per_ood_split'][s]['fpr95'])} / {_pct(r['per_ood_split'][s]['auroc'])}" for s in ood]
+    return cells
+
+
 def markdown_tables(summary: Mapping[str, Any], title: str = "") -> str:
     """The ablation tables, approximation error and concentration tables of one (benchmark, model) summary."""
     lines = [f"## {title}", ""] if title else []
@@ -340,26 +368,16 @@ def markdown_tables(summary: Mapping[str, Any], title: str = "") -> str:
     ood = summary["ood_splits"]
     for table, rows in summary["tables"].items():
         lines += [f"### {table}", ""]
-        header = "| variant | FPR95 | AUROC | ID acc |" + ("".join(f" {s} FPR95/AUROC |" for s in ood) if len(ood) > 1 else "")
-        lines += [header, "|" + "---|" * (header.count("|") - 1)]
-        for row in rows:
-            r = summary["variants"][row["variant"]]
-            label = row["row"].replace("|", "\\|")  # a literal | would end the markdown cell
-            cells = [label, _pct(r["mean"]["fpr95"]), _pct(r["mean"]["auroc"]), _pct(r["id_accuracy"])]
-            if len(ood) > 1:
-                cells += [f"{_pct(r['per_ood_split'][s]['fpr95'])} / {_pct(r['per_ood_split'][s]['auroc'])}" for s in ood]
-            lines.append("| " + " | ".join(cells) + " |")
+        header = ["variant", "FPR95", "AUROC", "ID acc"] + ([f"{s} FPR95/AUROC" for s in ood] if len(ood) > 1 else [])
+        lines += table_lines(header, (_row_cells(row["row"], summary["variants"][row["variant"]], ood) for row in rows))
         lines.append("")
     for point, result in summary["approximation_error"].items():
         lines += [f"### approximation error at {point} (5% zero-out): |score(approx) - score(exact)|", ""]
-        lines += ["| approximation | score | ID mean +- std | ID max | OOD mean +- std | OOD max |", "|---|---|---|---|---|---|"]
-        for approximation, per_score in result["errors"].items():
-            for score, groups in per_score.items():
-                i, o = groups["ID"], groups["OOD"]
-                lines.append(
-                    f"| {approximation} | {score} | {i['mean']:.3g} +- {i['std']:.3g} | {i['max']:.3g} | "
-                    f"{o['mean']:.3g} +- {o['std']:.3g} | {o['max']:.3g} |"
-                )
+        lines += table_lines(
+            ["approximation", "score", "ID mean +- std", "ID max", "OOD mean +- std", "OOD max"],
+            ([approximation, score, *(cell for group in ("ID", "OOD") for cell in (
+                f"{groups[group]['mean']:.3g} +- {groups[group]['std']:.3g}", f"{groups[group]['max']:.3g}"))]
+             for approximation, per_score in result["errors"].items() for score, groups in per_score.items()))
         if result["id_accuracy"]:
             acc = result["id_accuracy"]
             lines += ["", "ID accuracy: " + ", ".join(f"{k} {_pct(v)}%" for k, v in acc.items())]
@@ -368,10 +386,8 @@ def markdown_tables(summary: Mapping[str, Any], title: str = "") -> str:
         fractions = result["fractions"]
         cols = [column_of(f, fractions) for f in TABLE_FRACTIONS]
         lines += [f"### gradient concentration at {point}: mean TopKRatio(k = f n) +- std", ""]
-        lines += ["| data | " + " | ".join(f"f={100 * f:g}%" for f in TABLE_FRACTIONS) + " |",
-                  "|---|" + "---|" * len(TABLE_FRACTIONS)]
-        for split, curve in result["curves"].items():
-            lines.append(f"| {split} | " + " | ".join(
-                f"{curve['mean'][c]:.3f} +- {curve['std'][c]:.3f}" for c in cols) + " |")
+        lines += table_lines(["data", *(f"f={100 * f:g}%" for f in TABLE_FRACTIONS)], (
+            [split, *(f"{curve['mean'][c]:.3f} +- {curve['std'][c]:.3f}" for c in cols)]
+            for split, curve in result["curves"].items()))
         lines.append("")
     return "\n".join(lines)

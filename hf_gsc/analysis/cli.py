@@ -10,9 +10,10 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
+from torch.utils.data import DataLoader
 
 from .ablations import DEFAULT_SPLIT, collect, markdown_tables, model_split_points, summarise, variant_grid
 from .gradient_concentration import plot_curves
@@ -43,42 +44,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _batches(dataset: Any, transform: Any, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    from ..evaluation.loop import make_dataloader
-
-    for batch in make_dataloader(dataset, transform, batch_size):
-        yield batch["pixel_values"], batch["labels"]
-
-
-class _Lazy:
-    """An iterable that builds its batches afresh on each iteration."""
-
-    def __init__(self, *args: Any) -> None:
-        self.args = args
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return _batches(*self.args)
-
-
 def benchmark_data(
     benchmark: str, model: torch.nn.Module, processor: Any, max_samples: int | None, batch_size: int, seed: int
-) -> dict[str, Iterable[tuple[torch.Tensor, torch.Tensor]]]:
-    """``{"id_test": batches, "<ood split>": batches}`` subsampled as ``scripts/evaluate_ood.py`` does."""
+) -> dict[str, DataLoader]:
+    """``{"id_test": loader, "<ood split>": loader}`` subsampled as ``scripts/evaluate_ood.py`` does."""
     from ..data import load_benchmark
-    from ..evaluation.runner import image_transform, subset
+    from ..evaluation.loop import make_dataloader
+    from ..evaluation.models import image_transform
+    from ..evaluation.plan import subset
 
     bench = load_benchmark(benchmark)
     splits = {ID_SPLIT: ("test", bench.id_splits["test"])}
     splits.update({name: (name, dataset) for name, dataset in bench.ood_splits.items()})
     return {
-        name: _Lazy(subset(dataset, max_samples, seed, key), image_transform(processor, model, name), batch_size)
+        name: make_dataloader(subset(dataset, max_samples, seed, key), image_transform(processor, model, name), batch_size)
         for name, (key, dataset) in splits.items()
     }
 
 
 def run_one(
     model: torch.nn.Module,
-    data: Mapping[str, Iterable[tuple[torch.Tensor, torch.Tensor]]],
+    data: Mapping[str, DataLoader],
     output_dir: str | Path,
     stem: str,
     title: str,
@@ -158,12 +144,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def checkpoint_record(path: Path) -> dict[str, Any]:
     """sha256 (first 16 hex digits) of ``model.safetensors`` and the test accuracy in ``training_results.json``."""
-    import hashlib
+    from ..evaluation.fingerprints import file_sha256
 
     record: dict[str, Any] = {}
     weights = path / "model.safetensors"
     if weights.is_file():
-        record["model_safetensors_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+        record["model_safetensors_sha256"] = file_sha256(weights)[:16]
     results = path / "training_results.json"
     if results.is_file():
         record["test_accuracy"] = json.loads(results.read_text()).get("test_accuracy")

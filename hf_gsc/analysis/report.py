@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..evaluation.report import table_lines
 from .gradient_concentration import TABLE_FRACTIONS, column_of
 
 PAPER_TABLES = {
@@ -52,37 +53,33 @@ def combined_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
                 )
         if not rows:
             continue
-        lines += [f"### {title}", "", "| row | " + " | ".join(stems) + " |", "|---|" + "---|" * len(stems)]
-        for label, cells in rows.items():
-            escaped = label.replace("|", "\\|")
-            lines.append(f"| {escaped} | " + " | ".join(cells.get(s, "-") for s in stems) + " |")
+        lines += [f"### {title}", ""]
+        lines += table_lines(["row", *stems], ([label.replace("|", "\\|"), *(cells.get(s, "-") for s in stems)]
+                                               for label, cells in rows.items()))
         lines.append("")
 
     lines += ["### approximation error |score(approx) - score(exact)| (5% zero-out), mean +- std (max)", ""]
-    lines += ["| model | split point | approximation | score | ID | OOD | ID acc exact / first_order / predicted_logit |",
-              "|---|---|---|---|---|---|---|"]
+    rows = []
     for stem in stems:
         for point, result in summaries[stem]["approximation_error"].items():
             acc = result.get("id_accuracy") or {}
             accuracy = " / ".join(_cell(acc.get(k)) for k in ("exact", "first_order", "predicted_logit"))
             for approximation, per_score in result["errors"].items():
                 for score, groups in per_score.items():
-                    i, o = groups["ID"], groups["OOD"]
-                    lines.append(
-                        f"| {stem} | {point} | {approximation} | {score} | {i['mean']:.3g} +- {i['std']:.2g} ({i['max']:.3g}) "
-                        f"| {o['mean']:.3g} +- {o['std']:.2g} ({o['max']:.3g}) | {accuracy} |"
-                    )
+                    errors = [f"{g['mean']:.3g} +- {g['std']:.2g} ({g['max']:.3g})" for g in (groups["ID"], groups["OOD"])]
+                    rows.append([stem, point, approximation, score, *errors, accuracy])
+    lines += table_lines(["model", "split point", "approximation", "score", "ID", "OOD",
+                          "ID acc exact / first_order / predicted_logit"], rows)
     lines.append("")
     lines += ["### gradient concentration: mean TopKRatio(k = f n), ID vs all OOD", ""]
-    lines += ["| model | split point | " + " | ".join(f"f={100 * f:g}% ID / OOD" for f in TABLE_FRACTIONS) + " |",
-              "|---|---|" + "---|" * len(TABLE_FRACTIONS)]
+    rows = []
     for stem in stems:
         for point, result in summaries[stem]["gradient_concentration"].items():
             curves = result["curves"]
             id_curve = next(c for name, c in curves.items() if name.startswith("ID"))
             ood_curve = curves["OOD (all)"]
             cols = [column_of(f, result["fractions"]) for f in TABLE_FRACTIONS]
-            lines.append(f"| {stem} | {point} | " + " | ".join(
-                f"{id_curve['mean'][c]:.3f} / {ood_curve['mean'][c]:.3f}" for c in cols) + " |")
+            rows.append([stem, point, *(f"{id_curve['mean'][c]:.3f} / {ood_curve['mean'][c]:.3f}" for c in cols)])
+    lines += table_lines(["model", "split point", *(f"f={100 * f:g}% ID / OOD" for f in TABLE_FRACTIONS)], rows)
     lines.append("")
     return "\n".join(lines)

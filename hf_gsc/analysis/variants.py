@@ -34,7 +34,6 @@ Selection protocol (:func:`run_protocol`), which never reads an ID test split or
 from __future__ import annotations
 
 import json
-import math
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,11 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ..evaluation.fingerprints import file_sha256
+from ..evaluation.loop import device_batches, make_accelerator, make_dataloader, score_split
+from ..evaluation.plan import subset
+from ..evaluation.report import average_over_splits, jsonable, table_lines
 
 #: Every method compared, in report order.
 VARIANT_NAMES: tuple[str, ...] = ("energy", "gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
@@ -166,34 +170,20 @@ def build_validation_ood(
     raise ValueError(f"no validation OOD sets defined for benchmark {benchmark!r}; known: {BENCHMARK_NAMES}")
 
 
-def subset(dataset: Any, max_samples: int | None, seed: int, key: str) -> Any:
-    """At most ``max_samples`` rows drawn with ``(seed, key)``: the rows ``scripts/evaluate_ood.py
-    --max-samples`` scores for the split of the same key (``test``, ``ood_{name}``)."""
-    from ..evaluation.runner import subset as runner_subset
-
-    return runner_subset(dataset, max_samples, seed, key)
-
-
 # -------------------------------------------------------------------------------------- scoring
-def batches(
-    dataset: Any, transform: Callable[[dict[str, list]], dict[str, torch.Tensor]], batch_size: int
-) -> Any:
-    """``(pixel_values, labels)`` batches of a benchmark-style dataset."""
-    for start in range(0, len(dataset), batch_size):
-        batch = transform(dataset[start : start + batch_size])
-        yield batch["pixel_values"], batch["label"]
+def fit_batches(dataset: Any, transform: Callable[[list], torch.Tensor], batch_size: int, device: Any) -> Any:
+    """``(pixel_values, labels)`` batches of a benchmark-style dataset on ``device``, for ``Detector.fit``."""
+    return device_batches(make_dataloader(dataset, transform, batch_size), device)
 
 
 def score_dataset(
-    detectors: Mapping[str, Any], dataset: Any, transform: Callable, batch_size: int = 128
+    detectors: Mapping[str, Any], dataset: Any, transform: Callable[[list], torch.Tensor], batch_size: int = 128
 ) -> dict[str, np.ndarray]:
-    """Scores (higher = ID) of every detector on ``dataset``; images are preprocessed once per batch."""
-    scores: dict[str, list[np.ndarray]] = {name: [] for name in detectors}
-    for pixel_values, _ in batches(dataset, transform, batch_size):
-        with torch.no_grad():
-            for name, detector in detectors.items():
-                scores[name].append(detector.score(pixel_values).double().cpu().numpy())
-    return {name: np.concatenate(parts) for name, parts in scores.items()}
+    """Scores (higher = ID) of every detector on ``dataset`` through the evaluation's loop
+    (:func:`hf_gsc.evaluation.loop.score_split`); images are preprocessed once per batch."""
+    outputs = score_split(make_accelerator(), make_dataloader(dataset, transform, batch_size),
+                          {name: detector.score for name, detector in detectors.items()})
+    return {name: outputs[name].numpy() for name in detectors}
 
 
 def metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -201,7 +191,7 @@ def metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict
     from ..evaluation.metrics import auroc, fpr_at_tpr
 
     out = {name: {"fpr95": fpr_at_tpr(id_scores, s), "auroc": auroc(id_scores, s)} for name, s in ood_scores.items()}
-    out["average"] = {key: float(np.mean([v[key] for v in out.values()])) for key in ("fpr95", "auroc")}
+    out["average"] = average_over_splits(out, ("fpr95", "auroc"))
     return out
 
 
@@ -232,7 +222,7 @@ def fit_variants(
             continue
         data = subset(id_splits["train"], max_fit_samples, seed, "fit") if detector.fit_split == "train" else fit_validation
         start = time.perf_counter()
-        detector.fit(batches(data, transform, batch_size))
+        detector.fit(fit_batches(data, transform, batch_size, detector.model.device))
         entry: dict[str, Any] = {"split": detector.fit_split, "num_samples": len(data), "seconds": time.perf_counter() - start}
         gsc = getattr(detector, "detector", None)
         if gsc is not None and gsc.config.gradient_mass is not None:
@@ -313,13 +303,15 @@ def compare(
     """Everything for one (reference model, benchmark) pair: protocol, test metrics, the comparison."""
     from transformers import AutoModelForImageClassification
 
-    from ..data import load_benchmark, load_image_processor, make_transform, num_channels
+    from ..data import load_benchmark, load_image_processor
+    from ..evaluation.models import image_transform
     from ..reference_models import reference_model_path
 
     start = time.perf_counter()
     path = Path(model_dir) if model_dir is not None else reference_model_path(arch, benchmark)
     sha256 = model_sha256(path)  # before loading, so that a checkpoint replaced during the run is noticed
     model = AutoModelForImageClassification.from_pretrained(path).eval().requires_grad_(False)
+    model.to(make_accelerator().device)
     processor = load_image_processor(path)
     bench = load_benchmark(benchmark)
     if model.config.num_labels != bench.num_labels:
@@ -327,7 +319,7 @@ def compare(
     detectors, unavailable = build_variants(model)
 
     def transform_for(name: str) -> Callable:
-        return make_transform(processor, num_channels(model.config), f"{benchmark}/{name}")
+        return image_transform(processor, model, f"{benchmark}/{name}")
 
     protocol = run_protocol(detectors, bench.id_splits, benchmark, transform_for("validation"), max_samples,
                             max_fit_samples, seed, batch_size)
@@ -355,9 +347,7 @@ def compare(
 
 def model_sha256(path: str | Path) -> str:
     """SHA-256 of ``model.safetensors`` in ``path``: results are tied to the exact checkpoint."""
-    import hashlib
-
-    return hashlib.sha256((Path(path) / "model.safetensors").read_bytes()).hexdigest()
+    return file_sha256(Path(path) / "model.safetensors")
 
 
 # --------------------------------------------------------------------------------------- report
@@ -386,23 +376,19 @@ def markdown_tables(results: Sequence[Mapping[str, Any]], missing: Mapping[str, 
             continue
         splits = list(rows[0]["test"][next(iter(rows[0]["test"]))])
         splits = [s for s in splits if s != "average"] + ["average"]
-        lines += [f"### `{benchmark}`: test (FPR95 / AUROC, %)", "",
-                  "| model | method | " + " | ".join(splits) + " |", "|---|---|" + "---|" * len(splits)]
-        for r in rows:
-            for name in VARIANT_NAMES:
-                cells = [_cell(r["test"][name].get(s)) if name in r["test"] else "n/a" for s in splits]
-                mark = " (picked)" if name == r["choice"] else ""
-                lines.append(f"| {r['arch']} | {name}{mark} | " + " | ".join(cells) + " |")
+        lines += [f"### `{benchmark}`: test (FPR95 / AUROC, %)", ""]
+        lines += table_lines(["model", "method", *splits], (
+            [r["arch"], name + (" (picked)" if name == r["choice"] else ""),
+             *(_cell(r["test"][name].get(s)) if name in r["test"] else "n/a" for s in splits)]
+            for r in rows for name in VARIANT_NAMES))
         counts = ", ".join(f"{r['arch']}: " + ", ".join(f"{k} {v}" for k, v in r["num_samples"].items()) for r in rows)
         lines += ["", f"Samples: {counts}.", ""]
-    lines += ["### Validation protocol (FPR95 / AUROC on validation OOD, %)", "",
-              "| model | benchmark | validation OOD sets | " + " | ".join(VARIANT_NAMES) + " | picked | test best GSC | picked beats default on test |",
-              "|---|---|---|" + "---|" * len(VARIANT_NAMES) + "---|---|---|"]
-    for r in results:
-        sets = ", ".join(s for s in r["validation"][next(iter(r["validation"]))] if s != "average")
-        cells = [_cell(r["validation"][n]["average"]) if n in r["validation"] else "n/a" for n in VARIANT_NAMES]
-        lines.append(f"| {r['arch']} | {r['benchmark']} | {sets} | " + " | ".join(cells)
-                     + f" | {r['choice']} | {r['test_best']} | {'yes' if r['choice_beats_default_on_test'] else 'no'} |")
+    lines += ["### Validation protocol (FPR95 / AUROC on validation OOD, %)", ""]
+    lines += table_lines(
+        ["model", "benchmark", "validation OOD sets", *VARIANT_NAMES, "picked", "test best GSC", "picked beats default on test"],
+        ([r["arch"], r["benchmark"], ", ".join(s for s in r["validation"][next(iter(r["validation"]))] if s != "average"),
+          *(_cell(r["validation"][n]["average"]) if n in r["validation"] else "n/a" for n in VARIANT_NAMES),
+          r["choice"], r["test_best"], "yes" if r["choice_beats_default_on_test"] else "no"] for r in results))
     lines.append("")
     notes = sorted({(r["arch"], n, reason) for r in results for n, reason in r["unavailable"].items()})
     for arch, name, reason in notes:
@@ -417,18 +403,6 @@ def markdown_tables(results: Sequence[Mapping[str, Any]], missing: Mapping[str, 
     lines += ["", f"Protocol picks over {v['pairs']} pairs: " + ", ".join(f"{k} {n}" for k, n in v["picks"].items())
               + f". Recommended default: `{v['default']}`.", ""]
     return "\n".join(lines)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.floating, float)):
-        return float(value) if math.isfinite(value) else str(value)
-    if isinstance(value, (np.integer, np.bool_)):
-        return value.item()
-    return value
 
 
 def run(
@@ -465,7 +439,7 @@ def run(
                     results.append(saved)
                     continue
             log(f"{benchmark}/{arch}: running")
-            result = _jsonable(compare(arch, benchmark, max_samples, max_fit_samples, seed, batch_size))
+            result = jsonable(compare(arch, benchmark, max_samples, max_fit_samples, seed, batch_size))
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(result, indent=2, sort_keys=True))
             log(f"{benchmark}/{arch}: picked {result['choice']}, test best {result['test_best']} ({result['seconds']:.0f} s)")

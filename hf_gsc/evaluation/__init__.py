@@ -1,6 +1,11 @@
-"""Evaluation utilities for OOD detection: metrics (FPR@95%TPR, AUROC, AUPR-In/Out) and the `evaluate` metric module,
-threshold calibration on ID validation data, the (``accelerate``) evaluation run with its score cache, the
-``results.json`` / ``results.md`` report and the plots.
+"""OOD evaluation as a library plus a thin command line.
+
+* :mod:`.metrics`, :mod:`.calibration`: FPR@95%TPR, AUROC, AUPR-In/Out (and the offline ``evaluate``
+  module), thresholds calibrated on ID validation data.
+* :mod:`.options` (flags and their validation), :mod:`.models` (model, image processor, detectors),
+  :mod:`.plan` (splits, subsets, fingerprints), :mod:`.fitting`, :mod:`.loop` (the ``accelerate``
+  scoring loop and score cache), :mod:`.scoring`, :mod:`.report` / :mod:`.plots`, tied together by
+  :func:`run_evaluation` (:mod:`.runner`); :func:`main` (:mod:`.cli`) is the command line.
 
 >>> from hf_gsc.evaluation import run_evaluation
 >>> results = run_evaluation(["--model", "hf_gsc/reference_models/resnet", "--benchmark", "fmnist-ood",
@@ -8,10 +13,12 @@ threshold calibration on ID validation data, the (``accelerate``) evaluation run
 """
 
 from .calibration import calibrate_threshold, calibration_record, true_positive_rate
+from .cli import main
 from .loop import ScoreCache, make_dataloader, score_split
 from .metrics import METRIC_NAMES, fpr_at_tpr, load_ood_metric, ood_metrics, threshold_at_tpr
+from .options import DEFAULT_METHODS, InputError, build_parser
 from .report import markdown_table, method_results, write_report
-from .runner import DEFAULT_METHODS, InputError, build_parser, run_evaluation
+from .runner import run_evaluation
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -23,6 +30,7 @@ __all__ = [
     "calibration_record",
     "fpr_at_tpr",
     "load_ood_metric",
+    "main",
     "make_dataloader",
     "markdown_table",
     "method_results",

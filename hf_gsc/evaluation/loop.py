@@ -1,11 +1,16 @@
 """The scoring loop: batches of one split through every method, sharded with ``accelerate``, cached.
 
-* :class:`IndexedImages` + :func:`make_dataloader`: a ``DataLoader`` over sample *indices*, whose
-  collate function reads the images of a batch and turns them into ``pixel_values`` in one image
-  processor call. ``accelerator.prepare`` shards the indices over the processes.
-* :func:`score_split`: runs several scoring functions on each batch and collects their outputs with
-  ``accelerator.gather_for_metrics``, which drops the duplicates ``accelerate`` pads an uneven last
-  batch with, so every process returns exactly one value per sample, in dataset order.
+* :func:`make_accelerator`: the ``Accelerator`` (device, processes, mixed precision); a precision the
+  device cannot run is an error, not a silent fp32 run.
+* :func:`make_dataloader`: a ``DataLoader`` whose collate function turns the images of a batch into
+  ``pixel_values`` in one image-processor call, optionally in worker processes. A map-style dataset is
+  read by *index* (``accelerator.prepare`` shards the indices over the processes); a streamed
+  ``datasets.IterableDataset`` is first split over the processes with ``split_dataset_by_node``.
+* :func:`device_batches`: ``(pixel_values, labels)`` batches moved to the model's device (fitting, analyses).
+* :func:`score_split`: runs several scoring functions on each batch (under ``accelerator.autocast()``)
+  and collects their outputs across processes: ``gather_for_metrics`` drops the duplicates
+  ``accelerate`` pads an uneven last batch with, so every process returns exactly one value per
+  sample, in dataset order. Outputs stay on the device until the split ends: no host synchronisation per batch.
 * :class:`ScoreCache`: ``scores/{method}/{split}.safetensors`` under the output dir, written
   atomically (temporary file, then ``os.replace``) by the main process as soon as a split is done,
   and tagged with a fingerprint of everything the scores depend on, so a rerun reuses exactly the
@@ -14,11 +19,10 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,9 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from .fingerprints import fingerprint, is_streamed
+from .options import InputError
+
 logger = logging.getLogger(__name__)
 
 #: Subfolder of the output dir holding ``{method}/{split}.safetensors``.
@@ -35,12 +42,58 @@ SCORES_DIR = "scores"
 #: Key of the score tensor inside a score file.
 SCORE_KEY = "ood_score"
 FINGERPRINT_KEY = "fingerprint"
+#: Batches each worker prepares ahead on CUDA (DataLoader's default is 2): decoding a batch of photos
+#: takes longer than scoring it, so a deeper queue absorbs the variation of decode times.
+CUDA_PREFETCH_FACTOR = 4
 
 
-def fingerprint(values: Mapping[str, Any]) -> str:
-    """A short stable hash of a JSON-serialisable description (sorted keys)."""
-    text = json.dumps(values, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+def make_accelerator(mixed_precision: str | None = None) -> Any:
+    """An ``Accelerator`` with ``mixed_precision`` (``None``: accelerate's config / ``ACCELERATE_MIXED_PRECISION``).
+
+    Raises :class:`InputError` for a precision the device cannot run: accelerate itself refuses bf16 on a
+    GPU without it, and accepts fp16 on a CPU while running it as fp32 (no autocast), which would
+    silently report fp32 numbers as fp16.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    from accelerate.state import AcceleratorState
+
+    flag = "--mixed-precision" if mixed_precision is not None else "ACCELERATE_MIXED_PRECISION (or accelerate config)"
+    if mixed_precision is None:  # what accelerate reads itself (`accelerate launch` puts its config there)
+        mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
+    # Fitting runs on the main process while the others wait at a barrier: allow for a long fit.
+    options = {"mixed_precision": mixed_precision, "kwargs_handlers": [InitProcessGroupKwargs(timeout=timedelta(hours=3))]}
+    try:
+        try:
+            accelerator = Accelerator(**options)
+        except ValueError as error:
+            if "already been initialized" not in str(error):
+                raise
+            # An earlier evaluation in this Python process fixed another precision in accelerate's shared
+            # state; the process group (PartialState) is kept, only the precision settings are reset.
+            AcceleratorState._reset_state(reset_partial_state=False)
+            accelerator = Accelerator(**options)
+    except ValueError as error:
+        raise InputError(f"{flag}: {error}") from None
+    if accelerator.mixed_precision not in ("no", "fp16", "bf16"):
+        raise InputError(f"{flag}: {accelerator.mixed_precision!r} is not supported here; use no, fp16 or bf16")
+    if accelerator.mixed_precision != "no" and not accelerator.native_amp:
+        raise InputError(f"{flag} {accelerator.mixed_precision}: not available on device {accelerator.device.type} "
+                         "(accelerate would run it as fp32); use bf16 or no on a CPU")
+    return accelerator
+
+
+def default_num_workers(device: torch.device | str) -> int:
+    """Worker processes for a device: ``min(4, CPU count)`` on CUDA, else 0.
+
+    On CUDA, decoding and preprocessing on the host is the bottleneck (about 6 ms per 500x375 JPEG
+    against about 1 ms of GPU time per image for ViT-B/16), so workers pay. On a CPU the model competes
+    with the workers for the same cores: the measurement in ``docs/evaluation.md`` decides the default.
+    """
+    if torch.device(device).type == "cuda":
+        return min(4, os.cpu_count() or 1)
+    return 0
 
 
 class IndexedImages:
@@ -59,19 +112,71 @@ class IndexedImages:
 
     def __call__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         rows = self.dataset[list(indices)]
-        pixel_values = self.transform(rows["image"])
-        if self.has_labels:
-            labels = torch.as_tensor(rows["label"], dtype=torch.long)
-        else:
-            labels = torch.full((len(indices),), -1, dtype=torch.long)
-        return {"pixel_values": pixel_values, "labels": labels}
+        return _batch(self.transform(rows["image"]), rows["label"] if self.has_labels else None)
 
 
-def make_dataloader(dataset: Any, transform: Callable[[list], torch.Tensor], batch_size: int) -> DataLoader:
-    """An ordered (unshuffled) loader of ``dataset``; wrap with ``accelerator.prepare`` to shard it."""
-    return DataLoader(
-        range(len(dataset)), batch_size=batch_size, shuffle=False, collate_fn=IndexedImages(dataset, transform)
-    )
+class StreamedImages:
+    """Collate function of a streamed dataset: ``[rows]`` -> ``{"pixel_values": (B, C, H, W), "labels": (B,)}``."""
+
+    def __init__(self, transform: Callable[[list], torch.Tensor]) -> None:
+        self.transform = transform
+
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+        labels = [row["label"] for row in rows] if rows and "label" in rows[0] else None
+        return _batch(self.transform([row["image"] for row in rows]), labels)
+
+
+def _batch(pixel_values: torch.Tensor, labels: Sequence[int] | None) -> dict[str, torch.Tensor]:
+    if labels is None:
+        labels_tensor = torch.full((pixel_values.shape[0],), -1, dtype=torch.long)
+    else:
+        labels_tensor = torch.as_tensor(labels, dtype=torch.long)
+    return {"pixel_values": pixel_values, "labels": labels_tensor}
+
+
+def make_dataloader(
+    dataset: Any,
+    transform: Callable[[list], torch.Tensor],
+    batch_size: int,
+    num_workers: int = 0,
+    device: torch.device | str = "cpu",
+    process_index: int = 0,
+    num_processes: int = 1,
+) -> DataLoader:
+    """An ordered (unshuffled) loader of ``dataset``.
+
+    A map-style ``dataset`` is sharded later (``accelerator.prepare`` in :func:`score_split`); a streamed
+    one is split here over ``num_processes`` with ``datasets.distributed.split_dataset_by_node``. On CUDA
+    the batches are pinned and workers prefetch :data:`CUDA_PREFETCH_FACTOR` batches each.
+    """
+    cuda = torch.device(device).type == "cuda"
+    options: dict[str, Any] = {"batch_size": batch_size, "num_workers": num_workers, "pin_memory": cuda}
+    if num_workers > 0:
+        # Each loader reads its split once, so workers that outlive it (persistent_workers) would only hold memory.
+        options.update(prefetch_factor=CUDA_PREFETCH_FACTOR if cuda else 2, persistent_workers=False)
+    if is_streamed(dataset):
+        from datasets.distributed import split_dataset_by_node
+
+        if num_processes > 1:
+            dataset = split_dataset_by_node(dataset, rank=process_index, world_size=num_processes)
+        return DataLoader(dataset, collate_fn=StreamedImages(transform), **options)
+    return DataLoader(range(len(dataset)), shuffle=False, collate_fn=IndexedImages(dataset, transform), **options)
+
+
+def device_batches(
+    dataloader: Iterable[Mapping[str, torch.Tensor]], device: torch.device | str
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(pixel_values, labels)`` of each batch, on ``device`` (the model's), for ``Detector.fit`` and analyses."""
+    for batch in dataloader:
+        yield (batch["pixel_values"].to(device, non_blocking=True), batch["labels"].to(device, non_blocking=True))
+
+
+def _as_output(name: str, value: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """A scorer's output ``(B, ...)`` as float64 (floating) or int64, checked for its leading size."""
+    if value.ndim == 0 or value.shape[0] != batch_size:
+        raise RuntimeError(f"{name} returned shape {tuple(value.shape)} for a batch of {batch_size}; expected (B, ...)")
+    value = value.detach()
+    return value.double() if value.is_floating_point() else value.long()
 
 
 def score_split(
@@ -80,35 +185,61 @@ def score_split(
     scorers: Mapping[str, Callable[[torch.Tensor], torch.Tensor]],
     description: str = "",
 ) -> dict[str, torch.Tensor]:
-    """Run every scorer on each batch of ``dataloader`` on all processes; gather in dataset order.
+    """Run every scorer on each batch of ``dataloader`` on all processes; gather across processes.
 
     Args:
-        accelerator: an ``accelerate.Accelerator``.
-        dataloader: from :func:`make_dataloader` (not yet prepared: it is prepared here).
-        scorers: name -> ``pixel_values -> (B,)`` tensor (an ``ood_score``, a prediction...).
+        accelerator: an ``accelerate.Accelerator``; the scorers run under its ``autocast()`` (its mixed precision).
+        dataloader: from :func:`make_dataloader` (not yet prepared: a map-style one is prepared here).
+        scorers: name -> ``pixel_values -> (B, ...)`` tensor (an ``ood_score``, a prediction...), or a
+            mapping ``key -> (B, ...)`` tensor, returned as ``(name, key)``. They are called in order on
+            each batch, with the same ``pixel_values`` object, so a later one may reuse an earlier one's work.
         description: progress bar label (the bar shows on the local main process only).
 
     Returns:
-        name -> ``(N,)`` CPU tensor with one value per sample of the split, on every process, plus
-        ``"labels"``. Floating outputs are stored as float64, integer ones as int64.
+        name -> ``(N, ...)`` CPU tensor with one row per sample of the split, on every process, plus
+        ``"labels"``. Floating outputs are stored as float64, integer ones as int64. Map-style data comes
+        back in dataset order; streamed data in the order of ``split_dataset_by_node``'s shards.
     """
-    prepared = accelerator.prepare(dataloader)
-    outputs: dict[str, list[torch.Tensor]] = {name: [] for name in (*scorers, "labels")}
-    bar = tqdm(prepared, desc=description, disable=not accelerator.is_local_main_process, leave=False)
+    streamed = is_streamed(dataloader.dataset)
+    loader = dataloader if streamed else accelerator.prepare(dataloader)
+    device = accelerator.device
+    outputs: dict[Any, list[torch.Tensor]] = {}
+    bar = tqdm(loader, desc=description, disable=not accelerator.is_local_main_process, leave=False)
     for batch in bar:
-        pixel_values = batch["pixel_values"].to(accelerator.device)
-        results = {"labels": batch["labels"].to(accelerator.device)}
-        for name, scorer in scorers.items():
-            value = scorer(pixel_values).detach()
-            if value.ndim != 1 or value.shape[0] != pixel_values.shape[0]:
-                raise RuntimeError(
-                    f"{name} returned shape {tuple(value.shape)} for a batch of {pixel_values.shape[0]}; expected (B,)"
-                )
-            results[name] = value.double() if value.is_floating_point() else value.long()
-        gathered = accelerator.gather_for_metrics(results)
-        for name, value in gathered.items():
-            outputs[name].append(value.cpu())
-    return {name: torch.cat(values) if values else torch.empty(0) for name, values in outputs.items()}
+        pixel_values = batch["pixel_values"].to(device, non_blocking=True)
+        results = {"labels": batch["labels"].to(device, non_blocking=True)}
+        with accelerator.autocast():
+            for name, scorer in scorers.items():
+                value = scorer(pixel_values)
+                parts = value.items() if isinstance(value, Mapping) else [(None, value)]
+                for key, part in parts:
+                    label = name if key is None else (name, key)
+                    results[label] = _as_output(str(label), part, pixel_values.shape[0])
+        if not streamed:
+            results = accelerator.gather_for_metrics(results)
+        for name, value in results.items():
+            outputs.setdefault(name, []).append(value)
+    if not outputs:  # this process got no batch
+        outputs = {name: [] for name in (*scorers, "labels")}
+    local = {name: torch.cat(values) if values else torch.empty(0) for name, values in outputs.items()}
+    if streamed:
+        local = _gather_unequal(accelerator, local)
+    return {name: value.cpu() for name, value in local.items()}
+
+
+def _gather_unequal(accelerator: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Concatenate every process's rows (each may hold a different number, as streamed shards do), by rank."""
+    if accelerator.num_processes == 1:
+        return local
+    count = torch.tensor([local["labels"].shape[0]], device=accelerator.device)
+    counts = accelerator.gather(count).tolist()
+    gathered = {}
+    for name, value in local.items():
+        padded = accelerator.pad_across_processes(value.to(accelerator.device), dim=0)
+        rows = padded.shape[0]
+        everything = accelerator.gather(padded)
+        gathered[name] = torch.cat([everything[rank * rows: rank * rows + n] for rank, n in enumerate(counts)])
+    return gathered
 
 
 class ScoreCache:
@@ -157,7 +288,11 @@ __all__ = [
     "SCORE_KEY",
     "IndexedImages",
     "ScoreCache",
+    "StreamedImages",
+    "default_num_workers",
+    "device_batches",
     "fingerprint",
+    "make_accelerator",
     "make_dataloader",
     "score_split",
 ]

@@ -7,8 +7,9 @@ the paper's tables (one row per method, FPR95 and AUROC per OOD split, then thei
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def method_results(
     """
     threshold = calibrate_threshold(id_validation_scores, tpr)
     ood = {name: ood_metrics(id_test_scores, scores) for name, scores in ood_scores.items()}
-    average = {metric: float(np.mean([values[metric] for values in ood.values()])) for metric in METRIC_NAMES}
+    average = average_over_splits(ood)
     return {
         "threshold": threshold,
         "calibration": calibration_record(validation_split, len(id_validation_scores), tpr),
@@ -46,6 +47,41 @@ def method_results(
         "ood": ood,
         "average": average,
     }
+
+
+def average_over_splits(
+    per_split: Mapping[str, Mapping[str, float]], metrics: Sequence[str] = METRIC_NAMES
+) -> dict[str, float]:
+    """The mean of each metric over the OOD splits (``{split: {metric: value}}``); NaN when there is no split."""
+    return {
+        metric: float(np.mean([values[metric] for values in per_split.values()])) if per_split else math.nan
+        for metric in metrics
+    }
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with only JSON types: numpy scalars as Python numbers, tuples as lists, non-finite floats as
+    strings (``"nan"``, strict JSON has no NaN), anything else unknown as its ``str``."""
+    if isinstance(value, Mapping):
+        return {k if isinstance(k, str) else str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else str(float(value))
+    if value is None or isinstance(value, str):
+        return value
+    return str(value)
+
+
+def table_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown table: the header row, the ``|---|`` rule, one line per row of cells."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(cells) + " |" for cells in rows
+    ]
 
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
@@ -82,6 +118,18 @@ def markdown_table(results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95"
         return entry["average"][metric] if column == "average" else entry["ood"][column][metric]
 
     best = {(c, m): _best([cell(name, c, m) for name in methods], m) for c in columns for m in metrics}
+
+    def cells(name: str) -> list[str]:
+        row = [name]
+        for column in columns:
+            parts = []
+            for metric in metrics:
+                value = cell(name, column, metric)
+                text = f"{100 * value:.2f}"
+                parts.append(f"**{text}**" if np.isclose(value, best[(column, metric)], rtol=0, atol=1e-12) else text)
+            row.append(" / ".join(parts))
+        return row
+
     lines = [
         f"## OOD detection: {results.get('model')} on {results.get('benchmark')}",
         "",
@@ -89,26 +137,14 @@ def markdown_table(results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95"
         f"Cells: {metric_label} in %, ID = positive class; thresholds calibrated on ID "
         f"{results.get('calibration_split', 'validation')} only.",
         "",
-        "| Method | " + " | ".join("Average" if c == "average" else c for c in columns) + " |",
-        "|---|" + "---|" * len(columns),
-    ]
-    for name in methods:
-        cells = []
-        for column in columns:
-            parts = []
-            for metric in metrics:
-                value = cell(name, column, metric)
-                text = f"{100 * value:.2f}"
-                parts.append(f"**{text}**" if np.isclose(value, best[(column, metric)], rtol=0, atol=1e-12) else text)
-            cells.append(" / ".join(parts))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += [
+        *table_lines(["Method", *("Average" if c == "average" else c for c in columns)], map(cells, methods)),
         "",
-        f"| Method | threshold | ID TPR at threshold (test, target {100 * _target_tpr(methods):.0f}%) |",
-        "|---|---|---|",
+        *table_lines(
+            ["Method", "threshold", f"ID TPR at threshold (test, target {100 * _target_tpr(methods):.0f}%)"],
+            ([name, f"{entry['threshold']:.6g}", f"{100 * entry['id_tpr_at_threshold']:.2f}"]
+             for name, entry in methods.items()),
+        ),
     ]
-    for name, entry in methods.items():
-        lines.append(f"| {name} | {entry['threshold']:.6g} | {100 * entry['id_tpr_at_threshold']:.2f} |")
     sizes = results.get("split_sizes")
     if sizes:
         ood_sizes = ", ".join(f"{k} {v}" for k, v in sizes.get("ood", {}).items())
@@ -135,4 +171,14 @@ def write_report(output_dir: str | os.PathLike, results: Mapping[str, Any]) -> t
     return json_path, md_path
 
 
-__all__ = ["RESULTS_JSON", "RESULTS_MD", "markdown_table", "method_results", "write_json", "write_report"]
+__all__ = [
+    "RESULTS_JSON",
+    "RESULTS_MD",
+    "average_over_splits",
+    "jsonable",
+    "markdown_table",
+    "method_results",
+    "table_lines",
+    "write_json",
+    "write_report",
+]

@@ -1,0 +1,314 @@
+"""The evaluation's command-line options and their validation: every check that needs neither model nor data.
+
+:func:`validate_args` runs before the accelerator, the model or the data are touched, so a bad argument
+fails in well under a second with one line naming the flag (:class:`InputError`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: The default of ``--methods`` (and of ``make demo``): GSC and the main baselines that need no long
+#: fit, those of them that are registered.
+DEFAULT_METHODS = ("gsc", "msp", "energy", "max_logit", "odin", "react", "ash_b")
+#: ``--mixed-precision`` values (accelerate's names); unset = accelerate's config / ``ACCELERATE_MIXED_PRECISION``.
+PRECISIONS = ("no", "fp16", "bf16")
+#: ``--image-backend`` values: ``auto`` = transformers' default (torchvision when installed, else PIL).
+IMAGE_BACKENDS = ("auto", "pil", "torchvision")
+#: ``GSCConfig`` fields settable from the command line: flag dest -> field name.
+GSC_OPTIONS = {
+    "split_point": "split_point",
+    "mask_ratio": "mask_ratio",
+    "selection": "selection",
+    "operation": "operation",
+    "approximation": "approximation",
+    "alpha": "alpha",
+    "clip_bound": "clip_bound",
+    "beta": "beta",
+    "gsc_score": "score",
+    "gsc_temperature": "temperature",
+}
+
+
+class InputError(ValueError):
+    """Bad command-line input, found before any expensive work; the message names the argument."""
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``scripts/evaluate_ood.py`` (also used by ``scripts/demo.py`` and tests)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="OOD evaluation of GSC and baselines on a Hugging Face image classifier. "
+        "Runs with `python` or `accelerate launch` (sharded over processes).",
+    )
+    parser.add_argument("--model", required=True, help="image classifier or saved GSC detector: local path or Hub id")
+    parser.add_argument("--revision", default=None, help="Hub revision of --model")
+    data = parser.add_argument_group("data")
+    data.add_argument("--benchmark", default=None, help="registered benchmark, e.g. fmnist-ood or fmnist-openset")
+    data.add_argument(
+        "--ood-splits", default=None,
+        help="comma list: only these ood_splits of --benchmark (default: all)",
+    )
+    data.add_argument(
+        "--id-dataset", default=None,
+        help="instead of --benchmark: ID data with train/validation/test splits "
+        "(local save_to_disk DatasetDict or Hub 'dataset_id[:config]')",
+    )
+    data.add_argument(
+        "--ood-dataset", action="append", default=[], metavar="[NAME=]SPEC",
+        help="an OOD split, repeatable: 'dataset_id[:config]:split' or a local path; NAME defaults from SPEC",
+    )
+    data.add_argument("--max-samples", type=int, default=None,
+                      help="at most this many samples per split (random, --seed; with --streaming: the first ones)")
+    data.add_argument("--max-fit-samples", type=int, default=10000, help="at most this many samples to fit a detector")
+    data.add_argument("--streaming", action="store_true",
+                      help="stream Hub datasets (datasets.IterableDataset) instead of downloading them whole")
+    run = parser.add_argument_group("run")
+    run.add_argument(
+        "--methods", default=None,
+        help=f"comma list of registered methods (default: those registered of {','.join(DEFAULT_METHODS)})",
+    )
+    run.add_argument("--output-dir", required=True, help="results, score cache, fitted detectors, plots")
+    run.add_argument("--batch-size", type=int, default=64)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--tpr", type=float, default=0.95, help="ID TPR the threshold is calibrated to (on ID validation)")
+    run.add_argument(
+        "--hyperparameter", action="append", default=[], metavar="METHOD.NAME=VALUE",
+        help="a method hyperparameter, repeatable, e.g. odin.temperature=1000 (VALUE parsed as JSON if it can be)",
+    )
+    run.add_argument("--overwrite", action="store_true", help="recompute cached scores and fits")
+    run.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
+    device = parser.add_argument_group("device and throughput")
+    device.add_argument(
+        "--mixed-precision", default=None, metavar="{" + ",".join(PRECISIONS) + "}",
+        help="backbone under accelerate's autocast (default: accelerate's config / ACCELERATE_MIXED_PRECISION, else no)",
+    )
+    device.add_argument(
+        "--num-workers", type=int, default=None,
+        help="DataLoader worker processes decoding and preprocessing images "
+        "(default: min(4, CPU count) on CUDA, 0 on CPU; see docs/evaluation.md)",
+    )
+    device.add_argument(
+        "--image-backend", default="auto", metavar="{" + ",".join(IMAGE_BACKENDS) + "}",
+        help="image processor backend (default auto: torchvision when installed, else PIL)",
+    )
+    gsc = parser.add_argument_group("GSC options (default: GSCConfig defaults, or the saved detector's config)")
+    gsc.add_argument("--split-point", dest="split_point", default=None)
+    gsc.add_argument("--mask-ratio", dest="mask_ratio", type=float, default=None)
+    gsc.add_argument("--selection", default=None, help="gradient | random | reverse")
+    gsc.add_argument("--operation", default=None, help="zero | perturb | project | clip | scale")
+    gsc.add_argument("--approximation", default=None, help="first_order | predicted_logit | exact")
+    gsc.add_argument("--alpha", type=float, default=None)
+    gsc.add_argument("--clip-bound", dest="clip_bound", type=float, default=None)
+    gsc.add_argument("--beta", type=float, default=None)
+    gsc.add_argument("--gsc-score", dest="gsc_score", default=None, help="energy | msp | max_logit")
+    gsc.add_argument("--gsc-temperature", dest="gsc_temperature", type=float, default=None)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def registered_methods() -> dict[str, Any]:
+    from ..detectors import DETECTORS
+
+    return DETECTORS
+
+
+def parse_methods(text: str | None) -> list[str]:
+    """``"gsc, msp"`` -> ``["gsc", "msp"]``; ``None`` -> the registered :data:`DEFAULT_METHODS`.
+
+    Unknown or repeated names raise :class:`InputError`.
+    """
+    registered = registered_methods()
+    if text is None:
+        return [name for name in DEFAULT_METHODS if name in registered]
+    methods = [name.strip() for name in text.split(",") if name.strip()]
+    if not methods:
+        raise InputError(f"--methods is empty; registered methods: {', '.join(sorted(registered))}")
+    unknown = [name for name in methods if name not in registered]
+    if unknown:
+        raise InputError(
+            f"--methods: unknown method(s) {', '.join(map(repr, unknown))}; "
+            f"registered methods: {', '.join(sorted(registered))}"
+        )
+    repeated = sorted({name for name in methods if methods.count(name) > 1})
+    if repeated:
+        raise InputError(f"--methods: {', '.join(repeated)} given more than once")
+    return methods
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_hyperparameters(items: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["odin.temperature=1000"]`` -> ``{"odin": {"temperature": 1000}}``."""
+    result: dict[str, dict[str, Any]] = {name: {} for name in methods}
+    for item in items:
+        key, sep, value = item.partition("=")
+        method, dot, name = key.partition(".")
+        if not sep or not dot or not method or not name:
+            raise InputError(f"--hyperparameter {item!r}: expected METHOD.NAME=VALUE, e.g. odin.temperature=1000")
+        if method not in result:
+            raise InputError(f"--hyperparameter {item!r}: method {method!r} is not in --methods ({', '.join(methods)})")
+        result[method][name] = _parse_value(value)
+    return result
+
+
+def _check_positive(args: argparse.Namespace, name: str, allow_none: bool = False) -> None:
+    value = getattr(args, name)
+    flag = "--" + name.replace("_", "-")
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InputError(f"{flag} must be a positive integer, got {value!r}")
+
+
+def check_output_dir(path: str | os.PathLike, process_index: int = 0) -> Path:
+    """Create ``path`` if needed and prove it writable by writing and removing a file."""
+    directory = Path(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write_test.{os.getpid()}.{process_index}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as error:
+        raise InputError(f"--output-dir {str(directory)!r} is not writable: {error}") from None
+    return directory
+
+
+def _split_names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise InputError("--ood-splits is empty")
+    return names
+
+
+def _parse_ood_dataset(item: str) -> tuple[str, str]:
+    name, sep, spec = item.partition("=")
+    if not sep:
+        spec = item
+        base = os.path.basename(os.path.normpath(item)) if os.path.exists(item) else item
+        name = base.replace("/", "_").replace(":", "_")
+    if not spec or not name:
+        raise InputError(f"--ood-dataset {item!r}: expected [NAME=]SPEC")
+    return name, spec
+
+
+def _is_local(spec: str) -> bool:
+    """A path on disk, possibly followed by ``:split`` (the forms ``hf_gsc.data.load_split`` reads locally)."""
+    return os.path.exists(spec) or (":" in spec and os.path.exists(spec.rsplit(":", 1)[0]))
+
+
+def _check_device_options(args: argparse.Namespace) -> None:
+    if args.mixed_precision is not None and args.mixed_precision not in PRECISIONS:
+        raise InputError(f"--mixed-precision must be one of {', '.join(PRECISIONS)}, got {args.mixed_precision!r}")
+    if args.num_workers is not None and (isinstance(args.num_workers, bool) or args.num_workers < 0):
+        raise InputError(f"--num-workers must be a nonnegative integer (0 = load in the main process), got {args.num_workers!r}")
+    if args.image_backend not in IMAGE_BACKENDS:
+        raise InputError(f"--image-backend must be one of {', '.join(IMAGE_BACKENDS)}, got {args.image_backend!r}")
+    if args.image_backend == "torchvision":
+        import importlib.util
+
+        if importlib.util.find_spec("torchvision") is None:
+            raise InputError("--image-backend torchvision: torchvision is not installed (pip install torchvision, "
+                             "or use --image-backend pil)")
+
+
+def _check_streaming(args: argparse.Namespace, extra_ood: Sequence[tuple[str, str]]) -> None:
+    if not args.streaming:
+        return
+    local = [spec for spec in ([args.id_dataset] if args.id_dataset else []) + [spec for _, spec in extra_ood]
+             if _is_local(spec)]
+    if local:
+        raise InputError(f"--streaming needs Hub dataset ids; {local[0]!r} is a local folder "
+                         "(local data is memory-mapped from disk anyway: drop --streaming)")
+    from ..data import benchmarks
+
+    # Benchmarks read from the Hub can be streamed; the generated ones are built in memory on this machine.
+    if args.benchmark is not None and args.benchmark not in getattr(benchmarks, "HUB_BENCHMARKS", ()):
+        raise InputError(f"--streaming needs Hub dataset ids; --benchmark {args.benchmark} is built locally "
+                         "(use --id-dataset and --ood-dataset with Hub ids, or a benchmark read from the Hub)")
+
+
+def validate_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Cheap checks of every argument, before the model or data are loaded. Returns parsed values."""
+    methods = parse_methods(args.methods)
+    _check_positive(args, "batch_size")
+    _check_positive(args, "max_samples", allow_none=True)
+    _check_positive(args, "max_fit_samples")
+    _check_device_options(args)
+    if not isinstance(args.tpr, (int, float)) or not 0.0 < args.tpr <= 1.0:
+        raise InputError(f"--tpr must be in (0, 1], got {args.tpr!r}")
+    if (args.benchmark is None) == (args.id_dataset is None):
+        raise InputError("give exactly one of --benchmark and --id-dataset")
+    ood_splits = _split_names(args.ood_splits)
+    if args.benchmark is not None:
+        from ..data.benchmarks import BENCHMARKS
+
+        if args.benchmark not in BENCHMARKS:
+            raise InputError(f"--benchmark {args.benchmark!r} is not registered; known: {', '.join(sorted(BENCHMARKS))}")
+        known = list(BENCHMARKS[args.benchmark].ood_builders)
+        missing = [name for name in ood_splits or [] if name not in known]
+        if missing:
+            raise InputError(
+                f"--ood-splits: {', '.join(map(repr, missing))} not in the ood_splits of {args.benchmark} "
+                f"({', '.join(known)})"
+            )
+    else:
+        if ood_splits is not None:
+            raise InputError("--ood-splits selects among the ood_splits of --benchmark; with --id-dataset use --ood-dataset")
+        if not args.ood_dataset:
+            raise InputError("--id-dataset needs at least one --ood-dataset")
+    extra_ood = [_parse_ood_dataset(item) for item in args.ood_dataset]
+    _check_streaming(args, extra_ood)
+    names = [name for name, _ in extra_ood] + (ood_splits or [])
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InputError(f"--ood-dataset: split name(s) {', '.join(repeated)} used twice; name them with NAME=SPEC")
+    hyperparameters = parse_hyperparameters(args.hyperparameter, methods)
+    gsc_overrides = {field: getattr(args, dest) for dest, field in GSC_OPTIONS.items() if getattr(args, dest, None) is not None}
+    if gsc_overrides and "gsc" not in methods:
+        raise InputError(f"GSC options ({', '.join(sorted(gsc_overrides))}) given but 'gsc' is not in --methods")
+    if gsc_overrides:
+        from ..config import GSCConfig
+
+        try:
+            GSCConfig(**gsc_overrides)
+        except ValueError as error:
+            raise InputError(f"GSC options: {error}") from None
+    return {
+        "methods": methods,
+        "ood_splits": ood_splits,
+        "extra_ood": extra_ood,
+        "hyperparameters": hyperparameters,
+        "gsc_overrides": gsc_overrides,
+    }
+
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "GSC_OPTIONS",
+    "IMAGE_BACKENDS",
+    "PRECISIONS",
+    "InputError",
+    "build_parser",
+    "check_output_dir",
+    "parse_args",
+    "parse_hyperparameters",
+    "parse_methods",
+    "registered_methods",
+    "validate_args",
+]

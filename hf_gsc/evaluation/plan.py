@@ -1,0 +1,229 @@
+"""What an evaluation will score: the data splits, their subsets, and the fingerprint of every cached artefact.
+
+* :func:`load_data`: ID and OOD splits from ``--benchmark`` / ``--id-dataset`` / ``--ood-dataset``
+  (streamed ``datasets.IterableDataset`` splits with ``--streaming``).
+* :func:`subset`: the ``--max-samples`` rows of a split (random with ``--seed``; the first ones when streamed).
+* :func:`make_plan` -> :class:`EvaluationPlan`: the exact samples of every split and the fingerprint of
+  every score file and fitted state, from which :func:`missing_scores` decides what to compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
+from .loop import ScoreCache
+from .options import InputError
+
+#: Name of the ID test split and the ID validation split in the score cache.
+ID_TEST, ID_VALIDATION = "id_test", "id_validation"
+#: Prefix of the OOD splits in the score cache: ``ood_{name}``.
+OOD_PREFIX = "ood_"
+#: Pseudo-method holding the base model's predictions on ID test (for ``id_accuracy``).
+BASE_MODEL = "_base_model"
+
+
+def _load_split(spec: str, what: str, streaming: bool = False) -> Any:
+    """``hf_gsc.data.load_split`` with errors naming the argument."""
+    from ..data import load_split
+
+    try:
+        return load_split(spec, streaming=True) if streaming else load_split(spec)
+    except Exception as error:  # noqa: BLE001  (datasets and PIL raise many types)
+        raise InputError(f"{what} {spec!r}: could not load it: {error}") from None
+
+
+def needed_id_splits(detectors: Mapping[str, Any]) -> dict[str, str]:
+    """ID split name -> why it is needed: ``test``, ``validation`` and each detector's ``fit_split``."""
+    needed = {"test": "the metrics (ID test)", "validation": "threshold calibration (ID validation)"}
+    for name, detector in detectors.items():
+        if detector.needs_fit:
+            needed.setdefault(detector.fit_split, f"fitting {name}")
+    return needed
+
+
+def _check_columns(source: str, label: str, dataset: Any) -> None:
+    columns = dataset.column_names
+    if columns is None:  # a streamed dataset whose features are only known once read
+        return
+    if not is_streamed(dataset) and len(dataset) == 0:
+        raise InputError(f"{source}: the {label} split is empty")
+    if "image" not in columns:
+        raise InputError(f"{source}: the {label} split has no 'image' column (columns: {', '.join(columns)})")
+
+
+def load_data(
+    args: argparse.Namespace, parsed: Mapping[str, Any], needed: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(id_splits, ood_splits)`` from ``--benchmark`` or ``--id-dataset``, plus ``--ood-dataset``.
+
+    Only the ID splits in ``needed`` are returned; a missing one raises :class:`InputError`.
+    """
+    streaming = bool(getattr(args, "streaming", False))
+    if args.benchmark is not None:
+        from ..data import load_benchmark
+
+        streamed = {"streaming": True} if streaming else {}  # only Hub-read benchmarks accept it (checked in options)
+        try:
+            benchmark = load_benchmark(args.benchmark, ood_splits=parsed["ood_splits"], **streamed)
+        except Exception as error:  # noqa: BLE001  (Hub access, gated datasets, decoding: many types)
+            raise InputError(f"--benchmark {args.benchmark}: could not load it: {error}") from None
+        source = f"--benchmark {args.benchmark}"
+        available = benchmark.id_splits
+        id_splits = {split: available[split] for split in needed if split in available}
+        ood_splits = dict(benchmark.ood_splits)
+    else:
+        source = f"--id-dataset {args.id_dataset}"
+        id_splits = {}
+        for split, why in needed.items():
+            try:
+                id_splits[split] = _load_split(f"{args.id_dataset}:{split}", "--id-dataset", streaming)
+            except InputError as error:
+                raise InputError(f"{source}: cannot load the ID {split!r} split, needed for {why}: {error}") from None
+        ood_splits = {}
+    for split, why in needed.items():
+        if split not in id_splits:
+            raise InputError(f"{source}: the ID data has no {split!r} split, needed for {why}")
+    for name, spec in parsed["extra_ood"]:
+        if name in ood_splits:
+            raise InputError(f"--ood-dataset {name!r}: the benchmark already has an OOD split of that name")
+        ood_splits[name] = _load_split(spec, "--ood-dataset", streaming)
+    if not ood_splits:
+        raise InputError(f"{source}: no OOD splits to evaluate")
+    for label, dataset in [*((f"ID {s}", d) for s, d in id_splits.items()), *((f"OOD {n}", d) for n, d in ood_splits.items())]:
+        _check_columns(source, label, dataset)
+    return id_splits, ood_splits
+
+
+def subset(dataset: Any, max_samples: int | None, seed: int, key: str) -> Any:
+    """At most ``max_samples`` rows, drawn at random with ``(seed, key)``, kept in dataset order.
+
+    A streamed dataset has no random access: its first ``max_samples`` rows.
+    """
+    if max_samples is None:
+        return dataset
+    if is_streamed(dataset):
+        return dataset.take(max_samples)
+    if len(dataset) <= max_samples:
+        return dataset
+    rng = np.random.default_rng([seed, zlib.crc32(key.encode())])
+    indices = np.sort(rng.choice(len(dataset), size=max_samples, replace=False))
+    return dataset.select(indices.tolist())
+
+
+def num_rows(dataset: Any) -> int | None:
+    """``len(dataset)``, or ``None`` for a streamed dataset (known only once read)."""
+    return None if is_streamed(dataset) else len(dataset)
+
+
+@dataclass
+class EvaluationPlan:
+    """The exact samples of every split and the fingerprint of every cached artefact.
+
+    Attributes:
+        splits: ``id_test``, ``id_validation`` and ``ood_{name}`` -> the (subsampled) dataset.
+        fit_data: method -> its (subsampled) ID fitting data, for methods that need a fit.
+        fit_fingerprints: method -> fingerprint of its fitted state.
+        score_fingerprints: ``(method, split)`` -> fingerprint of its score file.
+    """
+
+    splits: dict[str, Any]
+    fit_data: dict[str, Any]
+    fit_fingerprints: dict[str, str]
+    score_fingerprints: dict[tuple[str, str], str]
+
+    @property
+    def ood_names(self) -> list[str]:
+        return [split[len(OOD_PREFIX):] for split in self.splits if split.startswith(OOD_PREFIX)]
+
+
+def make_plan(
+    args: argparse.Namespace,
+    parsed: Mapping[str, Any],
+    model: torch.nn.Module,
+    detectors: Mapping[str, Any],
+    hyperparameters: Mapping[str, Mapping[str, Any]],
+    id_splits: Mapping[str, Any],
+    ood_splits: Mapping[str, Any],
+) -> EvaluationPlan:
+    """Subsample the splits and fingerprint what each score depends on: the weights, the method and
+    its settings (and fit), the exact samples."""
+    model_fp = model_fingerprint(model)
+    source = args.benchmark or args.id_dataset
+    splits = {
+        ID_TEST: subset(id_splits["test"], args.max_samples, args.seed, "test"),
+        ID_VALIDATION: subset(id_splits["validation"], args.max_samples, args.seed, "validation"),
+        **{
+            OOD_PREFIX + name: subset(dataset, args.max_samples, args.seed, OOD_PREFIX + name)
+            for name, dataset in ood_splits.items()
+        },
+    }
+    ood_sources = dict(parsed["extra_ood"])
+    descriptions = {
+        split: {
+            "source": source if not split.startswith(OOD_PREFIX)
+            else ood_sources.get(split[len(OOD_PREFIX):], f"{source}/{split[len(OOD_PREFIX):]}"),
+            "rows": num_rows(dataset),
+            "max_samples": args.max_samples,
+            "seed": args.seed,
+            "content": dataset_fingerprint(dataset),
+        }
+        for split, dataset in splits.items()
+    }
+    fit_data = {
+        name: subset(id_splits[detector.fit_split], args.max_fit_samples, args.seed, f"fit_{detector.fit_split}")
+        for name, detector in detectors.items()
+        if detector.needs_fit
+    }
+    fit_fps = {
+        name: fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters.get(name, {}),
+                           "fit_split": detectors[name].fit_split, "source": source,
+                           "num_samples": num_rows(dataset) if num_rows(dataset) is not None else args.max_fit_samples,
+                           "seed": args.seed, "content": dataset_fingerprint(dataset)})
+        for name, dataset in fit_data.items()
+    }
+    score_fps = {
+        (name, split): fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters.get(name, {}),
+                                    "fit": fit_fps.get(name), "split": split, "data": descriptions[split]})
+        for name in [*detectors, BASE_MODEL]
+        for split in splits
+    }
+    return EvaluationPlan(splits, fit_data, fit_fps, score_fps)
+
+
+def missing_scores(
+    plan: EvaluationPlan, methods: Sequence[str], cache: ScoreCache, overwrite: bool
+) -> dict[str, list[str]]:
+    """Split -> methods whose score file is missing or stale (the base model's predictions on ID test too).
+
+    Call it on the main process and broadcast the answer, so every process runs the same collective operations.
+    """
+    return {
+        split: [
+            name for name in ([*methods, BASE_MODEL] if split == ID_TEST else methods)
+            if overwrite or not cache.is_cached(name, split, plan.score_fingerprints[(name, split)])
+        ]
+        for split in plan.splits
+    }
+
+
+__all__ = [
+    "BASE_MODEL",
+    "ID_TEST",
+    "ID_VALIDATION",
+    "OOD_PREFIX",
+    "EvaluationPlan",
+    "load_data",
+    "make_plan",
+    "missing_scores",
+    "needed_id_splits",
+    "num_rows",
+    "subset",
+]

@@ -1,0 +1,185 @@
+"""The evaluation's loop on its own: every batch reaches the accelerator's device, outputs of any shape,
+streamed data split over processes, loader options per device.
+
+The device checks run on any machine: a stand-in accelerator whose device is ``meta`` (a real torch device
+that holds no data) receives the batches, so a batch that is not moved to ``accelerator.device`` shows
+up as a CPU tensor, exactly as it would reach a CUDA model as a CPU tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hf_gsc.evaluation import fitting, loop
+from hf_gsc.evaluation.loop import make_accelerator
+
+META = torch.device("meta")
+
+
+class MetaAccelerator:
+    """Stands in for an ``accelerate.Accelerator`` on another device: one process, device ``meta``.
+
+    ``gather_for_metrics`` records the devices of what it is handed and returns zeros of the same shape on
+    the host (a real accelerator gathers across processes; meta tensors hold no values to gather).
+    """
+
+    device = META
+    num_processes, process_index = 1, 0
+    is_main_process = is_local_main_process = True
+
+    def __init__(self) -> None:
+        self.gathered_devices: set[str] = set()
+
+    def prepare(self, dataloader):
+        return dataloader
+
+    def autocast(self):
+        return contextlib.nullcontext()
+
+    def gather_for_metrics(self, values):
+        self.gathered_devices.update(value.device.type for value in values.values())
+        return {key: torch.zeros(value.shape, dtype=value.dtype) for key, value in values.items()}
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+
+def _dataset(n: int = 7) -> datasets.Dataset:
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8), "L") for _ in range(n)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    return datasets.Dataset.from_dict({"image": images, "label": [i % 3 for i in range(n)]}, features=features)
+
+
+def _to_tensor(images: list) -> torch.Tensor:
+    return torch.stack([torch.as_tensor(np.array(image), dtype=torch.float32)[None] / 255 for image in images])
+
+
+def test_scoring_batches_reach_the_accelerator_device() -> None:
+    accelerator = MetaAccelerator()
+    seen = []
+
+    def scorer(pixel_values: torch.Tensor) -> torch.Tensor:
+        seen.append(pixel_values.device.type)
+        return pixel_values.flatten(1).sum(dim=1)
+
+    outputs = loop.score_split(accelerator, loop.make_dataloader(_dataset(), _to_tensor, 3), {"s": scorer})
+    assert seen == ["meta"] * 3
+    assert accelerator.gathered_devices == {"meta"}  # scores and labels
+    assert outputs["s"].shape == (7,) and outputs["s"].dtype == torch.float64 and outputs["labels"].dtype == torch.int64
+
+
+class _FitRecorder:
+    """A detector that needs a fit and records the device of every fitting batch."""
+
+    name, needs_fit, fit_split = "recorder", True, "train"
+
+    def __init__(self) -> None:
+        self.devices: list[tuple[str, str]] = []
+
+    def fit(self, batches) -> None:
+        self.devices += [(x.device.type, y.device.type) for x, y in batches]
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+
+
+def test_fitting_batches_reach_the_accelerator_device(tmp_path: Path) -> None:
+    """The fit DataLoader used to be neither prepared nor moved: on a GPU, ReAct failed at its first batch."""
+    detector = _FitRecorder()
+    fitting.fit_detectors(MetaAccelerator(), {"recorder": detector}, ["recorder"], {"recorder": _dataset()},
+                          {"recorder": "fp"}, lambda split: _to_tensor, 4, tmp_path, seed=0, overwrite=False)
+    assert detector.devices == [("meta", "meta")] * 2
+    assert fitting.saved_fit_size(tmp_path, "recorder") == 7
+
+
+def test_scorers_may_return_rows_and_mappings() -> None:
+    """A scorer returns ``(B, ...)`` or ``{key: (B, ...)}``; the analyses collect matrices and several outputs."""
+    outputs = loop.score_split(make_accelerator(), loop.make_dataloader(_dataset(), _to_tensor, 3), {
+        "matrix": lambda x: x.flatten(1)[:, :4],
+        "several": lambda x: {"mean": x.mean(dim=(1, 2, 3)), "argmax": x.flatten(1).argmax(dim=1)},
+    })
+    expected = _to_tensor(_dataset()["image"])
+    torch.testing.assert_close(outputs["matrix"], expected.flatten(1)[:, :4].double())
+    torch.testing.assert_close(outputs[("several", "mean")], expected.mean(dim=(1, 2, 3)).double())
+    assert outputs[("several", "argmax")].dtype == torch.int64
+    with pytest.raises(RuntimeError, match=r"returned shape \(2,\) for a batch of 3"):
+        loop.score_split(make_accelerator(), loop.make_dataloader(_dataset(), _to_tensor, 3), {"bad": lambda x: x[:2, 0, 0, 0]})
+
+
+def test_streamed_split_is_shared_between_processes_without_overlap() -> None:
+    """Each process reads its own part of a streamed split (``split_dataset_by_node``); together, every row once."""
+    streamed = _dataset(11).to_iterable_dataset(num_shards=4)
+    rows = []
+    for rank in range(2):
+        loader = loop.make_dataloader(streamed, _to_tensor, 3, process_index=rank, num_processes=2)
+        rows.append(torch.cat([batch["pixel_values"].flatten(1) for batch in loader]))
+    everything = _to_tensor(_dataset(11)["image"]).flatten(1)
+    assert rows[0].shape[0] + rows[1].shape[0] == 11
+    together = torch.cat(rows)
+    assert sorted(map(tuple, together.tolist())) == sorted(map(tuple, everything.tolist()))
+
+
+def test_streamed_and_map_style_scores_agree() -> None:
+    def scorer(x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1).std(dim=1)
+
+    accelerator = make_accelerator()
+    mapped = loop.score_split(accelerator, loop.make_dataloader(_dataset(10), _to_tensor, 4), {"s": scorer})
+    streamed = loop.score_split(accelerator, loop.make_dataloader(_dataset(10).to_iterable_dataset(num_shards=2),
+                                                                   _to_tensor, 4), {"s": scorer})
+    torch.testing.assert_close(streamed["s"], mapped["s"])
+    torch.testing.assert_close(streamed["labels"], mapped["labels"])
+
+
+def test_streamed_split_is_scored_as_it_is_read() -> None:
+    """Bounded memory: the first batch is scored before the stream has produced more than a batch or two,
+    so a split is never held whole (as a list of images or decoded tensors)."""
+    produced = []
+
+    def rows():
+        for index, row in enumerate(_dataset(40)):
+            produced.append(index)
+            yield row
+
+    stream = datasets.IterableDataset.from_generator(rows, features=_dataset(1).features)
+    read_at_first_batch = []
+
+    def scorer(x: torch.Tensor) -> torch.Tensor:
+        read_at_first_batch.append(len(produced))
+        return x.flatten(1).sum(dim=1)
+
+    outputs = loop.score_split(make_accelerator(), loop.make_dataloader(stream, _to_tensor, 4), {"s": scorer})
+    assert outputs["s"].shape == (40,)
+    assert read_at_first_batch[0] <= 8 < 40
+
+
+def test_loader_options_per_device() -> None:
+    cpu = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cpu")
+    assert (cpu.num_workers, cpu.pin_memory, cpu.prefetch_factor, cpu.persistent_workers) == (2, False, 2, False)
+    cuda = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cuda")
+    assert (cuda.pin_memory, cuda.prefetch_factor) == (True, loop.CUDA_PREFETCH_FACTOR)
+    assert loop.default_num_workers("cpu") == 0
+    assert loop.default_num_workers("cuda") == min(4, __import__("os").cpu_count())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_scoring_on_cuda_with_workers_and_pinned_memory() -> None:
+    accelerator = make_accelerator()
+    seen = []
+
+    def scorer(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.device.type)
+        return x.flatten(1).sum(dim=1)
+
+    loader = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device=accelerator.device)
+    outputs = loop.score_split(accelerator, loader, {"s": scorer})
+    assert seen == ["cuda"] * 3
+    torch.testing.assert_close(outputs["s"], _to_tensor(_dataset()["image"]).flatten(1).sum(dim=1).double())
