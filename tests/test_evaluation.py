@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -19,7 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from hf_gsc.data.decoding import UndecodableImageError
 from hf_gsc.evaluation import cli, fingerprints, loop, models, options, runner
 from hf_gsc.evaluation.calibration import calibrate_threshold, true_positive_rate
 from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
@@ -196,9 +199,9 @@ def _record_scored_splits(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], A
     scored: list[str] = []
     real_score_split = loop.score_split
 
-    def spy(accelerator, dataloader, scorers, description=""):
+    def spy(accelerator, dataloader, scorers, description="", **options):
         scored.append(description.split(" ")[0])
-        return real_score_split(accelerator, dataloader, scorers, description)
+        return real_score_split(accelerator, dataloader, scorers, description, **options)
 
     monkeypatch.setattr(loop, "score_split", spy)
     return scored, spy
@@ -218,10 +221,10 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
     # 2. A crash while scoring ood_flat: the earlier splits are on disk, ood_flat is not.
     shutil.rmtree(output_dir / "scores")
 
-    def crash(accelerator, dataloader, scorers, description=""):
+    def crash(accelerator, dataloader, scorers, description="", **options):
         if description.startswith("ood_flat"):
             raise KeyboardInterrupt("simulated crash")
-        return spy(accelerator, dataloader, scorers, description)
+        return spy(accelerator, dataloader, scorers, description, **options)
 
     monkeypatch.setattr(loop, "score_split", crash)
     with pytest.raises(KeyboardInterrupt):
@@ -417,6 +420,110 @@ def test_cli_exit_status_and_message(tiny, tmp_path, capsys) -> None:
     assert "Traceback" not in stderr
 
 
+# ------------------------------------------------------------------------------- unreadable images
+#: Row of the corrupt file in the ``broken`` OOD folder (7 PNGs, ``00.png`` ... ``06.png``).
+BROKEN_ROW = 4
+
+
+def _write_broken_folder(folder: Path, corrupt: bool = True) -> Path:
+    """An OOD image folder of 7 PNGs; ``04.png`` holds a PNG signature and garbage when ``corrupt``."""
+    folder.mkdir(parents=True)
+    for i, image in enumerate(_images(np.random.default_rng(1), 7, "noise")):
+        image.save(folder / f"{i:02d}.png")
+    if corrupt:
+        (folder / f"{BROKEN_ROW:02d}.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"not the rest of a PNG")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def broken_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(_write_broken_folder(tmp_path_factory.mktemp("unreadable") / "broken"))
+
+
+def _score_file(output_dir: Path, method: str, split: str) -> Path:
+    return output_dir / "scores" / method / f"{split}.safetensors"
+
+
+def test_unreadable_image_stops_with_one_line_and_keeps_finished_splits(
+    tiny: dict[str, str], single_run: tuple[Path, dict], broken_folder: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+) -> None:
+    output_dir = tmp_path / "out"
+    argv = _argv(tiny, output_dir, "--ood-dataset", f"broken={broken_folder}")
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv, prog="evaluate_ood.py")
+    assert exit_info.value.code == 2
+    stderr = capsys.readouterr().err.strip()
+    assert "Traceback" not in stderr, stderr
+    last = stderr.splitlines()[-1]  # after the progress bars: the error, in one line
+    assert last.startswith("evaluate_ood.py: error: cannot decode the image of dataset") and "skip-unreadable-images" in last
+    assert f"dataset 'ood_broken ({broken_folder})', row {BROKEN_ROW}, file {broken_folder}/04.png" in last
+    methods = _methods().split(",")
+    for method in methods:  # every split scored before the broken one kept its scores
+        assert all(_score_file(output_dir, method, split).is_file() for split in ("id_test", "id_validation", "ood_noise", "ood_flat"))
+        assert not _score_file(output_dir, method, "ood_broken").exists()
+
+    # Fixed: a rerun scores only the split that failed.
+    fixed_dir = tmp_path / "fixed"
+    shutil.copytree(output_dir, fixed_dir)
+    fixed_folder = _write_broken_folder(tmp_path / "fixed_folder", corrupt=False)
+    scored, _ = _record_scored_splits(monkeypatch)
+    fixed = runner.run_evaluation(_argv(tiny, fixed_dir, "--ood-dataset", f"broken={fixed_folder}"))
+    assert scored == ["ood_broken"]
+    assert fixed["num_skipped"]["ood"]["broken"] == 0 and fixed["split_sizes"]["ood"]["broken"] == 7
+    assert "Unreadable" not in (fixed_dir / "results.md").read_text()
+
+    # Skipped: a rerun scores only the split that failed, without the unreadable image, and says so.
+    scored.clear()
+    results = runner.run_evaluation(argv + ["--skip-unreadable-images"])
+    assert scored == ["ood_broken"]
+    assert results["num_skipped"] == {"id_test": 0, "id_validation": 0, "ood": {"noise": 0, "flat": 0, "broken": 1},
+                                      "fit": {name: 0 for name in results["split_sizes"]["fit"]}}
+    assert results["split_sizes"]["ood"]["broken"] == 6
+    assert "Unreadable images left out (--skip-unreadable-images): OOD broken 1." in (output_dir / "results.md").read_text()
+    for method in methods:  # the readable images have the scores they have in the fixed run
+        kept = [row for row in range(7) if row != BROKEN_ROW]
+        skipped_scores = load_file(str(_score_file(output_dir, method, "ood_broken")))["ood_score"]
+        fixed_scores = load_file(str(_score_file(fixed_dir, method, "ood_broken")))["ood_score"]
+        torch.testing.assert_close(skipped_scores, fixed_scores[kept], atol=1e-6, rtol=1e-6)
+        for split in ("noise", "flat"):
+            assert results["methods"][method]["ood"][split] == pytest.approx(single_run[1]["methods"][method]["ood"][split])
+
+
+def test_unreadable_fit_image_is_counted(tiny: dict[str, str], tmp_path: Path) -> None:
+    """An unreadable image in the data a detector fits on: a named error, or left out of the fit and counted."""
+    import datasets
+
+    broken_id = tmp_path / "id"
+    splits = datasets.load_from_disk(tiny["id"])
+    train = splits["train"].cast_column("image", datasets.Image(decode=False))
+    rows = train.to_list()
+    rows[2]["image"] = {"bytes": b"not an image", "path": "train_2.png"}
+    splits["train"] = datasets.Dataset.from_list(rows, features=train.features).cast_column("image", datasets.Image())
+    splits.save_to_disk(broken_id)
+    argv = _argv(tiny, tmp_path / "out")
+    argv[argv.index("--id-dataset") + 1] = str(broken_id)
+    if "knn" not in _methods():
+        pytest.skip("no registered method fits on the train split")
+    with pytest.raises(UndecodableImageError, match=r"dataset 'ID train \(.*\)', row 2, file train_2.png"):
+        runner.run_evaluation(argv)
+    results = runner.run_evaluation(argv + ["--skip-unreadable-images"])
+    assert results["num_skipped"]["fit"]["knn"] == 1 and results["methods"]["knn"]["fit"]["num_samples"] == SIZES["train"] - 1
+    bank = load_file(str(tmp_path / "out" / "detectors" / "knn" / "detector_state.safetensors"))["bank"]
+    assert bank.shape[0] == SIZES["train"] - 1  # the fit saw no placeholder
+    assert "fit of knn 1" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_text_image_column_fails_before_scoring(tiny: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datasets
+
+    captions = tmp_path / "captions"
+    datasets.Dataset.from_dict({"image": [f"a photo of thing {i}" for i in range(5)]}).save_to_disk(captions)
+    argv = _argv(tiny, tmp_path / "out", "--ood-dataset", f"captions={captions}")
+    _fails_fast(argv, r"--ood-dataset .*captions.*column 'image' holds text, not images: row 0 is 'a photo of thing 0'",
+                monkeypatch)
+
+
 # ------------------------------------------------------------ device, precision, workers, streaming
 def test_results_record_device_precision_and_throughput(single_run: tuple[Path, dict]) -> None:
     _, results = single_run
@@ -520,9 +627,8 @@ sys.exit(main(sys.argv[1:], prog="evaluate_ood.py"))
 """
 
 
-@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streamed"])
-def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, streaming: bool) -> None:
-    output_dir = tmp_path / "two"
+def _launch_two_processes(tmp_path: Path, argv: list[str], streaming: bool) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of the evaluation on 2 CPU processes (streamed: the local data as 3 uneven shards)."""
     script = SCRIPT
     if streaming:
         script = tmp_path / "evaluate_streamed.py"
@@ -535,8 +641,14 @@ def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, d
         port = probe.getsockname()[1]
     command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
-               str(script), *_argv(tiny, output_dir, *(["--streaming"] if streaming else []))]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+               str(script), *argv, *(["--streaming"] if streaming else [])]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streamed"])
+def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path, streaming: bool) -> None:
+    output_dir = tmp_path / "two"
+    result = _launch_two_processes(tmp_path, _argv(tiny, output_dir), streaming)
     assert result.returncode == 0, result.stderr[-4000:]
     two = json.loads((output_dir / "results.json").read_text())
     assert two["num_processes"] == 2 and two["config"]["streaming"] == streaming
@@ -547,3 +659,35 @@ def test_two_processes_match_one(tiny: dict[str, str], single_run: tuple[Path, d
                              f"1 process: {json.dumps(_numbers(single_run[1]))}") from None
     assert "| Method | noise | flat | Average |" in result.stdout  # the table is printed once
     assert result.stdout.count("| Method | noise") == 1
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["map-style", "streamed"])
+def test_two_processes_skip_the_same_unreadable_image(
+    tiny: dict[str, str], broken_folder: str, tmp_path: Path, streaming: bool
+) -> None:
+    """The unreadable image leaves the two processes with unequal numbers of kept rows: the gathered scores
+    are still exactly those of one process, one per readable image, in order."""
+    argv = [*_argv(tiny, tmp_path / "one", "--ood-dataset", f"broken={broken_folder}"), "--skip-unreadable-images"]
+    one = runner.run_evaluation(argv)
+    argv[argv.index("--output-dir") + 1] = str(tmp_path / "two")
+    result = _launch_two_processes(tmp_path, argv, streaming)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert two["num_processes"] == 2 and two["num_skipped"] == one["num_skipped"]
+    assert one["num_skipped"]["ood"]["broken"] == 1
+    _assert_close(_numbers(two), _numbers(one))
+    for method in _methods().split(","):  # streamed shards come back in shard order, map-style data in dataset order
+        scores = [load_file(str(_score_file(tmp_path / run, method, "ood_broken")))["ood_score"] for run in ("two", "one")]
+        if streaming:
+            scores = [values.sort().values for values in scores]
+        torch.testing.assert_close(*scores)
+
+
+def test_two_processes_stop_together_at_an_unreadable_image(tiny: dict[str, str], broken_folder: str, tmp_path: Path) -> None:
+    """Only one process reads the broken image; both stop with its message instead of one waiting forever."""
+    result = _launch_two_processes(tmp_path, _argv(tiny, tmp_path / "two", "--ood-dataset", f"broken={broken_folder}"),
+                                   streaming=False)
+    assert result.returncode != 0
+    errors = re.findall(r"evaluate_ood.py: error: cannot decode[^\n]*", result.stderr)  # may follow a progress bar
+    assert len(errors) == 2 and f"row {BROKEN_ROW}, file {broken_folder}/04.png" in errors[0], result.stderr[-4000:]
+    assert _score_file(tmp_path / "two", "msp", "ood_flat").is_file()

@@ -17,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from hf_gsc.data.decoding import UndecodableImageError
 from hf_gsc.evaluation import fitting, loop
 from hf_gsc.evaluation.loop import make_accelerator
 
@@ -27,7 +28,8 @@ class MetaAccelerator:
     """Stands in for an ``accelerate.Accelerator`` on another device: one process, device ``meta``.
 
     ``gather_for_metrics`` records the devices of what it is handed and returns zeros of the same shape on
-    the host (a real accelerator gathers across processes; meta tensors hold no values to gather).
+    the host (a real accelerator gathers across processes; meta tensors hold no values to gather), except
+    for the ``decoded`` flags: ones, every image of these datasets is readable.
     """
 
     device = META
@@ -45,7 +47,8 @@ class MetaAccelerator:
 
     def gather_for_metrics(self, values):
         self.gathered_devices.update(value.device.type for value in values.values())
-        return {key: torch.zeros(value.shape, dtype=value.dtype) for key, value in values.items()}
+        return {key: (torch.ones if key == "decoded" else torch.zeros)(value.shape, dtype=value.dtype)
+                for key, value in values.items()}
 
     def wait_for_everyone(self) -> None:
         pass
@@ -97,7 +100,37 @@ def test_fitting_batches_reach_the_accelerator_device(tmp_path: Path) -> None:
     fitting.fit_detectors(MetaAccelerator(), {"recorder": detector}, ["recorder"], {"recorder": _dataset()},
                           {"recorder": "fp"}, lambda split: _to_tensor, 4, tmp_path, seed=0, overwrite=False)
     assert detector.devices == [("meta", "meta")] * 2
-    assert fitting.saved_fit_size(tmp_path, "recorder") == 7
+    assert fitting.saved_fit_info(tmp_path, "recorder") == {"num_samples": 7, "num_skipped": 0}
+
+
+def _with_unreadable_row(row: int, n: int = 7) -> datasets.Dataset:
+    """``_dataset(n)`` whose image ``row`` is bytes that no decoder reads."""
+    rows = _dataset(n).cast_column("image", datasets.Image(decode=False)).to_list()
+    rows[row]["image"] = {"bytes": b"not an image", "path": f"broken_{row}.png"}
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    return datasets.Dataset.from_list(rows, features=features)
+
+
+def test_unreadable_image_raises_naming_dataset_row_and_file() -> None:
+    loader = loop.make_dataloader(_with_unreadable_row(5), _to_tensor, 3, dataset_name="ood_x")
+    with pytest.raises(UndecodableImageError, match=r"^cannot decode the image of dataset 'ood_x', row 5, file broken_5.png: "):
+        loop.score_split(make_accelerator(), loader, {"s": lambda x: x.flatten(1).sum(dim=1)})
+    with pytest.raises(UndecodableImageError, match="row 5"):
+        list(loop.device_batches(loader, "cpu"))
+
+
+def test_unreadable_image_is_left_out_in_order() -> None:
+    """``on_error="skip"``: one output per readable image, in dataset order, and the count of the others."""
+    scorer = lambda x: x.flatten(1).sum(dim=1)  # noqa: E731
+    loader = loop.make_dataloader(_with_unreadable_row(4), _to_tensor, 3)
+    outputs = loop.score_split(make_accelerator(), loader, {"s": scorer}, on_error="skip")
+    expected = loop.score_split(make_accelerator(), loop.make_dataloader(_dataset(), _to_tensor, 3), {"s": scorer})
+    kept = [0, 1, 2, 3, 5, 6]
+    torch.testing.assert_close(outputs["s"], expected["s"][kept])
+    torch.testing.assert_close(outputs["labels"], expected["labels"][kept])
+    assert int(outputs[loop.NUM_SKIPPED_KEY]) == 1 and int(expected[loop.NUM_SKIPPED_KEY]) == 0
+    fitted = torch.cat([x for x, _ in loop.device_batches(loader, "cpu", on_error="skip")])
+    torch.testing.assert_close(fitted, _to_tensor(_dataset()["image"])[kept])
 
 
 def test_scorers_may_return_rows_and_mappings() -> None:

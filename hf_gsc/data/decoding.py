@@ -35,7 +35,8 @@ class UndecodableImageError(ValueError):
     """An image of a dataset could not be decoded; the message names the dataset, the row and the file."""
 
 
-def _check_on_error(on_error: str) -> None:
+def check_on_error(on_error: str) -> None:
+    """``ValueError`` unless ``on_error`` is one of :data:`ON_ERROR_CHOICES`."""
     if on_error not in ON_ERROR_CHOICES:
         raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
 
@@ -60,7 +61,7 @@ def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnErro
     Raises:
         UndecodableImageError: (``on_error="raise"``) naming ``dataset_name``, ``row`` and the file.
     """
-    _check_on_error(on_error)
+    check_on_error(on_error)
     if isinstance(value, Image.Image):
         return value
     try:

@@ -3,7 +3,8 @@
 The main process fits each detector on its ``fit_split`` data and saves the fitted state to
 ``detectors/{method}/`` with a ``fit.json`` holding the fit's fingerprint; the other processes wait and
 load it. A rerun reuses a saved fit whose fingerprint still matches. Batches reach the model's device
-and run under the accelerator's autocast, like the scoring batches.
+and run under the accelerator's autocast, like the scoring batches; unreadable images raise or are left out
+(``on_error``) and ``fit.json`` records how many were.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .loop import device_batches, make_dataloader
+from ..data.decoding import OnError
+from .loop import NUM_SKIPPED_KEY, device_batches, make_dataloader
 
 DETECTORS_DIR = "detectors"
 FIT_INFO = "fit.json"
@@ -43,24 +45,28 @@ def _load_fit(directory: Path, expected: str) -> dict[str, torch.Tensor] | None:
         return None
 
 
-def saved_fit_size(output_dir: Path, method: str) -> int | None:
-    """The number of samples the saved fit of ``method`` used (``fit.json``), or ``None``."""
+def saved_fit_info(output_dir: Path, method: str) -> dict[str, int]:
+    """``num_samples`` and ``num_skipped`` (unreadable images) of the saved fit of ``method`` (``fit.json``);
+    ``{}`` without one."""
     try:
-        return int(json.loads((_fit_dir(output_dir, method) / FIT_INFO).read_text())["num_samples"])
+        info = json.loads((_fit_dir(output_dir, method) / FIT_INFO).read_text())
+        return {"num_samples": int(info["num_samples"]), NUM_SKIPPED_KEY: int(info.get(NUM_SKIPPED_KEY, 0))}
     except (OSError, ValueError, KeyError):
-        return None
+        return {}
 
 
 class _Counted:
-    """Iterates ``(pixel_values, labels)`` batches and counts the samples (a streamed split has no ``len``)."""
+    """Iterates a loader's batches and counts the decoded and the unreadable images (a streamed split has no ``len``)."""
 
     def __init__(self, batches: Any) -> None:
-        self.batches, self.count = batches, 0
+        self.batches, self.count, self.skipped = batches, 0, 0
 
     def __iter__(self):
-        for pixel_values, labels in self.batches:
-            self.count += pixel_values.shape[0]
-            yield pixel_values, labels
+        for batch in self.batches:
+            decoded = int(batch["decoded"].sum())
+            self.count += decoded
+            self.skipped += len(batch["decoded"]) - decoded
+            yield batch
 
 
 def fit_detectors(
@@ -75,8 +81,13 @@ def fit_detectors(
     seed: int,
     overwrite: bool,
     num_workers: int = 0,
+    on_error: OnError = "raise",
+    source: str = "",
 ) -> None:
-    """Main process: load a valid saved fit or fit and save; then every other process loads it."""
+    """Main process: load a valid saved fit or fit and save; then every other process loads it.
+
+    ``on_error``: an unreadable image raises, naming ``ID {split} ({source})``, its row and file, or is left out.
+    """
     from tqdm.auto import tqdm
 
     from ..detectors.base import STATE_FILE
@@ -92,13 +103,14 @@ def fit_detectors(
             np.random.seed(seed)
             split = detectors[name].fit_split
             loader = make_dataloader(fit_data[name], transform_for(f"ID {split}"), batch_size, num_workers,
-                                     accelerator.device)
-            batches = _Counted(device_batches(tqdm(loader, desc=f"fit {name}", leave=False), accelerator.device))
+                                     accelerator.device, dataset_name=f"ID {split} ({source})")
+            counted = _Counted(tqdm(loader, desc=f"fit {name}", leave=False))
             with accelerator.autocast():
-                detectors[name].fit(batches)
+                detectors[name].fit(device_batches(counted, accelerator.device, on_error))
             detectors[name].save(directory)
             tmp = directory / f".{FIT_INFO}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps({"fingerprint": fit_fingerprints[name], "num_samples": batches.count}))
+            tmp.write_text(json.dumps({"fingerprint": fit_fingerprints[name], "num_samples": counted.count,
+                                       NUM_SKIPPED_KEY: counted.skipped}))
             os.replace(tmp, directory / FIT_INFO)
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
@@ -108,4 +120,4 @@ def fit_detectors(
             detectors[name].load_state_dict(load_file(str(_fit_dir(output_dir, name) / STATE_FILE)))
 
 
-__all__ = ["DETECTORS_DIR", "fit_detectors", "saved_fit_size"]
+__all__ = ["DETECTORS_DIR", "fit_detectors", "saved_fit_info"]

@@ -2,7 +2,8 @@
 
 * :func:`make_accelerator`: the ``Accelerator`` (device, processes, mixed precision); a precision the
   device cannot run is an error, not a silent fp32 run.
-* :func:`make_dataloader`: a ``DataLoader`` whose collate function turns the images of a batch into
+* :func:`make_dataloader`: a ``DataLoader`` whose collate function decodes the images of a batch
+  (:mod:`hf_gsc.data.decoding`, so a failure names the dataset, row and file) and turns them into
   ``pixel_values`` in one image-processor call, optionally in worker processes. A map-style dataset is
   read by *index* (``accelerator.prepare`` shards the indices over the processes); a streamed
   ``datasets.IterableDataset`` is first split over the processes with ``split_dataset_by_node``.
@@ -11,6 +12,11 @@
   and collects their outputs across processes: ``gather_for_metrics`` drops the duplicates
   ``accelerate`` pads an uneven last batch with, so every process returns exactly one value per
   sample, in dataset order. Outputs stay on the device until the split ends: no host synchronisation per batch.
+* Unreadable images (``on_error`` as in :mod:`hf_gsc.data.decoding`): the collate function puts a blank
+  placeholder in the place of an image it cannot decode and marks the row as not decoded, so every
+  process keeps equal batches and the gathering above stays exact; the consumer then raises
+  :class:`~hf_gsc.data.decoding.UndecodableImageError` (``"raise"``, on every process at once) or drops the
+  marked rows after gathering and counts them (``"skip"``).
 * :class:`ScoreCache`: ``scores/{method}/{split}.safetensors`` under the output dir, written
   atomically (temporary file, then ``os.replace``) by the main process as soon as a split is done,
   and tagged with a fingerprint of everything the scores depend on, so a rerun reuses exactly the
@@ -29,9 +35,11 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from PIL import Image
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from ..data.decoding import OnError, UndecodableImageError, check_on_error, decode_image, without_decoding
 from .fingerprints import fingerprint, is_streamed
 from .options import InputError
 
@@ -42,6 +50,10 @@ SCORES_DIR = "scores"
 #: Key of the score tensor inside a score file.
 SCORE_KEY = "ood_score"
 FINGERPRINT_KEY = "fingerprint"
+#: Key of the number of images left out as unreadable, in :func:`score_split`'s output and in a score file.
+NUM_SKIPPED_KEY = "num_skipped"
+#: Size of the blank image standing in for an unreadable one when no image of its batch could be decoded.
+PLACEHOLDER_SIZE = (32, 32)
 #: Batches each worker prepares ahead on CUDA (DataLoader's default is 2): decoding a batch of photos
 #: takes longer than scoring it, so a deeper queue absorbs the variation of decode times.
 CUDA_PREFETCH_FACTOR = 4
@@ -97,41 +109,78 @@ def default_num_workers(device: torch.device | str) -> int:
 
 
 class IndexedImages:
-    """Collate function: ``[indices]`` -> ``{"pixel_values": (B, C, H, W), "labels": (B,)}``.
+    """Collate function: ``[indices]`` -> a batch (see :func:`decode_batch`).
 
     Args:
         dataset: a ``datasets.Dataset`` with an ``image`` column (``datasets.Image``) and a ``label``
             column (``-1`` or missing for OOD data).
         transform: a list of PIL images -> ``(B, C, H, W)`` float tensor (the model's preprocessing).
+        dataset_name: named in the error about an unreadable image, with the row (the index in ``dataset``).
     """
 
-    def __init__(self, dataset: Any, transform: Callable[[list], torch.Tensor]) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset: Any, transform: Callable[[list], torch.Tensor], dataset_name: str = "dataset") -> None:
+        self.dataset = without_decoding(dataset)  # decoded in decode_batch, where a failure can name the row
         self.transform = transform
-        self.has_labels = "label" in dataset.column_names
+        self.dataset_name = dataset_name
+        self.has_labels = "label" in self.dataset.column_names
 
-    def __call__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    def __call__(self, indices: Sequence[int]) -> dict[str, Any]:
         rows = self.dataset[list(indices)]
-        return _batch(self.transform(rows["image"]), rows["label"] if self.has_labels else None)
+        labels = rows["label"] if self.has_labels else None
+        return decode_batch(rows["image"], list(indices), labels, self.transform, self.dataset_name)
 
 
 class StreamedImages:
-    """Collate function of a streamed dataset: ``[rows]`` -> ``{"pixel_values": (B, C, H, W), "labels": (B,)}``."""
+    """Collate function of a streamed dataset: ``[rows]`` -> a batch (see :func:`decode_batch`).
 
-    def __init__(self, transform: Callable[[list], torch.Tensor]) -> None:
+    A stream has no row numbers: an error names the position in the batch and the file.
+    """
+
+    def __init__(self, transform: Callable[[list], torch.Tensor], dataset_name: str = "dataset") -> None:
         self.transform = transform
+        self.dataset_name = dataset_name
 
-    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    def __call__(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         labels = [row["label"] for row in rows] if rows and "label" in rows[0] else None
-        return _batch(self.transform([row["image"] for row in rows]), labels)
+        positions = [f"? (position {i} of a streamed batch)" for i in range(len(rows))]
+        return decode_batch([row["image"] for row in rows], positions, labels, self.transform, self.dataset_name)
 
 
-def _batch(pixel_values: torch.Tensor, labels: Sequence[int] | None) -> dict[str, torch.Tensor]:
+def decode_batch(
+    values: Sequence[Any],
+    rows: Sequence[int | str],
+    labels: Sequence[int] | None,
+    transform: Callable[[list], torch.Tensor],
+    dataset_name: str,
+) -> dict[str, Any]:
+    """Decode a batch's images and preprocess them; an unreadable image becomes a blank placeholder.
+
+    Returns ``pixel_values`` ``(B, C, H, W)``, ``labels`` int64 ``(B,)`` (-1 without labels), ``decoded`` bool
+    ``(B,)`` (False where the placeholder stands) and ``errors``: one :class:`UndecodableImageError` message per
+    placeholder. The batch keeps its size whatever fails, so that processes stay in step (see the module docstring).
+    """
+    images, decoded, errors = [], [], []
+    for value, row in zip(values, rows):
+        try:
+            images.append(decode_image(value, dataset_name, row))
+            decoded.append(True)
+        except UndecodableImageError as error:
+            images.append(None)
+            decoded.append(False)
+            errors.append(str(error))
+    if errors:
+        # A placeholder like a decoded image of the batch (mode, size), so that transforms that neither convert
+        # nor resize still stack the batch.
+        like = next((image for image in images if image is not None), None)
+        mode, size = (like.mode, like.size) if like is not None else ("RGB", PLACEHOLDER_SIZE)
+        images = [Image.new(mode, size) if image is None else image for image in images]
+    pixel_values = transform(images)
     if labels is None:
         labels_tensor = torch.full((pixel_values.shape[0],), -1, dtype=torch.long)
     else:
         labels_tensor = torch.as_tensor(labels, dtype=torch.long)
-    return {"pixel_values": pixel_values, "labels": labels_tensor}
+    return {"pixel_values": pixel_values, "labels": labels_tensor,
+            "decoded": torch.tensor(decoded, dtype=torch.bool), "errors": errors}
 
 
 def make_dataloader(
@@ -142,8 +191,9 @@ def make_dataloader(
     device: torch.device | str = "cpu",
     process_index: int = 0,
     num_processes: int = 1,
+    dataset_name: str = "dataset",
 ) -> DataLoader:
-    """An ordered (unshuffled) loader of ``dataset``.
+    """An ordered (unshuffled) loader of ``dataset``; ``dataset_name`` is named in errors about unreadable images.
 
     A map-style ``dataset`` is sharded later (``accelerator.prepare`` in :func:`score_split`); a streamed
     one is split here over ``num_processes`` with ``datasets.distributed.split_dataset_by_node``. On CUDA
@@ -157,18 +207,39 @@ def make_dataloader(
     if is_streamed(dataset):
         from datasets.distributed import split_dataset_by_node
 
+        dataset = without_decoding(dataset)
         if num_processes > 1:
             dataset = split_dataset_by_node(dataset, rank=process_index, world_size=num_processes)
-        return DataLoader(dataset, collate_fn=StreamedImages(transform), **options)
-    return DataLoader(range(len(dataset)), shuffle=False, collate_fn=IndexedImages(dataset, transform), **options)
+        return DataLoader(dataset, collate_fn=StreamedImages(transform, dataset_name), **options)
+    return DataLoader(range(len(dataset)), shuffle=False, collate_fn=IndexedImages(dataset, transform, dataset_name),
+                      **options)
 
 
 def device_batches(
-    dataloader: Iterable[Mapping[str, torch.Tensor]], device: torch.device | str
+    dataloader: Iterable[Mapping[str, Any]], device: torch.device | str, on_error: OnError = "raise"
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``(pixel_values, labels)`` of each batch, on ``device`` (the model's), for ``Detector.fit`` and analyses."""
+    """``(pixel_values, labels)`` of each batch, on ``device`` (the model's), for ``Detector.fit`` and analyses.
+
+    One process reads the whole loader, so unreadable images are dropped before the model sees them
+    (``on_error="skip"``, logged) or raise :class:`UndecodableImageError` (``"raise"``).
+    """
+    check_on_error(on_error)
     for batch in dataloader:
-        yield (batch["pixel_values"].to(device, non_blocking=True), batch["labels"].to(device, non_blocking=True))
+        pixel_values, labels = batch["pixel_values"], batch["labels"]
+        if batch["errors"]:
+            _handle_unreadable(batch["errors"], on_error)
+            pixel_values, labels = pixel_values[batch["decoded"]], labels[batch["decoded"]]
+            if not len(labels):
+                continue
+        yield pixel_values.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+
+def _handle_unreadable(errors: Sequence[str], on_error: OnError) -> None:
+    """Raise the first error (``"raise"``) or log each skipped image (``"skip"``)."""
+    if on_error == "raise":
+        raise UndecodableImageError(errors[0])
+    for message in errors:
+        logger.warning("skipped: %s", message)
 
 
 def _as_output(name: str, value: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -184,6 +255,7 @@ def score_split(
     dataloader: DataLoader,
     scorers: Mapping[str, Callable[[torch.Tensor], torch.Tensor]],
     description: str = "",
+    on_error: OnError = "raise",
 ) -> dict[str, torch.Tensor]:
     """Run every scorer on each batch of ``dataloader`` on all processes; gather across processes.
 
@@ -194,20 +266,32 @@ def score_split(
             mapping ``key -> (B, ...)`` tensor, returned as ``(name, key)``. They are called in order on
             each batch, with the same ``pixel_values`` object, so a later one may reuse an earlier one's work.
         description: progress bar label (the bar shows on the local main process only).
+        on_error: an image that cannot be decoded raises :class:`UndecodableImageError` naming dataset, row
+            and file on every process (``"raise"``; with one process before its batch is scored, with several
+            at the next gathering, so that no process waits for the others forever), or is left out (``"skip"``).
 
     Returns:
-        name -> ``(N, ...)`` CPU tensor with one row per sample of the split, on every process, plus
-        ``"labels"``. Floating outputs are stored as float64, integer ones as int64. Map-style data comes
-        back in dataset order; streamed data in the order of ``split_dataset_by_node``'s shards.
+        name -> ``(N, ...)`` CPU tensor with one row per decoded sample of the split, on every process, plus
+        ``"labels"`` and :data:`NUM_SKIPPED_KEY` (int64 ``()``: the images left out). Floating outputs are
+        stored as float64, integer ones as int64. Map-style data comes back in dataset order; streamed data
+        in the order of ``split_dataset_by_node``'s shards.
     """
+    check_on_error(on_error)
     streamed = is_streamed(dataloader.dataset)
     loader = dataloader if streamed else accelerator.prepare(dataloader)
     device = accelerator.device
     outputs: dict[Any, list[torch.Tensor]] = {}
     bar = tqdm(loader, desc=description, disable=not accelerator.is_local_main_process, leave=False)
+    errors: list[str] = []  # this process's unreadable images
     for batch in bar:
+        if batch["errors"]:
+            errors += batch["errors"]
+            if accelerator.num_processes == 1:
+                _handle_unreadable(batch["errors"], on_error)
         pixel_values = batch["pixel_values"].to(device, non_blocking=True)
-        results = {"labels": batch["labels"].to(device, non_blocking=True)}
+        results = {"labels": batch["labels"].to(device, non_blocking=True),
+                   # int64, not bool: every collective backend gathers it
+                   "decoded": batch["decoded"].to(device, dtype=torch.long, non_blocking=True)}
         with accelerator.autocast():
             for name, scorer in scorers.items():
                 value = scorer(pixel_values)
@@ -217,14 +301,35 @@ def score_split(
                     results[label] = _as_output(str(label), part, pixel_values.shape[0])
         if not streamed:
             results = accelerator.gather_for_metrics(results)
+            if on_error == "raise" and accelerator.num_processes > 1:
+                _raise_if_any_unreadable(accelerator, results["decoded"], errors)
         for name, value in results.items():
             outputs.setdefault(name, []).append(value)
     if not outputs:  # this process got no batch
-        outputs = {name: [] for name in (*scorers, "labels")}
+        outputs = {name: [] for name in (*scorers, "labels", "decoded")}
     local = {name: torch.cat(values) if values else torch.empty(0) for name, values in outputs.items()}
     if streamed:
         local = _gather_unequal(accelerator, local)
-    return {name: value.cpu() for name, value in local.items()}
+        if on_error == "raise" and accelerator.num_processes > 1:
+            _raise_if_any_unreadable(accelerator, local["decoded"], errors)
+    if on_error == "skip" and accelerator.num_processes > 1:
+        for message in errors:  # each process logs its own
+            logger.warning("skipped: %s", message)
+    decoded = local.pop("decoded").bool()
+    kept = {name: value[decoded].cpu() for name, value in local.items()}
+    kept[NUM_SKIPPED_KEY] = (~decoded).sum().cpu()
+    return kept
+
+
+def _raise_if_any_unreadable(accelerator: Any, decoded: torch.Tensor, errors: Sequence[str]) -> None:
+    """With several processes: every process raises the same :class:`UndecodableImageError` once the gathered
+    ``decoded`` flags show an unreadable image on any of them (the message comes from the process that read it)."""
+    if bool(decoded.all()):
+        return
+    from accelerate.utils import gather_object
+
+    messages = [message for per_process in gather_object([list(errors)]) for message in per_process]
+    raise UndecodableImageError(messages[0] if messages else "an image could not be decoded")
 
 
 def _gather_unequal(accelerator: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -286,9 +391,11 @@ class ScoreCache:
 __all__ = [
     "SCORES_DIR",
     "SCORE_KEY",
+    "NUM_SKIPPED_KEY",
     "IndexedImages",
     "ScoreCache",
     "StreamedImages",
+    "decode_batch",
     "default_num_workers",
     "device_batches",
     "fingerprint",

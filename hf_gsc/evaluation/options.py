@@ -66,6 +66,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     data.add_argument("--max-samples", type=int, default=None,
                       help="at most this many samples per split (random, --seed; with --streaming: the first ones)")
     data.add_argument("--max-fit-samples", type=int, default=10000, help="at most this many samples to fit a detector")
+    data.add_argument("--skip-unreadable-images", action="store_true",
+                      help="leave out images that cannot be decoded (counted per split in results.json) instead of "
+                      "stopping at the first one")
     data.add_argument("--streaming", action="store_true",
                       help="stream Hub datasets (datasets.IterableDataset) instead of downloading them whole")
     run = parser.add_argument_group("run")

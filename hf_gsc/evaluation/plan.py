@@ -129,12 +129,15 @@ class EvaluationPlan:
 
     Attributes:
         splits: ``id_test``, ``id_validation`` and ``ood_{name}`` -> the (subsampled) dataset.
+        sources: the same keys -> where the split comes from (``--id-dataset``, ``--ood-dataset`` or
+            benchmark), named in errors about its images.
         fit_data: method -> its (subsampled) ID fitting data, for methods that need a fit.
         fit_fingerprints: method -> fingerprint of its fitted state.
         score_fingerprints: ``(method, split)`` -> fingerprint of its score file.
     """
 
     splits: dict[str, Any]
+    sources: dict[str, str]
     fit_data: dict[str, Any]
     fit_fingerprints: dict[str, str]
     score_fingerprints: dict[tuple[str, str], str]
@@ -195,7 +198,8 @@ def make_plan(
         for name in [*detectors, BASE_MODEL]
         for split in splits
     }
-    return EvaluationPlan(splits, fit_data, fit_fps, score_fps)
+    sources = {split: description["source"] for split, description in descriptions.items()}
+    return EvaluationPlan(splits, sources, fit_data, fit_fps, score_fps)
 
 
 def missing_scores(

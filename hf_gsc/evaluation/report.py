@@ -152,7 +152,19 @@ def markdown_table(results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95"
             "",
             f"Samples: ID test {sizes.get('id_test')}, ID validation {sizes.get('id_validation')}; OOD: {ood_sizes}.",
         ]
+    skipped = skipped_images_line(results.get("num_skipped") or {})
+    if skipped:
+        lines += ["", skipped]
     return "\n".join(lines) + "\n"
+
+
+def skipped_images_line(num_skipped: Mapping[str, Any]) -> str:
+    """The sentence of ``results.md`` naming the splits that lost unreadable images (``""`` when none did)."""
+    counts = [("ID test", num_skipped.get("id_test", 0)), ("ID validation", num_skipped.get("id_validation", 0)),
+              *((f"OOD {name}", n) for name, n in num_skipped.get("ood", {}).items()),
+              *((f"fit of {name}", n) for name, n in num_skipped.get("fit", {}).items())]
+    parts = [f"{label} {n}" for label, n in counts if n]
+    return f"Unreadable images left out (--skip-unreadable-images): {', '.join(parts)}." if parts else ""
 
 
 def _target_tpr(methods: Mapping[str, Any]) -> float:

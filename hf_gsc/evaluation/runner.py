@@ -10,6 +10,10 @@ Steps, the same under ``python`` and ``accelerate launch`` (any number of proces
 2. Fit the detectors that need it on ID ``detector.fit_split`` data (:mod:`.fitting`); a rerun reuses a valid saved fit.
 3. Score the ID test split, the ID validation split and every OOD split with every method
    (:mod:`.scoring`, :mod:`.loop`); valid score files from an earlier run are loaded instead of recomputed.
+   An image that cannot be decoded stops the run with one line naming the split's source, the row and the
+   file (the splits finished before it keep their score files), or with ``--skip-unreadable-images`` is left
+   out and counted per split in ``results.json`` (``num_skipped``). A column that holds no images at all
+   (text, numbers) is refused in step 1, when the data is loaded.
 4. On the main process: calibrate each method's ``threshold`` on the ID validation scores only, report
    the TPR it reaches on ID test, compute FPR95 / AUROC / AUPR-In / AUPR-Out of ID test vs each OOD
    split, write ``results.json``, ``results.md`` and the plots (:mod:`.report`, :mod:`.plots`).
@@ -29,8 +33,9 @@ import numpy as np
 import torch
 
 from .. import __version__
-from .fitting import fit_detectors, saved_fit_size
-from .loop import SCORE_KEY, ScoreCache, default_num_workers, make_accelerator
+from ..data.decoding import UndecodableImageError
+from .fitting import fit_detectors, saved_fit_info
+from .loop import NUM_SKIPPED_KEY, SCORE_KEY, ScoreCache, default_num_workers, make_accelerator
 from .models import (
     build_detectors,
     effective_hyperparameters,
@@ -101,8 +106,7 @@ def collect_results(
         return data
 
     base = load(BASE_MODEL, ID_TEST)
-    fit_sizes = {name: num_rows(dataset) or saved_fit_size(Path(args.output_dir), name)
-                 for name, dataset in plan.fit_data.items()}
+    fits = {name: _fit_record(Path(args.output_dir), name, dataset) for name, dataset in plan.fit_data.items()}
     id_scores, ood_scores, entries = {}, {}, {}
     for name, detector in detectors.items():
         id_scores[name] = load(name, ID_TEST)[SCORE_KEY]
@@ -111,9 +115,13 @@ def collect_results(
         entry = method_results(id_scores[name], validation, ood_scores[name], args.tpr, "validation")
         entry["hyperparameters"] = effective_hyperparameters(detector)
         if name in plan.fit_data:
-            entry["fit"] = {"split": detector.fit_split, "num_samples": fit_sizes[name]}
+            entry["fit"] = {"split": detector.fit_split, **fits[name]}
         entries[name] = entry
     any_method = next(iter(detectors))
+
+    def skipped(split: str) -> int:  # the same for every method: all read the split through the same decoding
+        return int(load(any_method, split).get(NUM_SKIPPED_KEY, torch.tensor(0)))
+
     results = {
         "model": args.model,
         "benchmark": args.benchmark or "custom",
@@ -123,18 +131,36 @@ def collect_results(
             "id_test": int(id_scores[any_method].numel()),
             "id_validation": int(load(any_method, ID_VALIDATION)[SCORE_KEY].numel()),
             "ood": {ood: int(scores.numel()) for ood, scores in ood_scores[any_method].items()},
-            "fit": fit_sizes,
+            "fit": {name: fit["num_samples"] for name, fit in fits.items()},
+        },
+        # Unreadable images left out (--skip-unreadable-images; without it, any one stops the run).
+        NUM_SKIPPED_KEY: {
+            "id_test": skipped(ID_TEST),
+            "id_validation": skipped(ID_VALIDATION),
+            "ood": {ood: skipped(OOD_PREFIX + ood) for ood in plan.ood_names},
+            "fit": {name: fit[NUM_SKIPPED_KEY] for name, fit in fits.items()},
         },
         "calibration_split": "validation",
     }
     return results, id_scores, ood_scores
 
 
+def _fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
+    """``num_samples`` (images the fit used) and ``num_skipped`` (unreadable ones left out) of a method's fit."""
+    saved = saved_fit_info(output_dir, method)
+    num_skipped = saved.get(NUM_SKIPPED_KEY, 0)
+    rows = num_rows(dataset)
+    return {"num_samples": rows - num_skipped if rows is not None else saved.get("num_samples"),
+            NUM_SKIPPED_KEY: num_skipped}
+
+
 def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> dict[str, Any] | None:
     """Run the whole evaluation; returns the ``results.json`` content on the main process, else ``None``.
 
     ``args`` is a namespace from :func:`~hf_gsc.evaluation.options.build_parser` or an argv list. Raises
-    :class:`InputError` (a ``ValueError``) on bad input, before fitting or scoring.
+    :class:`InputError` (a ``ValueError``) on bad input, before fitting or scoring, and
+    :class:`~hf_gsc.data.decoding.UndecodableImageError` (a ``ValueError``) at an unreadable image unless
+    ``--skip-unreadable-images`` is given.
     """
     if args is None or not isinstance(args, argparse.Namespace):
         args = parse_args(args)
@@ -175,10 +201,16 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     missing = _broadcast(accelerator, missing_scores(plan, methods, cache, args.overwrite)
                          if accelerator.is_main_process else None)
     to_fit = [name for name in plan.fit_data if any(name in names for names in missing.values())]
-    fit_detectors(accelerator, detectors, to_fit, plan.fit_data, plan.fit_fingerprints, transform_for,
-                  args.batch_size, output_dir, args.seed, args.overwrite, num_workers)
-    seconds, splits = score_missing(accelerator, plan, missing, detectors, model, transform_for, cache,
-                                    args.batch_size, num_workers)
+    on_error = "skip" if args.skip_unreadable_images else "raise"
+    try:
+        fit_detectors(accelerator, detectors, to_fit, plan.fit_data, plan.fit_fingerprints, transform_for,
+                      args.batch_size, output_dir, args.seed, args.overwrite, num_workers, on_error,
+                      source=args.benchmark or args.id_dataset)
+        seconds, splits = score_missing(accelerator, plan, missing, detectors, model, transform_for, cache,
+                                        args.batch_size, num_workers, on_error)
+    except UndecodableImageError as error:
+        raise UndecodableImageError(f"{error} (fix or remove the file, or pass --skip-unreadable-images to leave "
+                                    "such images out; finished splits are kept and not scored again)") from None
     if not accelerator.is_main_process:
         return None
 

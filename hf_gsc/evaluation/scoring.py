@@ -1,7 +1,9 @@
 """Scoring the planned splits: one pass over each split with every method whose score file is missing.
 
-The main process writes each split's score files as soon as the split is done (so a crash loses only
-the split in progress) and records the split's wall time and images per second.
+The main process writes each split's score files as soon as the split is done (so a crash, or an image
+that cannot be decoded, loses only the split in progress) and records the split's wall time and images
+per second. A score file also holds how many unreadable images were left out of its split
+(:data:`~hf_gsc.evaluation.loop.NUM_SKIPPED_KEY`, with ``on_error="skip"``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 import torch
 
 from . import loop
-from .loop import SCORE_KEY, ScoreCache, make_dataloader
+from ..data.decoding import OnError
+from .loop import NUM_SKIPPED_KEY, SCORE_KEY, ScoreCache, make_dataloader
 from .plan import BASE_MODEL, EvaluationPlan, num_rows
 
 #: Key of the base model's predicted classes in its score file.
@@ -30,8 +33,11 @@ def score_missing(
     cache: ScoreCache,
     batch_size: int,
     num_workers: int = 0,
+    on_error: OnError = "raise",
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Score each split with its missing methods (one pass over the split) and save the files (main process).
+
+    ``on_error``: what an image that cannot be decoded does (see :func:`~hf_gsc.evaluation.loop.score_split`).
 
     Returns ``(method -> split -> scoring seconds of that method on this process,
     split -> {"seconds", "num_samples", "images_per_second"})``: the split's wall time covers loading,
@@ -50,10 +56,12 @@ def score_missing(
             continue
         scorers = {name: predictions if name == BASE_MODEL else detectors[name].score for name in names}
         dataloader = make_dataloader(dataset, transform_for(split), batch_size, num_workers, accelerator.device,
-                                     accelerator.process_index, accelerator.num_processes)
+                                     accelerator.process_index, accelerator.num_processes,
+                                     dataset_name=f"{split} ({plan.sources[split]})")
         size = num_rows(dataset) or "streamed"
         begin = time.perf_counter()
-        outputs = loop.score_split(accelerator, dataloader, _timed(scorers, seconds, split), description=f"{split} ({size})")
+        outputs = loop.score_split(accelerator, dataloader, _timed(scorers, seconds, split),
+                                   description=f"{split} ({size})", on_error=on_error)
         elapsed = time.perf_counter() - begin
         count = int(outputs["labels"].shape[0])
         throughput[split] = {"seconds": round(elapsed, 3), "num_samples": count,
@@ -61,7 +69,8 @@ def score_missing(
         if accelerator.is_main_process:
             for name in names:
                 key = PREDICTIONS_KEY if name == BASE_MODEL else SCORE_KEY
-                cache.save(name, split, {key: outputs[name], "labels": outputs["labels"]},
+                cache.save(name, split, {key: outputs[name], "labels": outputs["labels"],
+                                         NUM_SKIPPED_KEY: outputs[NUM_SKIPPED_KEY]},
                            plan.score_fingerprints[(name, split)])
         accelerator.wait_for_everyone()
     return seconds, throughput
