@@ -226,7 +226,7 @@ def device_batches(
     check_on_error(on_error)
     for batch in dataloader:
         pixel_values, labels = batch["pixel_values"], batch["labels"]
-        if batch["errors"]:
+        if batch.get("errors"):
             _handle_unreadable(batch["errors"], on_error)
             pixel_values, labels = pixel_values[batch["decoded"]], labels[batch["decoded"]]
             if not len(labels):
@@ -284,14 +284,16 @@ def score_split(
     bar = tqdm(loader, desc=description, disable=not accelerator.is_local_main_process, leave=False)
     errors: list[str] = []  # this process's unreadable images
     for batch in bar:
-        if batch["errors"]:
+        if batch.get("errors"):
             errors += batch["errors"]
             if accelerator.num_processes == 1:
                 _handle_unreadable(batch["errors"], on_error)
         pixel_values = batch["pixel_values"].to(device, non_blocking=True)
+        # A loader not made by make_dataloader has no decoded flags: all its images count as read.
+        decoded = batch.get("decoded", torch.ones(pixel_values.shape[0], dtype=torch.bool))
         results = {"labels": batch["labels"].to(device, non_blocking=True),
                    # int64, not bool: every collective backend gathers it
-                   "decoded": batch["decoded"].to(device, dtype=torch.long, non_blocking=True)}
+                   "decoded": decoded.to(device, dtype=torch.long, non_blocking=True)}
         with accelerator.autocast():
             for name, scorer in scorers.items():
                 value = scorer(pixel_values)
