@@ -11,6 +11,11 @@ Given the head linearised at ``F`` (its logits ``y``, ``v^T J``, ``J t`` and the
 :meth:`hf_gsc.GSCForImageClassification.forward`, every analysis (:mod:`hf_gsc.analysis`) and GSC + ASH
 (:mod:`hf_gsc.detectors.gsc_ash`) call :func:`gsc_step`; how ``F`` and the linearised head are obtained is the
 backend's business (:mod:`hf_gsc.backends`).
+
+Precision: the step runs in float32 (float64 for float64 inputs) with autocast off, whatever the backbone ran
+in (a bf16 model, or ``accelerator.autocast()``): ranking ``g``, the top-k cut, ``F' - F`` and the first-order
+update are differences of nearby numbers, which bf16's 8-bit mantissa would round away (:mod:`hf_gsc.precision`).
+The backends hand over ``F`` and the linearised head in that precision (:meth:`hf_gsc.backends.Backend.linearize`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Protocol, Sequence
 import torch
 
 from .head_derivatives import LinearizedHead
+from .precision import full_precision
 from .scores import ood_score
 from .shortcircuit import num_masked, num_masked_adaptive, predicted_logit_update, short_circuit, short_circuit_mask
 
@@ -111,6 +117,9 @@ def gsc_step(
 ) -> GSCStep:
     """Mask, short-circuit, logit update and score of one batch.
 
+    Runs with autocast off (:func:`hf_gsc.precision.full_precision`), in the dtype of ``features`` and ``head``: float32 when
+    they come from a backend.
+
     Args:
         head: the head linearised at ``features``.
         features: the part of ``F`` the head reads, ``(B, *shape)`` (all of ``F``, or its first token for a
@@ -120,6 +129,18 @@ def gsc_step(
         layer_sizes: coordinates per layer when ``features`` joins several layers (multi-layer short-circuit).
         generator: random source of ``selection="random"``; ``None`` = seeded with ``settings.seed`` per call.
     """
+    with full_precision(features.device):
+        return _gsc_step(head, features, settings, fisher_diagonal, layer_sizes, generator)
+
+
+def _gsc_step(
+    head: LinearizedHead,
+    features: torch.Tensor,
+    settings: StepSettings,
+    fisher_diagonal: torch.Tensor | None,
+    layer_sizes: Sequence[int] | None,
+    generator: torch.Generator | None,
+) -> GSCStep:
     logits = head.logits
     predicted_class = logits.argmax(dim=-1)
     gradient = head.class_gradient(predicted_class).flatten(1)

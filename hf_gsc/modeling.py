@@ -37,7 +37,8 @@ class GSCOutput(ModelOutput):
     """Output of :class:`GSCForImageClassification`.
 
     Attributes:
-        logits: ``(B, K)`` the base model's logits, unchanged.
+        logits: ``(B, K)`` the base model's logits, unchanged (in float32 for a bf16 / fp16 model, as every output:
+            the step after the backbone runs in float32, see :mod:`hf_gsc.gsc_step`).
         gsc_logits: ``(B, K)`` logits after the short-circuit.
         ood_score: ``(B,)`` score of ``gsc_logits``; higher = more in-distribution.
         is_ood: ``(B,)`` bool, ``ood_score < threshold``; ``None`` while no threshold is set.
@@ -217,7 +218,9 @@ class GSCForImageClassification(nn.Module):
 
     # ------------------------------------------------------------------ inference
     def _check_pixel_values(self, pixel_values: Any) -> torch.Tensor:
-        return check_pixel_values(pixel_values, self._expected_channels, self._expected_size, self.dtype)
+        """Checked ``pixel_values`` on the model's device, in its dtype (what ``forward``, ``calibrate`` and the fits run)."""
+        checked = check_pixel_values(pixel_values, self._expected_channels, self._expected_size, self.dtype)
+        return checked.to(self.device)
 
     def _linearize(self, pixel_values: torch.Tensor) -> Linearization:
         """``F`` and the head linearised on the part of ``F`` it reads. Random selection linearises on all of ``F``:

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..precision import parameter_dtype, step_dtype
 from ..head_derivatives import LinearizedHead
 from ..split_points import SplitPoint
 from .base import Backend, Linearization
@@ -31,7 +32,7 @@ def linearize_with_autograd(
     ``pixel_values`` are cloned with inference mode switched off.
     """
     with torch.inference_mode(False), torch.enable_grad():
-        primal = features.clone().requires_grad_(True)
+        primal = features.detach().to(step_dtype(features.dtype), copy=True).requires_grad_(True)
         pixel_values = None if pixel_values is None else pixel_values.clone()
         logits = head(primal, pixel_values)
 
@@ -54,6 +55,26 @@ def linearize_with_autograd(
     return LinearizedHead(logits.detach(), vjp, jvp, function)
 
 
+def in_model_dtype(
+    head: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor], model: torch.nn.Module
+) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    """``head(F, pixel_values)``, a function of the model's own modules, fed ``F`` in the model's parameter dtype and
+    returning logits in at least float32.
+
+    A float32 model's head thus runs in float32 (the step disables autocast around it); a bf16 model's head runs
+    in bf16, because a float32 copy of its modules (encoder blocks, for an earlier split point) would cost their
+    size again in memory. Its logits, ``g`` and ``J t`` then carry bf16 rounding, and the step takes them on in
+    float32.
+    """
+    dtype = parameter_dtype(model)
+
+    def run(features: torch.Tensor, pixel_values: torch.Tensor | None) -> torch.Tensor:
+        logits = head(features.to(dtype), pixel_values)
+        return logits.to(step_dtype(logits.dtype))
+
+    return run
+
+
 def use_eager_attention_for_first_order(model: torch.nn.Module, config: Any) -> None:
     """A head made of encoder blocks contains attention; ``J t`` there takes a double backward, which the fused
     SDPA kernels lack. Eager attention computes the same function and has one."""
@@ -65,7 +86,8 @@ class AutogradHead(Backend):
     def linearize_at(
         self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
-        head = linearize_with_autograd(self.split_point.head, features, pixel_values, keep_graph)
+        head = linearize_with_autograd(in_model_dtype(self.split_point.head, self.split_point.model), features,
+                                       pixel_values, keep_graph)
         return Linearization(features, "identity", features, head)
 
 

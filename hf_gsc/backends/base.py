@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..precision import full_precision, step_dtype
 from ..head_derivatives import LinearizedHead, Pool, pool, pool_adjoint
 from ..split_points import SplitPoint
 
@@ -60,7 +61,8 @@ class Backend(ABC):
         whole_feature: bool = False,
         keep_graph: bool = True,
     ) -> Linearization:
-        """``F`` (``features`` when already taken) and the head linearised there.
+        """``F`` (``features`` when already taken) and the head linearised there, in float32 (float64 for a float64
+        model) with autocast off, whatever the backbone ran in (:mod:`hf_gsc.precision`).
 
         Args:
             whole_feature: linearise on all of ``F`` even where the head reads part of it (random selection
@@ -69,10 +71,12 @@ class Backend(ABC):
                 otherwise it is freed after ``g``.
         """
         features = self.features(pixel_values) if features is None else features
-        return self.linearize_at(features, pixel_values, whole_feature, keep_graph)
+        with full_precision(features.device):
+            return self.linearize_at(features.to(step_dtype(features.dtype)), pixel_values, whole_feature, keep_graph)
 
     @abstractmethod
     def linearize_at(
         self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
-        """:meth:`linearize` at given ``features``."""
+        """:meth:`linearize` at given ``features``; the returned head computes in the dtype of ``features`` (for a
+        closed-form head) or at least float32 (autograd heads, see :func:`hf_gsc.backends.autograd.in_model_dtype`)."""

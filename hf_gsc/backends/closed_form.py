@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..head_derivatives import pool, restrict_to_read_part
+from ..head_derivatives import PoolNormLinearHead, pool, restrict_to_read_part
 from ..split_points import SplitPoint
 from .base import Backend, Linearization
 
@@ -20,12 +20,25 @@ class ClosedFormHead(Backend):
         split = self.split_point
         # Folded with the model's current parameters on every call: a few small ops next to the backbone, and
         # nothing to invalidate when the weights change.
-        head = split.bound_head()
+        head = in_dtype(split.bound_head(), features.dtype)
         read = "identity" if whole_feature else split.read_pool
         if read != "identity":
             head = restrict_to_read_part(head)
         read_part = pool(features, read)
         return Linearization(features, read, read_part, head.linearize(read_part))
+
+
+def in_dtype(head: PoolNormLinearHead, dtype: torch.dtype) -> PoolNormLinearHead:
+    """``head`` with its folded tensors in ``dtype`` (a few ``K x D`` matrices): a bf16 model's head computes in
+    float32 on float32 features. The fold itself ran in float64 and was rounded to the parameters' dtype."""
+    if head.weight.dtype == dtype:
+        return head
+
+    def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to(dtype)
+
+    return PoolNormLinearHead(head.pool, cast(head.weight), cast(head.bias), head.norm_eps, head.norm_before_pool,
+                              cast(head.centered_weight))
 
 
 def dispatch(model: torch.nn.Module, split_point: SplitPoint, config: Any) -> Backend | None:

@@ -8,7 +8,8 @@ from typing import Any, Callable
 import torch
 
 from ..split_points import SplitPoint, resolve_block_chain
-from .autograd import linearize_with_autograd, use_eager_attention_for_first_order
+from ..precision import parameter_dtype, step_dtype
+from .autograd import in_model_dtype, linearize_with_autograd, use_eager_attention_for_first_order
 from .base import Backend, Linearization
 
 
@@ -30,19 +31,23 @@ class MultiLayerHead(Backend):
     def linearize_at(
         self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
+        # The blocks and the head run in the model's parameter dtype; F1, F2_0 and the step in at least float32.
+        dtype = parameter_dtype(self.split_point.model)
         with torch.no_grad():
-            final_0 = self.run_blocks(features)
+            final_0 = self.run_blocks(features.to(dtype))
+        final_0 = final_0.to(step_dtype(final_0.dtype))
         shapes = [features.shape[1:], final_0.shape[1:]]
         sizes = (features[0].numel(), final_0[0].numel())
         head = self.split_point.head
 
         def joint_head(joint: torch.Tensor, pixel_values: torch.Tensor | None) -> torch.Tensor:
             f1, f2 = joint.split(sizes, dim=1)
-            moved = self.run_blocks(f1.reshape(-1, *shapes[0])) + (f2.reshape(-1, *shapes[1]) - final_0)
+            moved = self.run_blocks(f1.reshape(-1, *shapes[0])) + (f2.reshape(-1, *shapes[1]) - final_0).to(dtype)
             return head(moved, pixel_values)
 
         joint = torch.cat([features.flatten(1), final_0.flatten(1)], dim=1)
-        linearized = linearize_with_autograd(joint_head, joint, pixel_values, keep_graph)
+        linearized = linearize_with_autograd(in_model_dtype(joint_head, self.split_point.model), joint, pixel_values,
+                                             keep_graph)
         return Linearization(joint, "identity", joint, linearized, sizes)
 
 

@@ -1,0 +1,39 @@
+"""Where a computation must not follow the backbone's precision: float32 with autocast off.
+
+A bf16 backbone (a bf16 model, or ``accelerator.autocast()``) is fine for features; what comes after it in GSC
+(the gradient ranking, the short-circuit, the first-order update), ODIN (an input step of about 0.004, below
+bf16's resolution near 1) and ASH (percentile cuts, sums and ``exp(s1 / s2)`` over thousands of activations)
+works on small differences that bf16's 8-bit mantissa rounds away. Those parts run under
+:func:`full_precision` on inputs cast to :func:`step_dtype`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+
+def step_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype to compute in for inputs of ``dtype``: float32, or float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def parameter_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of ``model``'s first parameter: what its own modules must be fed."""
+    return next(model.parameters()).dtype
+
+
+@contextlib.contextmanager
+def full_precision(device: torch.device) -> Iterator[None]:
+    """Autocast off, on CPU and on ``device``'s type, so that each op runs in its inputs' dtype."""
+    with contextlib.ExitStack() as stack:
+        for device_type in dict.fromkeys(("cpu", device.type)):
+            if torch.amp.is_autocast_available(device_type):
+                stack.enter_context(torch.autocast(device_type, enabled=False))
+        yield
+
+
+__all__ = ["full_precision", "parameter_dtype", "step_dtype"]

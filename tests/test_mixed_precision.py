@@ -1,0 +1,113 @@
+"""GSC's step after the backbone runs in float32 whatever the backbone runs in (a bf16 model, or CPU bf16
+autocast), and every entry point moves ``pixel_values`` to the model's device.
+
+Tiny ViT / ResNet detectors: closed-form heads (final encoder output, penultimate), an autograd head (an earlier
+block) and the multi-layer short-circuit, each in bf16 against the same weights in float32.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from hf_gsc import GSCForImageClassification
+from hf_gsc.gsc_step import GSCStep, gsc_step
+
+from conftest import make_tiny_model
+
+#: (architecture, GSC settings): the backends a detector can get.
+CASES = {
+    "vit-closed-form": ("vit", {}),  # LayerNorm folded into the classifier
+    "vit-penultimate-exact": ("vit", {"split_point": "penultimate", "approximation": "exact"}),
+    "vit-autograd-block": ("vit", {"split_point": "vit.layers.0"}),
+    "vit-multi-layer": ("vit", {"earlier_split_point": "vit.layers.0"}),
+    "resnet-closed-form": ("resnet", {}),
+    "resnet-autograd-stage": ("resnet", {"split_point": "resnet.encoder.stages.-1", "approximation": "predicted_logit"}),
+}
+
+
+def _float_model(arch: str) -> torch.nn.Module:
+    return make_tiny_model(arch).float()
+
+
+@pytest.fixture
+def images(pixel_values: torch.Tensor) -> torch.Tensor:
+    return pixel_values.float()
+
+
+@pytest.mark.parametrize("arch, settings", CASES.values(), ids=CASES.keys())
+def test_bf16_model_scores_in_float32_close_to_the_float32_model(arch, settings, images) -> None:
+    model = _float_model(arch)
+    reference = GSCForImageClassification(copy.deepcopy(model), **settings)(images)
+    bf16 = GSCForImageClassification(copy.deepcopy(model).to(torch.bfloat16), **settings)(images)
+    for name in ("ood_score", "gsc_logits", "logits"):
+        assert getattr(bf16, name).dtype == torch.float32, name
+    # The bf16 backbone's own rounding (8-bit mantissa) is what remains.
+    torch.testing.assert_close(bf16.ood_score, reference.ood_score, atol=0.05 * reference.ood_score.abs().mean().item(), rtol=0)
+
+
+def _recording_step(monkeypatch: pytest.MonkeyPatch) -> list[GSCStep]:
+    import hf_gsc.modeling
+
+    steps: list[GSCStep] = []
+
+    def record(*args, **kwargs) -> GSCStep:
+        steps.append(gsc_step(*args, **kwargs))
+        return steps[-1]
+
+    monkeypatch.setattr(hf_gsc.modeling, "gsc_step", record)
+    return steps
+
+
+@pytest.mark.parametrize("arch, settings", CASES.values(), ids=CASES.keys())
+def test_step_runs_in_float32_under_bf16_autocast(arch, settings, images, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``torch.autocast("cpu", bfloat16)`` (what ``accelerator.autocast()`` does with bf16) the backbone
+    runs in bf16, and every output of the step stays float32."""
+    model = _float_model(arch)
+    reference = GSCForImageClassification(copy.deepcopy(model), **settings)(images)
+    steps = _recording_step(monkeypatch)
+    detector = GSCForImageClassification(model, **settings)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = detector(images)
+    (step,) = steps
+    for name in ("logits", "gradient", "gsc_logits", "ood_score"):
+        assert getattr(step, name).dtype == torch.float32, name
+    assert output.ood_score.dtype == torch.float32
+    torch.testing.assert_close(output.ood_score, reference.ood_score, atol=0.05 * reference.ood_score.abs().mean().item(), rtol=0)
+
+
+def test_gsc_step_turns_autocast_off(images) -> None:
+    """The step itself: a first-order update (a matmul, which autocast would run in bf16) stays float32."""
+    detector = GSCForImageClassification(_float_model("vit"))
+    linearization = detector.backend.linearize(images)
+    reference = gsc_step(linearization.head, linearization.read_part, detector.config)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        step = gsc_step(linearization.head, linearization.read_part, detector.config)
+    assert step.gsc_logits.dtype == torch.float32 and step.ood_score.dtype == torch.float32
+    torch.testing.assert_close(step.gsc_logits, reference.gsc_logits, atol=1e-6, rtol=1e-6)
+
+
+def test_entry_points_move_pixel_values_to_the_model_device(monkeypatch: pytest.MonkeyPatch, images) -> None:
+    """``forward``, ``calibrate``, ``fit_fisher`` and ``calibrate_gradient_mass`` hand the backend ``pixel_values`` on
+    the model's device (``meta`` stands in for a GPU: the batch arrives there or stays on the CPU)."""
+    detector = GSCForImageClassification(_float_model("vit"))
+    monkeypatch.setattr(GSCForImageClassification, "device", property(lambda self: torch.device("meta")))
+    seen: list[torch.device] = []
+
+    class Reached(Exception):
+        pass
+
+    def linearize(pixel_values, **options):
+        seen.append(pixel_values.device)
+        raise Reached
+
+    monkeypatch.setattr(detector.backend, "linearize", linearize)
+    labels = torch.zeros(images.shape[0], dtype=torch.long)
+    for call in (lambda: detector(images), lambda: detector.calibrate(images),
+                 lambda: detector.fit_fisher([(images, labels)]), lambda: detector.calibrate_gradient_mass(images)):
+        with pytest.raises(Reached):
+            call()
+    assert seen == [torch.device("meta")] * 4
+
