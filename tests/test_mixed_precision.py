@@ -111,3 +111,46 @@ def test_entry_points_move_pixel_values_to_the_model_device(monkeypatch: pytest.
             call()
     assert seen == [torch.device("meta")] * 4
 
+
+# ------------------------------------------------------------------ ODIN and ASH under bf16 autocast
+def test_odin_under_bf16_autocast_equals_float32(images) -> None:
+    """ODIN's input step (``epsilon / std``) is below bf16's resolution: the detector runs it, and both forwards,
+    in float32 with autocast off, so bf16 autocast gives the float32 scores."""
+    from hf_gsc.detectors import get_detector
+
+    detector = get_detector("odin", _float_model("resnet"), image_std=[0.229, 0.224, 0.225])
+    reference = detector.score(images)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = detector.score(images)
+    assert under_autocast.dtype == torch.float32
+    torch.testing.assert_close(under_autocast, reference, atol=1e-9, rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["ash_b", "ash_s", "gsc_ash"])
+@pytest.mark.parametrize("arch", ["resnet", "vit"])
+def test_ash_shapes_bf16_features_in_float32(method, arch, images) -> None:
+    """Under bf16 autocast the backbone's features are bf16; ASH's percentile cut, sums, ``exp(s1 / s2)``, the
+    head and the energy then run in float32: the score equals the float32 computation on those same features."""
+    from hf_gsc.detectors import get_detector
+    from hf_gsc.detectors.ash import ash_shape
+    from hf_gsc.scores import energy_score
+
+    detector = get_detector(method, _float_model(arch))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        score = detector.score(images)
+        split = detector.split if method != "gsc_ash" else detector.detector.split_point
+        features = split.features(images)
+    assert score.dtype == torch.float32
+    assert features.dtype == (torch.bfloat16 if arch == "resnet" else torch.float32)  # autocast runs LayerNorm in float32
+    variant = detector.variant if method != "gsc_ash" else detector.hyperparameters["ash_variant"]
+    percentile = detector.hyperparameters["percentile" if method != "gsc_ash" else "ash_percentile"]
+    shaped = ash_shape(features.flatten(1).float(), variant, percentile).view(features.shape)
+    if method == "gsc_ash":
+        expected = detector.detector.backend.inner.linearize(images, features=shaped)
+        from hf_gsc.gsc_step import gsc_step
+
+        reference = gsc_step(expected.head, expected.read_part, detector.detector.config).ood_score
+    else:
+        with torch.no_grad():
+            reference = energy_score(split.head(shaped, images))
+    torch.testing.assert_close(score, reference.to(score.dtype), atol=1e-4, rtol=1e-4)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..architectures import registered_architecture
+from ..precision import full_precision, parameter_dtype, step_dtype
 from ..scores import energy_score
 from ..split_points import resolve_split_point, validate_split_point_name
 from .base import register_detector
@@ -92,10 +93,15 @@ class ASHDetector(BaselineDetector):
         validate_split_point_name(self.hyperparameters["split_point"])
 
     def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The backbone in whatever precision it runs in; the shaping (a percentile cut, sums over thousands of
+        activations, ``exp(s1 / s2)``), the head and the energy in float32 with autocast off (:mod:`hf_gsc.precision`).
+        A bf16 *model*'s head gets the shaped feature back in bf16 (its own modules) and its logits in float32."""
         features = self.split.features(pixel_values)
-        shaped = ash_shape(features.flatten(1), self.variant, self.hyperparameters["percentile"]).view_as(features)
-        with torch.no_grad():
-            return energy_score(self.split.head(shaped, pixel_values))
+        with full_precision(features.device), torch.no_grad():
+            flat = features.flatten(1).to(step_dtype(features.dtype))
+            shaped = ash_shape(flat, self.variant, self.hyperparameters["percentile"]).view(features.shape)
+            logits = self.split.head(shaped.to(parameter_dtype(self.model)), pixel_values)
+            return energy_score(logits.to(flat.dtype))
 
 
 @register_detector

@@ -11,6 +11,7 @@ from torch import nn
 from ..backends import Backend, Linearization
 from ..config import GSCConfig
 from ..modeling import GSCForImageClassification
+from ..precision import full_precision, step_dtype
 from .ash import ASH_VARIANTS, ash_shape, default_ash_percentile
 from .base import register_detector
 from .common import BaselineDetector
@@ -30,8 +31,10 @@ class ShapedFeatures(Backend):
         self.inner, self.shaping = inner, shaping
 
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``shaping(F)``, computed in float32 with autocast off (an activation percentile, see :mod:`hf_gsc.precision`)."""
         features = self.inner.features(pixel_values)
-        return self.shaping(features.flatten(1)).view_as(features)
+        with full_precision(features.device):
+            return self.shaping(features.flatten(1).to(step_dtype(features.dtype))).view(features.shape)
 
     def linearize_at(
         self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool

@@ -6,6 +6,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..precision import full_precision, parameter_dtype, step_dtype
 from ..scores import msp_score
 from .base import register_detector
 from .common import BaselineDetector
@@ -74,11 +75,21 @@ class ODINDetector(BaselineDetector):
         self.image_std = torch.tensor([float(v) for v in values], dtype=torch.float64)
 
     def _logits_with_gradient(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=pixel_values).logits
+        return self.model(pixel_values=pixel_values.to(parameter_dtype(self.model))).logits.to(pixel_values.dtype)
+
+    def logits(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The logits of ``pixel_values`` fed to the model in its parameters' dtype."""
+        return super().logits(pixel_values.to(parameter_dtype(self.model)))
 
     def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """Both forwards and the input step in float32 with autocast off (:mod:`hf_gsc.precision`): under bf16
+        autocast the step ``epsilon / std`` (about 0.004) is below bf16's resolution near 1, so the perturbed
+        input would round back to the original one, and the logits divided by ``T = 1000`` differ in digits
+        bf16 does not hold. A bf16 *model* gets float32 inputs cast back to bf16 and keeps that limit."""
         temperature = self.hyperparameters["temperature"]
-        perturbed = odin_perturb(
-            self._logits_with_gradient, pixel_values, temperature, self.hyperparameters["epsilon"], self.image_std
-        )
-        return msp_score(self.logits(perturbed), temperature)
+        with full_precision(pixel_values.device):
+            pixel_values = pixel_values.to(step_dtype(pixel_values.dtype))
+            perturbed = odin_perturb(
+                self._logits_with_gradient, pixel_values, temperature, self.hyperparameters["epsilon"], self.image_std
+            )
+            return msp_score(self.logits(perturbed).to(pixel_values.dtype), temperature)
