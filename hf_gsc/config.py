@@ -1,7 +1,15 @@
-"""``GSCConfig``: the detector's settings, validated on construction, saved as its own JSON file.
+"""``GSCConfig``: the detector's settings, fitted state and provenance, validated on every assignment.
 
 Like a PEFT adapter config, it sits next to a *reference* to the base model (name or path and
-revision) instead of the base model's own config.
+revision) instead of the base model's own config. Each field has one *kind* (its ``metadata["kind"]``):
+
+* ``setting``: chosen by the user, part of what makes two detectors the same method (CLI options,
+  cache fingerprints, the card's configuration table, GSC + ASH, the ablation variants);
+* ``fitted``: computed from ID data by ``calibrate`` / ``calibrate_gradient_mass`` (``threshold``,
+  ``calibration``, ``gradient_mass``);
+* ``provenance``: where the detector came from (base model reference and revision, hf_gsc version).
+
+Every list of fields elsewhere is derived from these kinds (:meth:`GSCConfig.names`), never written by hand.
 """
 
 from __future__ import annotations
@@ -9,8 +17,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from . import __version__
 from .scores import SCORES
@@ -21,25 +30,74 @@ CONFIG_NAME = "gsc_config.json"
 # Fitted tensors of a detector (GSC options or baselines), next to its config; safetensors, never pickle.
 STATE_FILE = "detector_state.safetensors"
 
-
-def _check_number(name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"GSCConfig.{name} must be a finite number, got {value!r}")
-    if value < low or value > high or (low_open and value == low):
-        bracket = "(" if low_open else "["
-        raise ValueError(f"GSCConfig.{name} must be in {bracket}{low}, {high}], got {value!r}")
+SETTING, FITTED, PROVENANCE = "setting", "fitted", "provenance"
+KINDS = (SETTING, FITTED, PROVENANCE)
 
 
-def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"GSCConfig.{name} must be one of {choices}, got {value!r}")
+def _number(low: float, high: float, low_open: bool = False, optional: bool = False) -> Callable[[str, Any], Any]:
+    def check(name: str, value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"GSCConfig.{name} must be a finite number, got {value!r}")
+        if value < low or value > high or (low_open and value == low):
+            bracket = "(" if low_open else "["
+            raise ValueError(f"GSCConfig.{name} must be in {bracket}{low}, {high}], got {value!r}")
+        return value
+
+    return check
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], Any]:
+    def check(name: str, value: Any) -> Any:
+        if value not in choices:
+            raise ValueError(f"GSCConfig.{name} must be one of {choices}, got {value!r}")
+        return value
+
+    return check
+
+
+def _split_point(optional: bool = False) -> Callable[[str, Any], Any]:
+    def check(name: str, value: Any) -> Any:
+        if value is None and optional:
+            return None
+        validate_split_point_name(value)
+        return value
+
+    return check
+
+
+def _optional_string(name: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"GSCConfig.{name} must be a string or None, got {value!r}")
+    return value
+
+
+def _threshold(name: str, value: Any) -> Any:
+    return None if value is None else float(_number(-math.inf, math.inf)(name, value))
+
+
+def _seed(name: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"GSCConfig.{name} must be an int, got {value!r}")
+    return value
+
+
+def _calibration(name: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"GSCConfig.{name} must be a dict or None, got {type(value).__name__}")
+    return value
+
+
+def _field(default: Any, kind: str, check: Callable[[str, Any], Any]) -> Any:
+    return field(default=default, metadata={"kind": kind, "check": check})
 
 
 @dataclass
 class GSCConfig:
-    """Settings of Gradient Short-Circuit (paper Algorithm 1).
+    """Settings of Gradient Short-Circuit (paper Algorithm 1), its fitted state and its provenance.
 
-    Attributes:
+    Settings:
         split_point: where ``F`` is taken: ``"final_encoder_output"`` (before the final LayerNorm /
             pooler; input-dependent gradients for ViT/Swin/ConvNeXt), ``"penultimate"`` (input of the
             last ``nn.Linear``; linear head, ``g = W[c]``), or a dotted module path in the base model.
@@ -51,7 +109,6 @@ class GSCConfig:
             on ID validation data that ``calibrate_gradient_mass`` targets.
         mask_size: ``fixed`` (``k`` from ``mask_ratio``) or ``adaptive`` (per sample, the smallest ``k`` whose
             top-``k`` ``|g|`` hold ``gradient_mass`` of the total; beyond the paper).
-        gradient_mass: the mass fraction of ``mask_size="adaptive"``, set by ``calibrate_gradient_mass``.
         selection: ``gradient`` (largest ``|g|``, the paper), ``fisher`` (largest ``|g_i|/sqrt(lambda_i)``,
             diagonal Fisher fitted on ID training data by ``fit_fisher``; beyond the paper), ``random``
             or ``reverse`` (ablation controls).
@@ -62,59 +119,69 @@ class GSCConfig:
             ``exact`` (a second pass through the head only).
         score: ``energy`` | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.
         temperature: softmax / energy temperature.
+        seed: random source of ``selection="random"``.
+
+    Fitted state:
+        gradient_mass: the mass fraction of ``mask_size="adaptive"``, set by ``calibrate_gradient_mass``.
         threshold: ``is_ood = ood_score < threshold``; set by ``calibrate`` on ID validation data.
         calibration: what the threshold was calibrated on (``split``, ``num_samples``, ``tpr``).
-        seed: random source of ``selection="random"``.
+
+    Provenance:
         base_model_name_or_path, base_model_revision: reference to the base classifier.
+        hf_gsc_version: the hf_gsc version that wrote the config.
     """
 
-    split_point: str = "final_encoder_output"
-    earlier_split_point: str | None = None
-    mask_ratio: float = 0.05
-    mask_size: str = "fixed"
-    gradient_mass: float | None = None
-    selection: str = "gradient"
-    operation: str = "zero"
-    alpha: float = 0.1
-    clip_bound: float = 1.0
-    beta: float = 0.5
-    approximation: str = "first_order"
-    score: str = "energy"
-    temperature: float = 1.0
-    threshold: float | None = None
-    calibration: dict[str, Any] | None = None
-    seed: int = 0
-    base_model_name_or_path: str | None = None
-    base_model_revision: str | None = None
-    hf_gsc_version: str = field(default=__version__)
+    split_point: str = _field("final_encoder_output", SETTING, _split_point())
+    earlier_split_point: str | None = _field(None, SETTING, _split_point(optional=True))
+    mask_ratio: float = _field(0.05, SETTING, _number(0.0, 1.0))
+    mask_size: str = _field("fixed", SETTING, _choice(MASK_SIZES))
+    gradient_mass: float | None = _field(None, FITTED, _number(0.0, 1.0, optional=True))
+    selection: str = _field("gradient", SETTING, _choice(SELECTIONS))
+    operation: str = _field("zero", SETTING, _choice(OPERATIONS))
+    alpha: float = _field(0.1, SETTING, _number(0.0, math.inf))
+    clip_bound: float = _field(1.0, SETTING, _number(0.0, math.inf))
+    beta: float = _field(0.5, SETTING, _number(0.0, 1.0))
+    approximation: str = _field("first_order", SETTING, _choice(APPROXIMATIONS))
+    score: str = _field("energy", SETTING, _choice(SCORES))
+    temperature: float = _field(1.0, SETTING, _number(0.0, math.inf, low_open=True))
+    threshold: float | None = _field(None, FITTED, _threshold)
+    calibration: dict[str, Any] | None = _field(None, FITTED, _calibration)
+    seed: int = _field(0, SETTING, _seed)
+    base_model_name_or_path: str | None = _field(None, PROVENANCE, _optional_string)
+    base_model_revision: str | None = _field(None, PROVENANCE, _optional_string)
+    hf_gsc_version: str = _field(__version__, PROVENANCE, _optional_string)
 
-    def __post_init__(self) -> None:
-        validate_split_point_name(self.split_point)
-        if self.earlier_split_point is not None:
-            validate_split_point_name(self.earlier_split_point)
-        _check_number("mask_ratio", self.mask_ratio, 0.0, 1.0)
-        _check_choice("selection", self.selection, SELECTIONS)
-        _check_choice("mask_size", self.mask_size, MASK_SIZES)
-        if self.gradient_mass is not None:
-            _check_number("gradient_mass", self.gradient_mass, 0.0, 1.0)
-        _check_choice("operation", self.operation, OPERATIONS)
-        _check_choice("approximation", self.approximation, APPROXIMATIONS)
-        _check_choice("score", self.score, SCORES)
-        _check_number("alpha", self.alpha, 0.0, math.inf)
-        _check_number("clip_bound", self.clip_bound, 0.0, math.inf)
-        _check_number("beta", self.beta, 0.0, 1.0)
-        _check_number("temperature", self.temperature, 0.0, math.inf, low_open=True)
-        if self.threshold is not None:
-            _check_number("threshold", self.threshold, -math.inf, math.inf)
-            self.threshold = float(self.threshold)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"GSCConfig.seed must be an int, got {self.seed!r}")
-        if self.calibration is not None and not isinstance(self.calibration, dict):
-            raise ValueError(f"GSCConfig.calibration must be a dict or None, got {type(self.calibration).__name__}")
-        for name in ("base_model_name_or_path", "base_model_revision"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"GSCConfig.{name} must be a string or None, got {value!r}")
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The dataclass __init__ assigns through here too, so construction and later assignment
+        # (``det.config.mask_ratio = 1.5``) are validated by the same check.
+        check = _CHECKS.get(name)
+        object.__setattr__(self, name, value if check is None else check(name, value))
+
+    @classmethod
+    def names(cls, *kinds: str) -> tuple[str, ...]:
+        """Field names of the given kinds (``"setting"``, ``"fitted"``, ``"provenance"``), in field order."""
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"GSCConfig field kinds are {KINDS}, got {sorted(unknown)}")
+        return tuple(f.name for f in fields(cls) if f.metadata["kind"] in kinds)
+
+    @classmethod
+    def setting_names(cls) -> tuple[str, ...]:
+        return cls.names(SETTING)
+
+    @classmethod
+    def fitted_names(cls) -> tuple[str, ...]:
+        return cls.names(FITTED)
+
+    @classmethod
+    def provenance_names(cls) -> tuple[str, ...]:
+        return cls.names(PROVENANCE)
+
+    @classmethod
+    def score_names(cls) -> tuple[str, ...]:
+        """The fields that change ``ood_score``: the settings and ``gradient_mass`` (``threshold`` and
+        ``calibration`` only change ``is_ood``). Score caches are fingerprinted on these."""
+        return tuple(name for name in cls.names(SETTING, FITTED) if name not in ("threshold", "calibration"))
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -123,11 +190,28 @@ class GSCConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def settings(self) -> dict[str, Any]:
+        """``{name: value}`` of the settings only."""
+        return {name: getattr(self, name) for name in self.setting_names()}
+
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "GSCConfig":
+    def from_dict(cls, values: dict[str, Any], source: str = "GSCConfig") -> "GSCConfig":
+        """Build from saved values. Keys unknown to this version are an error, unless the values were written
+        by a newer hf_gsc: then they are dropped with a warning naming both versions (as PEFT does)."""
         unknown = set(values) - cls.field_names()
         if unknown:
-            raise ValueError(f"unknown GSCConfig fields {sorted(unknown)}; known: {sorted(cls.field_names())}")
+            saved_version = values.get("hf_gsc_version")
+            if not _is_newer(saved_version):
+                raise ValueError(
+                    f"{source}: unknown GSCConfig fields {sorted(unknown)} (written by hf_gsc {saved_version}); "
+                    f"known: {sorted(cls.field_names())}"
+                )
+            warnings.warn(
+                f"{source} was written by hf_gsc {saved_version}, newer than the installed hf_gsc {__version__}; "
+                f"ignoring the fields this version does not know: {sorted(unknown)}. Upgrade hf_gsc to use them.",
+                stacklevel=2,
+            )
+            values = {key: value for key, value in values.items() if key not in unknown}
         return cls(**values)
 
     def save_pretrained(self, directory: str | os.PathLike) -> str:
@@ -147,4 +231,17 @@ class GSCConfig:
                 raise ValueError(f"{path} is not valid JSON: {error}") from None
         if not isinstance(values, dict):
             raise ValueError(f"{path} must hold a JSON object of GSCConfig fields")
-        return cls.from_dict(values)
+        return cls.from_dict(values, source=str(path))
+
+
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {f.name: f.metadata["check"] for f in fields(GSCConfig)}
+
+
+def _is_newer(version: Any) -> bool:
+    """Whether ``version`` is a valid version string newer than the installed hf_gsc."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return isinstance(version, str) and Version(version) > Version(__version__)
+    except InvalidVersion:
+        return False

@@ -1,44 +1,38 @@
-"""Save, load and push detectors, their results and model cards (the Hub side; no GSC math here).
+"""The Hub side of detectors: model cards, uploads and published results (no GSC math, no file format here).
 
-A saved detector folder holds, the PEFT way:
-
-* ``gsc_config.json``: the ``GSCConfig`` with the reference to the base model (name or path, revision);
-* ``detector_state.safetensors``: fitted tensors, when the detector has any (never pickle);
-* ``README.md``: a model card rendered from ``model_cards/gsc_detector.md`` with ``huggingface_hub.ModelCard``;
-* optionally the base model's own files (``config.json``, ``model.safetensors``, processor), and the
-  evaluation outputs (``results.json``, ``results.md``, plots).
-
-Tokens are read by ``huggingface_hub`` (``HF_TOKEN`` or the login cache) or passed explicitly; they are
-never written to a file or a log line.
+The saved-detector format itself lives in :mod:`hf_gsc.serialization`. Tokens are read by ``huggingface_hub``
+(``HF_TOKEN`` or the login cache) or passed explicitly; they are never written to a file or a log line.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .config import CONFIG_NAME, STATE_FILE, GSCConfig
+from .config import GSCConfig
+from .serialization import copy_results, is_hub_id, read_results, save_detector
 
 if TYPE_CHECKING:
     from .modeling import GSCForImageClassification
 
-TEMPLATE_PATH = Path(__file__).resolve().parent.parent / "model_cards" / "gsc_detector.md"
-RESULT_FILES = ("results.json", "results.md")
+TEMPLATE_NAME = "gsc_detector.md"
+#: Where the card template is: inside the installed package (setup.py maps the top-level ``model_cards/``
+#: there), or the top-level folder of a source checkout.
+TEMPLATE_CANDIDATES = (
+    Path(__file__).resolve().parent / "model_cards" / TEMPLATE_NAME,
+    Path(__file__).resolve().parent.parent / "model_cards" / TEMPLATE_NAME,
+)
 TASK_TYPE = "out-of-distribution-detection"
+#: Licence of what hf_gsc writes (config, fitted state, card); the base model's weights keep their own licence.
+DEFAULT_LICENSE = "apache-2.0"
 
 
 class HubError(RuntimeError):
-    """A Hub operation failed; the message says why and that local files are intact."""
-
-
-def _is_local(path: str) -> bool:
-    return os.path.isdir(path)
+    """A Hub operation failed; the message says why and what is left where."""
 
 
 # ----------------------------------------------------------------------------- model card
@@ -68,6 +62,16 @@ def eval_results_from(results: dict[str, Any], method: str = "gsc") -> list[Eval
     return entries
 
 
+def template_path() -> Path:
+    for path in TEMPLATE_CANDIDATES:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"model card template {TEMPLATE_NAME} not found at {' or '.join(map(str, TEMPLATE_CANDIDATES))}; "
+        "reinstall hf_gsc"
+    )
+
+
 def render_model_card(
     config: GSCConfig,
     repo_id: str | None = None,
@@ -75,29 +79,27 @@ def render_model_card(
     results_table: str | None = None,
     plots: list[str] | tuple[str, ...] = (),
     method: str = "gsc",
+    license: str = DEFAULT_LICENSE,
 ) -> ModelCard:
-    """Model card of a detector: metadata (library, base model, tags, model-index) and body."""
+    """Model card of a detector: metadata (library, licence, base model, tags, model-index) and body."""
+    template = template_path()
     name = repo_id or f"gsc-{(config.base_model_name_or_path or 'classifier').rstrip('/').split('/')[-1]}"
     eval_results = eval_results_from(results, method) if results else []
     base_model = config.base_model_name_or_path
     card_data = ModelCardData(
         library_name="hf_gsc",
-        # Only Hub ids belong in base_model metadata; a local path would be rejected by the Hub.
-        base_model=base_model if base_model and not os.path.isabs(base_model) and not base_model.startswith(".") else None,
+        license=license,
+        # Only Hub ids belong in base_model metadata; the Hub rejects a local path.
+        base_model=base_model if is_hub_id(base_model) else None,
         tags=["out-of-distribution-detection", "gradient-short-circuit", "image-classification"],
         model_name=name,
         eval_results=eval_results or None,
     )
-    settings = [
-        (key, value)
-        for key, value in config.to_dict().items()
-        if key not in ("calibration", "base_model_name_or_path", "base_model_revision")
-    ]
-    if not TEMPLATE_PATH.is_file():
-        raise FileNotFoundError(f"model card template not found at {TEMPLATE_PATH}; reinstall hf_gsc from its repository")
+    # The configuration table: every setting, then the fitted numbers (the calibration record has its own line).
+    shown = GSCConfig.setting_names() + tuple(n for n in GSCConfig.fitted_names() if n != "calibration")
     return ModelCard.from_template(
         card_data,
-        template_path=str(TEMPLATE_PATH),
+        template_path=str(template),
         model_name=name,
         repo_id=repo_id or "path/to/detector",
         base_model=base_model,
@@ -105,87 +107,23 @@ def render_model_card(
         mask_ratio_percent=f"{config.mask_ratio:.0%}",
         approximation=config.approximation,
         score=config.score,
-        settings=settings,
+        settings=[(key, getattr(config, key)) for key in shown],
         calibration=config.calibration,
         threshold=config.threshold,
         benchmark=(results or {}).get("benchmark"),
         id_accuracy=(results or {}).get("id_accuracy"),
         results_table=results_table,
         plots=list(plots),
+        hf_gsc_version=config.hf_gsc_version,
     )
 
 
-def _copy_results(results_dir: str | os.PathLike, directory: Path) -> tuple[dict | None, str | None, list[str]]:
-    """Copy results.json / results.md / plots from an evaluation output dir; return what the card needs."""
-    source = Path(results_dir)
-    if not (source / "results.json").is_file():
-        raise FileNotFoundError(f"--results-dir {source} has no results.json; run scripts/evaluate_ood.py first")
-    for name in RESULT_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, directory / name)
-    plots = []
-    for png in sorted(source.rglob("*.png")):
-        relative = png.relative_to(source)
-        (directory / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(png, directory / relative)
-        plots.append(relative.as_posix())
-    results = json.loads((source / "results.json").read_text())
-    table = (source / "results.md").read_text() if (source / "results.md").is_file() else None
-    return results, table, plots
-
-
-# ----------------------------------------------------------------------------- save / load
-def save_detector(
-    detector: "GSCForImageClassification",
-    directory: str | os.PathLike,
-    save_base_model: bool = False,
-    results_dir: str | os.PathLike | None = None,
-    repo_id: str | None = None,
-) -> Path:
-    """Write a detector folder (see module docstring); returns its path."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    detector.config.save_pretrained(directory)
-    state = detector.state_dict_for_saving()
-    if state:
-        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, directory / STATE_FILE)
-    if save_base_model:
-        detector.model.save_pretrained(directory)
-        if detector.image_processor is not None:
-            detector.image_processor.save_pretrained(directory)
-    results = table = None
-    plots: list[str] = []
-    if results_dir is not None:
-        results, table, plots = _copy_results(results_dir, directory)
-    render_model_card(detector.config, repo_id, results, table, plots).save(directory / "README.md")
-    return directory
-
-
-def resolve_detector_dir(
-    name_or_path: str, revision: str | None = None, token: str | bool | None = None
-) -> str | None:
-    """Local folder of a saved detector, downloading it from the Hub if needed; ``None`` for a plain classifier."""
-    if _is_local(name_or_path):
-        return name_or_path if os.path.isfile(os.path.join(name_or_path, CONFIG_NAME)) else None
-    from huggingface_hub import file_exists, snapshot_download
-
-    try:
-        if not file_exists(name_or_path, CONFIG_NAME, revision=revision, token=token):
-            return None
-        return snapshot_download(name_or_path, revision=revision, token=token)
-    except Exception as error:  # noqa: BLE001 - rewrapped with the cause attached
-        raise _hub_error(f"could not load {name_or_path!r} from the Hub", error) from error
-
-
-def _hub_error(action: str, error: BaseException, local_dir: str | os.PathLike | None = None) -> HubError:
+def _hub_error(action: str, error: BaseException, kept: str) -> HubError:
     from huggingface_hub import constants
 
-    kept = f" Local files in {local_dir} are intact." if local_dir else ""
     if constants.HF_HUB_OFFLINE:
-        return HubError(f"{action}: HF_HUB_OFFLINE=1 is set, so the Hub cannot be reached.{kept}")
-    return HubError(f"{action} at {constants.ENDPOINT}: {type(error).__name__}: {error}.{kept}")
+        return HubError(f"{action}: HF_HUB_OFFLINE=1 is set, so the Hub cannot be reached. {kept}")
+    return HubError(f"{action} at {constants.ENDPOINT}: {type(error).__name__}: {error}. {kept}")
 
 
 # ----------------------------------------------------------------------------- push
@@ -196,8 +134,12 @@ def upload_folder_to_hub(
     revision: str | None = None,
     token: str | bool | None = None,
     commit_message: str = "Upload with hf_gsc",
+    kept: str | None = None,
 ) -> str:
-    """``create_repo`` (exist_ok) + optional branch + ``upload_folder``; returns the commit URL."""
+    """``create_repo`` (exist_ok) + optional branch + ``upload_folder``; returns the commit URL.
+
+    ``kept``: what the error message says is left intact (default: the local ``folder``).
+    """
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
@@ -207,7 +149,7 @@ def upload_folder_to_hub(
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), revision=revision, commit_message=commit_message)
     except Exception as error:  # noqa: BLE001 - rewrapped with the cause attached
-        raise _hub_error(f"could not push to {repo_id!r}", error, folder) from error
+        raise _hub_error(f"could not push to {repo_id!r}", error, kept or f"Local files in {folder} are intact.") from error
     return str(getattr(commit, "commit_url", commit))
 
 
@@ -220,11 +162,28 @@ def push_detector(
     save_base_model: bool = False,
     results_dir: str | os.PathLike | None = None,
     commit_message: str = "Upload GSC detector",
+    license: str = DEFAULT_LICENSE,
 ) -> str:
-    """Save the detector to a temporary folder and upload it; returns the commit URL."""
+    """Save the detector to a temporary folder and upload it; returns the commit URL.
+
+    Raises:
+        ValueError: the base model is only a local folder (nobody else could load the detector) and
+            ``save_base_model`` is False, or ``results_dir`` holds another model's or other settings' results.
+    """
+    base = detector.config.base_model_name_or_path
+    if not save_base_model and not is_hub_id(base):
+        raise ValueError(
+            f"push_to_hub: the base model {base!r} is not a Hub repo id, so nobody could load {repo_id!r}. "
+            "Pass save_base_model=True to upload the base weights with the detector, or set "
+            "detector.config.base_model_name_or_path to the base model's Hub id"
+        )
     with tempfile.TemporaryDirectory() as folder:
-        save_detector(detector, folder, save_base_model=save_base_model, results_dir=results_dir, repo_id=repo_id)
-        return upload_folder_to_hub(folder, repo_id, private, revision, token, commit_message)
+        save_detector(detector, folder, save_base_model=save_base_model, results_dir=results_dir, repo_id=repo_id,
+                      license=license)
+        return upload_folder_to_hub(
+            folder, repo_id, private, revision, token, commit_message,
+            kept="The detector in memory is unchanged; save_pretrained(folder) keeps a local copy.",
+        )
 
 
 def publish_results(
@@ -236,11 +195,16 @@ def publish_results(
     config: GSCConfig | None = None,
 ) -> str:
     """Upload an evaluation's results (JSON, table, plots) with a model card to ``repo_id``."""
+    results, table, plots = read_results(results_dir)
+    if config is None:
+        gsc_settings = (results.get("config") or {}).get("gsc") or {}
+        known = {k: v for k, v in gsc_settings.items() if k in GSCConfig.score_names()}
+        config = GSCConfig(**known, base_model_name_or_path=str(results.get("model")))
+    card = render_model_card(config, repo_id, results, table, [p.as_posix() for p in plots])
     with tempfile.TemporaryDirectory() as folder:
-        results, table, plots = _copy_results(results_dir, Path(folder))
-        if config is None:
-            gsc_settings = (results.get("config") or {}).get("gsc") or {}
-            known = {k: v for k, v in gsc_settings.items() if k in GSCConfig.field_names()}
-            config = GSCConfig(**known, base_model_name_or_path=str(results.get("model")))
-        render_model_card(config, repo_id, results, table, plots).save(Path(folder) / "README.md")
-        return upload_folder_to_hub(folder, repo_id, private, revision, token, "Upload hf_gsc evaluation results")
+        copy_results(results_dir, Path(folder), plots)
+        card.save(Path(folder) / "README.md")
+        return upload_folder_to_hub(
+            folder, repo_id, private, revision, token, "Upload hf_gsc evaluation results",
+            kept=f"The results in {results_dir} are intact.",
+        )

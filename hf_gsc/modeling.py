@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 import torch
 from torch import nn
-from transformers import AutoModelForImageClassification, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .backends import Backend, Linearization, select_backend
@@ -56,24 +56,6 @@ class GSCOutput(ModelOutput):
     features: torch.Tensor | None = None
     gradient: torch.Tensor | None = None
     mask: torch.Tensor | None = None
-
-
-def _split_overrides(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Separate ``GSCConfig`` fields from the keyword arguments meant for the base model loader."""
-    names = GSCConfig.field_names()
-    return {k: v for k, v in kwargs.items() if k in names}, {k: v for k, v in kwargs.items() if k not in names}
-
-
-def _load_image_processor(name_or_path: str, model_kwargs: dict[str, Any]) -> Any:
-    """The base model's image processor when it has one (PIL backend: no torchvision needed)."""
-    from transformers import AutoImageProcessor
-
-    try:
-        return AutoImageProcessor.from_pretrained(
-            name_or_path, revision=model_kwargs.get("revision"), token=model_kwargs.get("token")
-        )
-    except (OSError, ValueError):
-        return None
 
 
 class GSCForImageClassification(nn.Module):
@@ -121,69 +103,60 @@ class GSCForImageClassification(nn.Module):
         """The resolved split point where ``F`` is taken."""
         return self.backend.split_point
 
-    # ------------------------------------------------------------------ loading and saving
+    # ------------------------------------------------------------------ loading and saving (hf_gsc.serialization)
     @classmethod
     def from_pretrained(
-        cls, pretrained_model_name_or_path: str | os.PathLike, config: GSCConfig | None = None, **kwargs: Any
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        config: GSCConfig | None = None,
+        model: nn.Module | None = None,
+        **kwargs: Any,
     ) -> "GSCForImageClassification":
         """Load a saved detector (folder or Hub repo with ``gsc_config.json``) or wrap any image classifier.
 
-        ``GSCConfig`` fields among ``kwargs`` (``mask_ratio=0.05``, ...) override the config; the rest
-        (``revision``, ``token``, ``dtype``, ...) go to ``AutoModelForImageClassification.from_pretrained``.
+        Args:
+            pretrained_model_name_or_path: a detector folder or Hub repo, or an image classifier's.
+            config: wrap the classifier with these settings instead of looking for a saved detector.
+            model: an already loaded base model (any dtype, ``device_map``, quantised) to attach the saved
+                detector to, as ``PeftModel.from_pretrained(model, id)`` does; the base reference is then not loaded.
+            **kwargs: ``GSCConfig`` fields (``mask_ratio=0.05``, ``base_model_name_or_path=...``) override the saved
+                config; ``revision``, ``token``, ``cache_dir``, ``local_files_only``, ``force_download`` locate the
+                detector, its base model and image processor (offline from the cache as transformers does); the
+                rest (``dtype``, ``device_map``, ...) go to ``AutoModelForImageClassification.from_pretrained``.
+
         A detector's base model comes from the detector folder when it was saved with its weights,
         otherwise from the base-model reference (and revision) in ``gsc_config.json``.
         """
-        from .hub import resolve_detector_dir
+        from .serialization import load_detector
 
-        overrides, model_kwargs = _split_overrides(kwargs)
-        path = os.fspath(pretrained_model_name_or_path)
-        detector_dir = None if config is not None else resolve_detector_dir(
-            path, model_kwargs.get("revision"), model_kwargs.get("token")
-        )
-        if detector_dir is not None:
-            config = GSCConfig.from_json_file(os.path.join(detector_dir, CONFIG_NAME))
-            if os.path.isfile(os.path.join(detector_dir, "config.json")):
-                base = detector_dir
-                model_kwargs.pop("revision", None)
-            else:
-                base = config.base_model_name_or_path
-                if base is None:
-                    raise ValueError(f"{path}/{CONFIG_NAME} names no base model and {path} holds no base weights")
-                model_kwargs["revision"] = config.base_model_revision
-        else:
-            base = path
-            config = config or GSCConfig()
-            overrides.setdefault("base_model_name_or_path", path)
-            overrides.setdefault("base_model_revision", model_kwargs.get("revision"))
-        model = AutoModelForImageClassification.from_pretrained(base, **model_kwargs)
-        detector = cls(model, config, **overrides)
-        detector.image_processor = _load_image_processor(base, model_kwargs)
-        if detector_dir is not None:
-            detector.load_state_dict_from_dir(detector_dir)
-        return detector
+        return load_detector(cls, pretrained_model_name_or_path, config=config, model=model, **kwargs)
 
     def state_dict_for_saving(self) -> dict[str, torch.Tensor]:
-        """Fitted tensors of the detector (the diagonal Fisher when fitted), saved as safetensors."""
-        return {} if self.fisher_diagonal is None else {"fisher_diagonal": self.fisher_diagonal}
+        """Fitted tensors of the detector (``fisher_diagonal``, ``gradient_mass`` when set), saved as safetensors."""
+        from .serialization import detector_state
+
+        return detector_state(self)
 
     def load_state_dict_from_dir(self, directory: str | os.PathLike) -> None:
-        """Counterpart of :meth:`state_dict_for_saving`."""
-        from safetensors.torch import load_file
+        """Counterpart of :meth:`state_dict_for_saving`; the tensors are checked (shape, finite, sign)."""
+        from .serialization import apply_state, read_state
 
         path = os.path.join(directory, STATE_FILE)
         if os.path.isfile(path):
-            self.fisher_diagonal = load_file(path).get("fisher_diagonal")
+            apply_state(self, read_state(path), path)
 
     def save_pretrained(
         self,
         save_directory: str | os.PathLike,
         save_base_model: bool = False,
         results_dir: str | os.PathLike | None = None,
+        license: str | None = None,
     ) -> str:
-        """Write ``gsc_config.json``, fitted state, a model card, and optionally the base weights and results."""
-        from .hub import save_detector
+        """Write ``gsc_config.json``, fitted state, a model card, and optionally the base weights and results
+        (``results_dir``: this detector's own evaluation output, checked against its model and settings)."""
+        from .serialization import save_detector
 
-        return str(save_detector(self, save_directory, save_base_model=save_base_model, results_dir=results_dir))
+        return str(save_detector(self, save_directory, save_base_model, results_dir, license=license))
 
     def push_to_hub(
         self,
@@ -194,11 +167,16 @@ class GSCForImageClassification(nn.Module):
         save_base_model: bool = False,
         results_dir: str | os.PathLike | None = None,
         commit_message: str = "Upload GSC detector",
+        license: str = "apache-2.0",
     ) -> str:
-        """Upload the detector (as :meth:`save_pretrained` writes it) to ``repo_id``; returns the commit URL."""
+        """Upload the detector (as :meth:`save_pretrained` writes it) to ``repo_id``; returns the commit URL.
+
+        A base model that is only a local folder is refused unless ``save_base_model=True``."""
         from .hub import push_detector
 
-        return push_detector(self, repo_id, private, revision, token, save_base_model, results_dir, commit_message)
+        return push_detector(
+            self, repo_id, private, revision, token, save_base_model, results_dir, commit_message, license
+        )
 
     @property
     def device(self) -> torch.device:

@@ -12,10 +12,10 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Iterable
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ..config import STATE_FILE
+from ..config import CONFIG_NAME, STATE_FILE, GSCConfig
+from ..serialization import read_state, save_state
 
 DETECTORS: dict[str, type["Detector"]] = {}
 HYPERPARAMETERS_FILE = "detector_config.json"
@@ -74,7 +74,8 @@ class Detector(ABC):
         """Fitted tensors (empty for methods that need no fitting)."""
         return {}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
+        """Restore fitted tensors; ``source`` (the file they came from) is named in errors."""
         self.fitted = True
 
     def save(self, directory: str | os.PathLike) -> None:
@@ -82,18 +83,24 @@ class Detector(ABC):
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, HYPERPARAMETERS_FILE), "w") as handle:
             json.dump({"name": self.name, "hyperparameters": self.hyperparameters}, handle, indent=2, sort_keys=True)
-        state = {key: value.detach().cpu().contiguous() for key, value in self.state_dict().items()}
-        save_file(state, os.path.join(directory, STATE_FILE))
+        save_state(self.state_dict(), os.path.join(directory, STATE_FILE))
 
     @classmethod
     def load(cls, directory: str | os.PathLike, model: nn.Module) -> "Detector":
-        """Rebuild a detector saved by :meth:`save` (any registered method) on ``model``."""
-        with open(os.path.join(directory, HYPERPARAMETERS_FILE)) as handle:
-            saved = json.load(handle)
-        detector = get_detector(saved["name"], model, **saved["hyperparameters"])
-        state = load_file(os.path.join(directory, STATE_FILE))
+        """Rebuild a detector on ``model``: one saved by :meth:`save` (any registered method), or a GSC
+        detector folder written by ``GSCForImageClassification.save_pretrained`` (its settings and fitted state)."""
+        if os.path.isfile(os.path.join(directory, CONFIG_NAME)):
+            config = GSCConfig.from_json_file(os.path.join(directory, CONFIG_NAME))
+            name, hyperparameters = "gsc", {**config.settings(), "gradient_mass": config.gradient_mass}
+        else:
+            with open(os.path.join(directory, HYPERPARAMETERS_FILE)) as handle:
+                saved = json.load(handle)
+            name, hyperparameters = saved["name"], saved["hyperparameters"]
+        detector = get_detector(name, model, **hyperparameters)
+        path = os.path.join(directory, STATE_FILE)
+        state = read_state(path) if os.path.isfile(path) else {}
         if state or not detector.needs_fit:
-            detector.load_state_dict(state)
+            detector.load_state_dict(state, source=path)
         return detector
 
 

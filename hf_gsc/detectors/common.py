@@ -134,7 +134,7 @@ class FittedDetector(PenultimateDetector):
             return {}
         return {name: getattr(self, name) for name in self.state_names}
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
         missing = sorted(set(self.state_names) - set(state))
         if missing:
             raise ValueError(f"detector {self.name!r}: saved state lacks {missing}")

@@ -9,6 +9,7 @@ from torch import nn
 
 from ..config import GSCConfig
 from ..modeling import GSCForImageClassification
+from ..serialization import apply_state, detector_state
 from .base import Detector, register_detector
 
 
@@ -47,16 +48,10 @@ class GSCDetector(Detector):
         return self
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        state = self.detector.state_dict_for_saving()
-        if self.detector.config.gradient_mass is not None:
-            state["gradient_mass"] = torch.tensor(self.detector.config.gradient_mass, dtype=torch.float64)
-        return state
+        return detector_state(self.detector)
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if "fisher_diagonal" in state:
-            self.detector.fisher_diagonal = state["fisher_diagonal"]
-        if "gradient_mass" in state:
-            self.detector.config.gradient_mass = float(state["gradient_mass"])
+    def load_state_dict(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
+        apply_state(self.detector, state, source)
         self.fitted = True
 
     def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:

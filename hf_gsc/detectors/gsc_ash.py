@@ -16,11 +16,9 @@ from .ash import ASH_VARIANTS, ash_shape, default_ash_percentile
 from .base import register_detector
 from .common import BaselineDetector
 
-#: The ``GSCConfig`` fields that are method settings (not calibration or provenance).
-GSC_SETTINGS = (
-    "split_point", "mask_ratio", "selection", "operation", "alpha", "clip_bound", "beta",
-    "approximation", "score", "temperature", "seed",
-)
+#: The ``GSCConfig`` settings GSC + ASH takes: all but the multi-layer and adaptive-size options (ASH shapes one
+#: feature, and this baseline has no fitting step to calibrate a gradient mass).
+GSC_SETTINGS = tuple(name for name in GSCConfig.setting_names() if name not in ("earlier_split_point", "mask_size"))
 
 
 class ShapedFeatures(Backend):

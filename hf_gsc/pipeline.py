@@ -1,0 +1,81 @@
+"""Serving: the ``"ood-image-classification"`` transformers pipeline, registered when ``hf_gsc`` is imported.
+
+    import hf_gsc, transformers
+    ood = transformers.pipeline("ood-image-classification", model="user/gsc-detector")
+    ood(["cat.png", pil_image, numpy_array], batch_size=8)
+    # -> per image {"predictions": [{"label", "score"}, ...], "ood_score": float, "is_ood": bool | None}
+
+``model`` is a saved detector (folder or Hub id, base saved or referenced) or a loaded
+:class:`~hf_gsc.GSCForImageClassification`. Images are prepared by the base model's image processor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import Pipeline
+from transformers.pipelines import PIPELINE_REGISTRY
+from transformers.image_utils import load_image
+
+from .modeling import GSCForImageClassification
+
+TASK = "ood-image-classification"
+
+
+class OODImageClassificationPipeline(Pipeline):
+    """Top labels of the base classifier plus GSC's ``ood_score`` (higher = more in-distribution) and ``is_ood``
+    (``None`` while the detector has no calibrated threshold).
+
+    Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL).
+    """
+
+    # The detector carries its base model's image processor; a detector folder need not hold one.
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = False
+    _load_processor = False
+
+    def __init__(self, model: GSCForImageClassification, image_processor: Any = None, **kwargs: Any) -> None:
+        if not isinstance(model, GSCForImageClassification):
+            raise TypeError(
+                f"{TASK}: model must be a GSC detector (folder, Hub id or GSCForImageClassification), "
+                f"got {type(model).__name__}"
+            )
+        image_processor = image_processor or model.image_processor
+        if image_processor is None:
+            raise ValueError(
+                f"{TASK}: the detector's base model has no image processor; pass image_processor=... to pipeline()"
+            )
+        super().__init__(model=model, image_processor=image_processor, **kwargs)
+
+    def _sanitize_parameters(self, top_k: int | None = None, timeout: float | None = None, **_: Any):
+        preprocess = {} if timeout is None else {"timeout": timeout}
+        postprocess = {} if top_k is None else {"top_k": top_k}
+        return preprocess, {}, postprocess
+
+    def preprocess(self, image: Any, timeout: float | None = None) -> dict[str, torch.Tensor]:
+        if not isinstance(image, (np.ndarray, torch.Tensor)):
+            image = load_image(image, timeout=timeout)
+        return self.image_processor(images=image, return_tensors="pt").to(self.model.dtype)
+
+    def _forward(self, model_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
+        output = self.model(pixel_values=model_inputs["pixel_values"])
+        return {"logits": output.logits, "ood_score": output.ood_score, "is_ood": output.is_ood}
+
+    def postprocess(self, model_outputs: dict[str, torch.Tensor | None], top_k: int = 5) -> dict[str, Any]:
+        id2label = self.model.model.config.id2label
+        probabilities = model_outputs["logits"][0].float().softmax(dim=-1)
+        scores, classes = probabilities.topk(min(top_k, probabilities.numel()))
+        is_ood = model_outputs["is_ood"]
+        return {
+            "predictions": [
+                {"label": id2label.get(int(c), str(int(c))), "score": float(s)} for s, c in zip(scores, classes)
+            ],
+            "ood_score": float(model_outputs["ood_score"][0]),
+            "is_ood": None if is_ood is None else bool(is_ood[0]),
+        }
+
+
+PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=OODImageClassificationPipeline, pt_model=GSCForImageClassification, type="image")
