@@ -20,7 +20,7 @@ $(VENV)/.installed: setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first, from the local CPU wheel, so that no dependency pulls in a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[all,test]'
 	touch $@
 
 test: install

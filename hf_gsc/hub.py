@@ -115,6 +115,7 @@ def render_model_card(
         results_table=results_table,
         plots=list(plots),
         hf_gsc_version=config.hf_gsc_version,
+        license=license,
     )
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """OOD evaluation of GSC and baselines: ``results.json``, ``results.md``, score cache, plots.
 
-Same results with ``python`` and with ``accelerate launch`` over several processes::
+The same as ``hf-gsc evaluate``. Same results with ``python`` and with ``accelerate launch`` over several processes::
 
     python scripts/evaluate_ood.py --model hf_gsc/reference_models/resnet --benchmark fmnist-ood \\
         --methods gsc,msp,energy --output-dir runs/resnet --max-samples 1000

@@ -66,3 +66,7 @@ def make_tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
 def pixel_values() -> torch.Tensor:
     generator = torch.Generator().manual_seed(1)
     return torch.randn(4, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: takes tens of seconds (builds and installs a wheel); -m 'not slow' skips it")

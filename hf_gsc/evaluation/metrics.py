@@ -70,7 +70,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
-from sklearn.metrics import average_precision_score, roc_auc_score
 
 if TYPE_CHECKING:  # imported for annotations only: torch and evaluate are slow to import
     import evaluate
@@ -194,12 +193,16 @@ def auroc(id_scores: ScoresLike, ood_scores: ScoresLike) -> float:
     Equals the probability that a random ID sample scores above a random OOD
     sample, ties counting one half. 1.0 = perfect separation, 0.5 = chance.
     """
+    from sklearn.metrics import roc_auc_score  # deferred: thresholds (calibrate) need no scikit-learn
+
     is_id, scores = _labelled(_as_scores(id_scores, "id_scores"), _as_scores(ood_scores, "ood_scores"))
     return float(roc_auc_score(is_id, scores))
 
 
 def aupr_in(id_scores: ScoresLike, ood_scores: ScoresLike) -> float:
     """Area under the precision-recall curve with ID as positive (``average_precision_score``)."""
+    from sklearn.metrics import average_precision_score
+
     is_id, scores = _labelled(_as_scores(id_scores, "id_scores"), _as_scores(ood_scores, "ood_scores"))
     return float(average_precision_score(is_id, scores))
 
@@ -211,6 +214,8 @@ def aupr_out(id_scores: ScoresLike, ood_scores: ScoresLike) -> float:
     ``ood_score`` means *less* OOD. Negation is exact in floating point, so ties
     and order are preserved.
     """
+    from sklearn.metrics import average_precision_score
+
     is_id, scores = _labelled(_as_scores(id_scores, "id_scores"), _as_scores(ood_scores, "ood_scores"))
     return float(average_precision_score(1 - is_id, -scores))
 

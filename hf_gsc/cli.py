@@ -1,0 +1,74 @@
+"""The ``hf-gsc`` console command (also ``python -m hf_gsc``).
+
+    hf-gsc evaluate --model hf_gsc/reference_models/resnet --benchmark fmnist-ood --output-dir runs/resnet
+    hf-gsc publish --results-dir runs/resnet --repo-id user/gsc-fmnist-resnet
+
+Each subcommand hands its arguments to the library's own entry point, so ``hf-gsc evaluate --help`` is the
+evaluation's own help. ``evaluate`` needs the ``evaluation`` extra (``pip install 'hf_gsc[evaluation]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+COMMANDS = {
+    "evaluate": "OOD evaluation of GSC and baselines on an image classifier (results.json, results.md, plots)",
+    "publish": "upload an evaluation's results with a model card to the Hub",
+}
+PROG = "hf-gsc"
+
+
+def _usage() -> str:
+    lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [options]", "", "commands:"]
+    lines += [f"  {name:<10}{help_}" for name, help_ in COMMANDS.items()]
+    lines += ["", f"Run '{PROG} COMMAND --help' for the options of a command."]
+    return "\n".join(lines)
+
+
+def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Publish an evaluation's results (results.json, results.md, plots) with a model card to the Hub.
+
+    The token comes from HF_TOKEN (or the huggingface_hub login cache) and the endpoint from HF_ENDPOINT;
+    it is never printed or written.
+    """
+    from .hub import HubError, publish_results
+
+    parser = argparse.ArgumentParser(prog=prog, description=publish.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results-dir", required=True, help="an --output-dir of hf-gsc evaluate")
+    parser.add_argument("--repo-id", required=True, help="Hub repo id, e.g. user/gsc-fmnist-resnet")
+    parser.add_argument("--private", action="store_true", help="create the repo as private")
+    parser.add_argument("--revision", default=None, help="branch to push to (created if missing)")
+    args = parser.parse_args(argv)
+    try:
+        url = publish_results(args.results_dir, args.repo_id, private=args.private, revision=args.revision)
+    except (HubError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"published {args.results_dir} to {args.repo_id}: {url}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "evaluate":
+        try:
+            from .evaluation.runner import main as evaluate
+        except ImportError as error:
+            print(f"{PROG} evaluate needs the evaluation extra: pip install 'hf_gsc[evaluation]' ({error})", file=sys.stderr)
+            return 1
+        return evaluate(rest, prog=f"{PROG} evaluate")
+    if command == "publish":
+        return publish(rest, prog=f"{PROG} publish")
+    print(f"{_usage()}\n\n{PROG}: error: unknown command {command!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

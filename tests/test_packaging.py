@@ -1,0 +1,100 @@
+"""hf_gsc as a user installs it: the core install serves detectors without the evaluation extras, and a wheel
+installed outside the checkout saves, loads and runs its commands."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+# The extras a serving install does not have; a module set to None in sys.modules cannot be imported.
+EXTRAS = ("datasets", "accelerate", "sklearn", "evaluate", "matplotlib", "skimage")
+
+# Runs in a fresh interpreter: save, load, calibrate and serve a tiny detector through the pipeline.
+SERVE_SCRIPT = """
+    import json, sys, tempfile
+    import numpy as np, torch
+    from PIL import Image
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor, pipeline
+    import hf_gsc
+    from hf_gsc import GSCForImageClassification
+
+    root = tempfile.mkdtemp()
+    torch.manual_seed(0)
+    base = ViTForImageClassification(ViTConfig(image_size=16, patch_size=4, hidden_size=16, num_hidden_layers=2,
+                                               num_attention_heads=2, intermediate_size=32, num_labels=3))
+    base.save_pretrained(root + "/base")
+    ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(root + "/base")
+    detector = GSCForImageClassification.from_pretrained(root + "/base", mask_ratio=0.1)
+    detector.calibrate(torch.randn(4, 3, 16, 16))
+    detector.save_pretrained(root + "/detector")
+    loaded = GSCForImageClassification.from_pretrained(root + "/detector")
+    x = torch.randn(2, 3, 16, 16)
+    assert torch.equal(loaded(x).ood_score, detector(x).ood_score)
+    served = pipeline("ood-image-classification", model=root + "/detector")(
+        [Image.fromarray(np.zeros((20, 20, 3), dtype=np.uint8))])
+    print(json.dumps({"file": hf_gsc.__file__, "served": served}))
+"""
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300) -> str:
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{args}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result.stdout
+
+
+def test_serving_needs_no_evaluation_extras(tmp_path):
+    blocker = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in EXTRAS)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    output = _run([sys.executable, "-c", blocker + textwrap.dedent(SERVE_SCRIPT)], tmp_path, env)
+    assert '"ood_score"' in output.splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_wheel_installed_outside_the_checkout(tmp_path):
+    """Build the wheel, install it (no deps: the test environment's are reused) into a fresh venv outside the
+    checkout, and from another folder save, load, serve and run the console commands."""
+    # Built from a copy of what the package is made of: building writes build/ and *.egg-info next to setup.py.
+    source = tmp_path / "source"
+    for name in ("hf_gsc", "model_cards"):
+        shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "README.md"):
+        shutil.copy2(REPO_ROOT / name, source / name)
+    # No PYTHONPATH: pip would take an hf_gsc found on it for an installed one.
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    wheels = tmp_path / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+          str(source)], tmp_path, clean)
+    wheel = next(wheels.glob("hf_gsc-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "hf_gsc/model_cards/gsc_detector.md" in names
+    assert any(name.endswith("entry_points.txt") for name in names)
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)], tmp_path, clean)
+    # Then the test interpreter's packages (torch, transformers, ...), after the venv's own: a plain path entry, so
+    # an editable hf_gsc of the checkout installed there is not activated.
+    site = _run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).strip()
+    (Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).strip())
+     / "test_deps.pth").write_text(site + "\n")
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**clean, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    output = _run([str(python), "-c", textwrap.dedent(SERVE_SCRIPT)], elsewhere, env)
+    installed = output.splitlines()[-1]
+    assert str(env_dir) in installed and str(REPO_ROOT) not in installed.split('"served"')[0]
+    assert "usage: hf-gsc evaluate" in _run([str(env_dir / "bin" / "hf-gsc"), "evaluate", "--help"], elsewhere, env)
+    assert "hf-gsc {evaluate,publish}" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
+    assert "--results-dir" in _run([str(env_dir / "bin" / "hf-gsc"), "publish", "--help"], elsewhere, env)
