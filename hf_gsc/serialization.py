@@ -299,7 +299,11 @@ def load_detector(
     detector_dir = None if config is not None else resolve_detector_dir(path, **hub)
     if detector_dir is not None:
         config = GSCConfig.from_json_file(os.path.join(detector_dir, CONFIG_NAME))
-        base, base_hub = _base_reference(path, detector_dir, config, overrides, hub)
+        if model is None:
+            base, base_hub = _base_reference(path, detector_dir, config, overrides, hub)
+        else:
+            # Attached to the caller's model: the base reference only serves to find the image processor.
+            base, base_hub = _processor_reference(path, detector_dir, config, hub)
     else:
         base, base_hub = path, hub
         config = config or GSCConfig()
@@ -308,7 +312,7 @@ def load_detector(
     if model is None:
         model = AutoModelForImageClassification.from_pretrained(base, **base_hub, **model_kwargs)
     detector = cls(model, config, **overrides)
-    detector.image_processor = _load_image_processor(base, base_hub)
+    detector.image_processor = None if base is None else _load_image_processor(base, base_hub)
     if detector_dir is not None and os.path.isfile(os.path.join(detector_dir, STATE_FILE)):
         state_file = os.path.join(detector_dir, STATE_FILE)
         apply_state(detector, read_state(state_file), state_file)
@@ -333,6 +337,17 @@ def _base_reference(
             "pass it as model=..."
         )
     return base, {**hub, "revision": revision}
+
+
+def _processor_reference(
+    path: str, detector_dir: str, config: GSCConfig, hub: dict[str, Any]
+) -> tuple[str | None, dict[str, Any]]:
+    if os.path.isfile(os.path.join(detector_dir, "preprocessor_config.json")):
+        return path, hub
+    base = config.base_model_name_or_path
+    if os.path.isdir(base or "") or is_hub_id(base):
+        return base, {**hub, "revision": config.base_model_revision}
+    return None, hub
 
 
 def has_base_weights(directory: str | os.PathLike) -> bool:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from huggingface_hub import ModelCard
 
-from hf_gsc import GSCForImageClassification
+from hf_gsc import GSCConfig, GSCForImageClassification
 
 from conftest import IMAGE_SIZE, make_tiny_model
 from hub_server import LoopbackHub
@@ -33,16 +33,17 @@ def base_dir(tmp_path) -> Path:
     return directory
 
 
-@pytest.fixture
-def results_dir(tmp_path) -> Path:
-    directory = tmp_path / "results"
+def write_results(directory: Path, model: str, **settings) -> Path:
+    """An evaluation output folder (results.json, results.md, a plot) of GSC with ``settings`` on ``model``."""
     (directory / "plots").mkdir(parents=True)
     metrics = {"fpr95": 0.25, "auroc": 0.9, "aupr_in": 0.8, "aupr_out": 0.85}
+    config = GSCConfig(**settings)
     results = {
-        "model": "base-vit",
+        "model": model,
         "benchmark": "fmnist-ood",
         "id_accuracy": 0.9,
         "methods": {"gsc": {"threshold": 1.0, "id_tpr_at_threshold": 0.95,
+                            "hyperparameters": {name: getattr(config, name) for name in GSCConfig.score_names()},
                             "ood": {"mnist": metrics, "noise": {**metrics, "auroc": 0.99}}, "average": metrics}},
     }
     (directory / "results.json").write_text(json.dumps(results))
@@ -67,7 +68,8 @@ def _run(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
-def test_save_and_load_round_trip(base_dir, tmp_path, results_dir):
+def test_save_and_load_round_trip(base_dir, tmp_path):
+    results_dir = write_results(tmp_path / "results", str(base_dir), mask_ratio=0.1, operation="perturb")
     detector = GSCForImageClassification.from_pretrained(base_dir, mask_ratio=0.1, operation="perturb")
     detector.calibrate(_pixel_values(), tpr=0.9)
     before = detector(_pixel_values())
@@ -75,7 +77,7 @@ def test_save_and_load_round_trip(base_dir, tmp_path, results_dir):
     for save_base_model in (False, True):
         saved = tmp_path / f"detector-{save_base_model}"
         detector.save_pretrained(saved, save_base_model=save_base_model, results_dir=results_dir)
-        assert (saved / "config.json").exists() == save_base_model
+        assert (saved / "model.safetensors").exists() == save_base_model
         assert not list(saved.rglob("*.bin")) and not list(saved.rglob("*.pt")) and not list(saved.rglob("*.pkl"))
         loaded = GSCForImageClassification.from_pretrained(saved)
         assert loaded.config == detector.config
@@ -94,15 +96,19 @@ def test_save_and_load_round_trip(base_dir, tmp_path, results_dir):
     assert "plots/density_gsc.png" in card.text
 
 
-def test_push_then_load_by_repo_id_end_to_end(base_dir, tmp_path, results_dir):
+def test_push_then_load_by_repo_id_end_to_end(base_dir, tmp_path):
+    results_dir = write_results(tmp_path / "results", "user/base-vit", mask_ratio=0.1)
     with LoopbackHub() as hub:
         env = hub.client_env(hf_home=tmp_path / "hf_home", token=hub.token)
         pushed = _run(
             f"""
             import json, torch
+            from huggingface_hub import HfApi
             from hf_gsc import GSCForImageClassification
+            HfApi().create_repo("user/base-vit")
+            HfApi().upload_folder(repo_id="user/base-vit", folder_path={str(base_dir)!r})
             x = torch.randn(3, 3, {IMAGE_SIZE}, {IMAGE_SIZE}, generator=torch.Generator().manual_seed(5))
-            det = GSCForImageClassification.from_pretrained({str(base_dir)!r}, mask_ratio=0.1)
+            det = GSCForImageClassification.from_pretrained("user/base-vit", mask_ratio=0.1)
             det.calibrate(x, tpr=0.9)
             det.push_to_hub("user/gsc-tiny", private=True, results_dir={str(results_dir)!r})
             det.push_to_hub("user/gsc-tiny-full", save_base_model=True, revision="v1")
@@ -191,7 +197,7 @@ def test_push_failure_is_clear_and_keeps_local_files(failure, base_dir, tmp_path
         from hf_gsc.hub import HubError
         det = GSCForImageClassification.from_pretrained({str(saved)!r})
         try:
-            det.push_to_hub("user/never")
+            det.push_to_hub("user/never", save_base_model=True)
         except HubError as error:
             print("HubError:", error)
         """,
