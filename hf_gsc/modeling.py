@@ -37,6 +37,8 @@ class GSCOutput(ModelOutput):
     """Output of :class:`GSCForImageClassification`.
 
     Attributes:
+        loss: ``()`` cross-entropy of ``logits`` against ``labels`` when labels are given (what ``Trainer.predict``
+            expects of a classifier; GSC itself has no loss).
         logits: ``(B, K)`` the base model's logits, unchanged (in float32 for a bf16 / fp16 model, as every output:
             the step after the backbone runs in float32, see :mod:`hf_gsc.gsc_step`).
         gsc_logits: ``(B, K)`` logits after the short-circuit.
@@ -48,6 +50,7 @@ class GSCOutput(ModelOutput):
         mask: ``(B, *feature_shape)`` bool, short-circuited coordinates (only with ``output_short_circuit=True``).
     """
 
+    loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     gsc_logits: torch.Tensor | None = None
     ood_score: torch.Tensor | None = None
@@ -221,9 +224,9 @@ class GSCForImageClassification(nn.Module):
         Args:
             pixel_values: ``(B, C, H, W)`` from the base model's image processor.
             output_short_circuit: also return ``features``, ``gradient`` and ``mask``.
-            labels, return_dict: accepted and ignored, so that ``Trainer.predict`` and pipelines can call the
-                detector like any ``*ForImageClassification`` model (GSC has no loss; the output is always a
-                :class:`GSCOutput`).
+            labels: ``(B,)`` class indices; only set ``loss``, the base classifier's cross-entropy, so that
+                ``Trainer.predict`` keeps them, as with any ``*ForImageClassification`` model.
+            return_dict: accepted and ignored (the output is always a :class:`GSCOutput`).
         Returns:
             :class:`GSCOutput`. Works inside ``torch.no_grad()`` and ``torch.inference_mode()``.
         """
@@ -252,6 +255,7 @@ class GSCForImageClassification(nn.Module):
                 mask=linearization.spread(step.mask),
             )
         return GSCOutput(
+            loss=_classifier_loss(step.logits, labels),
             logits=step.logits,
             gsc_logits=step.gsc_logits,
             ood_score=step.ood_score,
@@ -345,3 +349,10 @@ class GSCForImageClassification(nn.Module):
             raise ValueError(f"fit_fisher needs at least 2 ID training samples, got {count}")
         self.fisher_diagonal = total / count
         return self.fisher_diagonal
+
+
+def _classifier_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
+    """Cross-entropy of the base logits ``(B, K)`` against ``labels`` ``(B,)``; ``None`` without labels."""
+    if labels is None:
+        return None
+    return nn.functional.cross_entropy(logits.detach(), labels.to(logits.device).long())
