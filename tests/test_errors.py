@@ -152,3 +152,12 @@ def test_config_from_a_newer_version_loads_with_a_warning(base_dir, tmp_path):
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match=r"unknown GSCConfig fields \['new_option'\]"):
             GSCForImageClassification.from_pretrained(saved)
+
+
+def test_missing_card_template_leaves_no_half_written_folder(base_dir, tmp_path, monkeypatch):
+    from hf_gsc import hub
+
+    monkeypatch.setattr(hub, "TEMPLATE_CANDIDATES", (tmp_path / "nowhere" / "gsc_detector.md",))
+    with pytest.raises(FileNotFoundError, match="model card template gsc_detector.md not found at .*nowhere"):
+        GSCForImageClassification.from_pretrained(base_dir).save_pretrained(tmp_path / "detector")
+    assert not (tmp_path / "detector").exists()

@@ -95,11 +95,12 @@ def test_attach_a_saved_detector_to_a_loaded_model(base_dir, tmp_path):
     original = GSCForImageClassification.from_pretrained(base_dir, mask_ratio=0.1)
     original.calibrate(_x())
     original.save_pretrained(saved)
-    model = AutoModelForImageClassification.from_pretrained(base_dir, dtype=torch.float32)
+    model = AutoModelForImageClassification.from_pretrained(base_dir, dtype=torch.bfloat16)
     shutil.rmtree(base_dir)  # the reference in gsc_config.json is not needed
     attached = GSCForImageClassification.from_pretrained(saved, model=model)
-    assert attached.model is model and attached.config == original.config
-    torch.testing.assert_close(attached(_x().float()).ood_score, original(_x()).ood_score.float(), rtol=1e-4, atol=1e-4)
+    assert attached.model is model and attached.dtype == torch.bfloat16 and attached.config == original.config
+    # bf16 rounding of the backbone: close to the float64 scores, not equal.
+    torch.testing.assert_close(attached(_x()).ood_score.double(), original(_x()).ood_score, rtol=0, atol=0.05)
 
 
 def test_push_refuses_a_local_base_and_the_card_names_only_hub_ids(base_dir, tmp_path):
