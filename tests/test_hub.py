@@ -121,21 +121,23 @@ def test_push_then_load_by_repo_id_end_to_end(base_dir, tmp_path):
         assert {"gsc_config.json", "README.md", "results.json", "plots/density_gsc.png"} <= _files(hub, "user/gsc-tiny")
         assert "model.safetensors" in _files(hub, "user/gsc-tiny-full", revision="v1")
 
-        loaded = _run(
-            f"""
+        load_script = f"""
             import json, torch
             from hf_gsc import GSCForImageClassification
             x = torch.randn(3, 3, {IMAGE_SIZE}, {IMAGE_SIZE}, generator=torch.Generator().manual_seed(5))
             a = GSCForImageClassification.from_pretrained("user/gsc-tiny")
             b = GSCForImageClassification.from_pretrained("user/gsc-tiny-full", revision="v1")
             print(json.dumps([a(x).ood_score.tolist(), b(x).ood_score.tolist(), a.config.calibration]))
-            """,
-            env,
-        )
+            """
+        loaded = _run(load_script, env)
         assert loaded.returncode == 0, loaded.stderr
         from_ref, from_full, calibration = json.loads(loaded.stdout.strip().splitlines()[-1])
         assert from_ref == expected and from_full == expected
         assert calibration == {"split": "validation", "num_samples": 3, "tpr": 0.9}
+        # Loaded once, the detectors (and the referenced base) load again from the cache with HF_HUB_OFFLINE=1.
+        offline = _run(load_script, {**env, "HF_HUB_OFFLINE": "1"})
+        assert offline.returncode == 0, offline.stderr
+        assert json.loads(offline.stdout.strip().splitlines()[-1]) == [expected, expected, calibration]
 
         # Without a token the private repo is invisible, and the error says so.
         anonymous = _run(
