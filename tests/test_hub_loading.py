@@ -14,7 +14,6 @@ from huggingface_hub import HfApi, ModelCard
 from transformers import AutoModelForImageClassification
 
 from hf_gsc import GSCConfig, GSCForImageClassification
-from hf_gsc.config import CONFIG_NAME
 
 from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 from hub_server import LoopbackHub
