@@ -18,6 +18,8 @@ COMMANDS = {
     "publish": "upload an evaluation's results with a model card to the Hub",
 }
 PROG = "hf-gsc"
+#: Modules of the ``evaluation``, ``plots`` and ``benchmarks`` extras, which a core install lacks.
+EVALUATION_MODULES = ("datasets", "accelerate", "sklearn", "evaluate", "tqdm", "matplotlib", "skimage")
 
 
 def _usage() -> str:
@@ -60,10 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "evaluate":
         try:
             from .evaluation.runner import main as evaluate
-        except ImportError as error:
-            print(f"{PROG} evaluate needs the evaluation extra: pip install 'hf_gsc[evaluation]' ({error})", file=sys.stderr)
+
+            return evaluate(rest, prog=f"{PROG} evaluate")
+        except ModuleNotFoundError as error:
+            if (error.name or "").split(".")[0] not in EVALUATION_MODULES:
+                raise
+            print(f"{PROG} evaluate needs the evaluation extras: pip install 'hf_gsc[all]' ({error})", file=sys.stderr)
             return 1
-        return evaluate(rest, prog=f"{PROG} evaluate")
     if command == "publish":
         return publish(rest, prog=f"{PROG} publish")
     print(f"{_usage()}\n\n{PROG}: error: unknown command {command!r}", file=sys.stderr)

@@ -57,6 +57,14 @@ def test_serving_needs_no_evaluation_extras(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     output = _run([sys.executable, "-c", blocker + textwrap.dedent(SERVE_SCRIPT)], tmp_path, env)
     assert '"ood_score"' in output.splitlines()[-1]
+    # The evaluation says which extra it needs instead of a traceback.
+    evaluate = ("from hf_gsc.cli import main\nraise SystemExit(main(['evaluate', '--model', "
+                f"{str(REPO_ROOT / 'hf_gsc/reference_models/resnet')!r}, '--benchmark', 'fmnist-ood', '--output-dir', "
+                f"{str(tmp_path / 'run')!r}, '--methods', 'msp']))")
+    result = subprocess.run([sys.executable, "-c", blocker + evaluate], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert "hf-gsc evaluate needs the evaluation extras: pip install 'hf_gsc[all]'" in result.stderr
 
 
 @pytest.mark.slow
