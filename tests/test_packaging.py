@@ -1,8 +1,9 @@
 """hf_gsc as a user installs it: the core install serves detectors without the evaluation extras, and a wheel
-installed outside the checkout saves, loads and runs its commands."""
+installed outside the checkout saves, loads, serves, pushes (loopback Hub) and runs its commands."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from hub_server import LoopbackHub
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -42,6 +45,10 @@ SERVE_SCRIPT = """
     assert torch.equal(loaded(x).ood_score, detector(x).ood_score)
     served = pipeline("ood-image-classification", model=root + "/detector")(
         [Image.fromarray(np.zeros((20, 20, 3), dtype=np.uint8))])
+    if len(sys.argv) > 1:  # a repo id: push (base saved) and load back from the Hub
+        detector.push_to_hub(sys.argv[1], save_base_model=True)
+        pulled = GSCForImageClassification.from_pretrained(sys.argv[1])
+        assert torch.equal(pulled(x).ood_score, detector(x).ood_score)
     print(json.dumps({"file": hf_gsc.__file__, "served": served}))
 """
 
@@ -70,7 +77,7 @@ def test_serving_needs_no_evaluation_extras(tmp_path):
 @pytest.mark.slow
 def test_wheel_installed_outside_the_checkout(tmp_path):
     """Build the wheel, install it (no deps: the test environment's are reused) into a fresh venv outside the
-    checkout, and from another folder save, load, serve and run the console commands."""
+    checkout, and from another folder save, load, serve, push to the loopback Hub, evaluate and publish."""
     # Built from a copy of what the package is made of: building writes build/ and *.egg-info next to setup.py.
     source = tmp_path / "source"
     for name in ("hf_gsc", "model_cards"):
@@ -99,10 +106,23 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**clean, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    output = _run([str(python), "-c", textwrap.dedent(SERVE_SCRIPT)], elsewhere, env)
-    installed = output.splitlines()[-1]
-    assert str(env_dir) in installed and str(REPO_ROOT) not in installed.split('"served"')[0]
-    assert "usage: hf-gsc evaluate" in _run([str(env_dir / "bin" / "hf-gsc"), "evaluate", "--help"], elsewhere, env)
+    command = env_dir / "bin" / "hf-gsc"
+    with LoopbackHub() as hub:
+        env = {**hub.client_env(hf_home=tmp_path / "hf_home", token=hub.token), "OMP_NUM_THREADS": "1"}
+        env.pop("PYTHONPATH", None)
+        output = _run([str(python), "-c", textwrap.dedent(SERVE_SCRIPT), "user/gsc-from-wheel"], elsewhere, env)
+        installed = json.loads(output.splitlines()[-1])["file"]
+        assert installed.startswith(str(env_dir)), installed
+        assert "model.safetensors" in hub.get_repo("user/gsc-from-wheel").commits[
+            hub._resolve_revision(hub.get_repo("user/gsc-from-wheel"), "main")].files
+
+        reference = Path(installed).parent / "reference_models" / "resnet"
+        _run([str(command), "evaluate", "--model", str(reference), "--benchmark", "fmnist-ood", "--ood-splits", "mnist",
+              "--methods", "msp,gsc", "--max-samples", "16", "--max-fit-samples", "16", "--batch-size", "16",
+              "--no-plots", "--output-dir", "run"], elsewhere, env)
+        assert json.loads((elsewhere / "run" / "results.json").read_text())["methods"]["gsc"]["ood"]["mnist"]["auroc"] >= 0
+        _run([str(command), "publish", "--results-dir", "run", "--repo-id", "user/results"], elsewhere, env)
+        assert hub.read_file("user/results", "results.json") == (elsewhere / "run" / "results.json").read_bytes()
+
+    assert "usage: hf-gsc evaluate" in _run([str(command), "evaluate", "--help"], elsewhere, env)
     assert "hf-gsc {evaluate,publish}" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
-    assert "--results-dir" in _run([str(env_dir / "bin" / "hf-gsc"), "publish", "--help"], elsewhere, env)
