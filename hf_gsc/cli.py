@@ -4,7 +4,7 @@
     hf-gsc publish --results-dir runs/resnet --repo-id user/gsc-fmnist-resnet
 
 Each subcommand hands its arguments to the library's own entry point, so ``hf-gsc evaluate --help`` is the
-evaluation's own help. ``evaluate`` needs the ``evaluation`` extra (``pip install 'hf_gsc[evaluation]'``).
+evaluation's own help. ``evaluate`` needs the extras (``pip install 'hf_gsc[all]'``: evaluation, plots, benchmark data).
 """
 
 from __future__ import annotations
