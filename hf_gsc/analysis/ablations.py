@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -44,31 +43,26 @@ _GSC_DEFAULTS = GSCConfig()
 DEFAULT_SPLIT = _GSC_DEFAULTS.split_point
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One scored configuration. ``kind``: ``baseline`` (score of the unchanged logits), ``gsc`` (head only at
-    ``split_point``), ``multi_layer`` (``earlier_split_point`` + ``split_point``), ``gsc_ash`` or ``ash_s`` (detectors)."""
+def _variant_key(self) -> str:
+    """A short stable name: the fields that differ from the defaults."""
+    default = Variant()
+    parts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+             if getattr(self, f.name) != getattr(default, f.name)]
+    return ",".join(parts) or "gsc(defaults)"
 
-    # GSC settings default to the library's own defaults, so ablations vary one thing away from them.
-    kind: str = "gsc"
-    split_point: str = _GSC_DEFAULTS.split_point
-    mask_ratio: float = _GSC_DEFAULTS.mask_ratio
-    selection: str = _GSC_DEFAULTS.selection
-    operation: str = _GSC_DEFAULTS.operation
-    alpha: float = _GSC_DEFAULTS.alpha
-    clip_bound: float = _GSC_DEFAULTS.clip_bound
-    beta: float = _GSC_DEFAULTS.beta
-    approximation: str = _GSC_DEFAULTS.approximation
-    steps: int = 1
-    score: str = _GSC_DEFAULTS.score
-    earlier_split_point: str | None = _GSC_DEFAULTS.earlier_split_point
 
-    def key(self) -> str:
-        """A short stable name: the fields that differ from the defaults."""
-        default = Variant()
-        parts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
-                 if getattr(self, f.name) != getattr(default, f.name)]
-        return ",".join(parts) or "gsc(defaults)"
+#: One scored configuration (a frozen dataclass): ``kind`` -- ``baseline`` (score of the unchanged logits), ``gsc``
+#: (head only at ``split_point``), ``multi_layer`` (``earlier_split_point`` + ``split_point``), ``gsc_ash`` or
+#: ``ash_s`` (detectors) --, then every ``GSCConfig`` setting with the library's own default (so ablations vary one
+#: thing away from them), then ``steps`` (short-circuit steps sharing the budget). ``key()`` names it.
+Variant = dataclasses.make_dataclass(
+    "Variant",
+    [("kind", str, "gsc")]
+    + [(name, Any, getattr(_GSC_DEFAULTS, name)) for name in GSCConfig.setting_names()]
+    + [("steps", int, 1)],
+    namespace={"key": _variant_key, "__module__": __name__},
+    frozen=True,
+)
 
 
 def model_split_points(model: nn.Module) -> dict[str, str | None]:
@@ -152,11 +146,9 @@ class _Scorer:
         self.generator = torch.Generator().manual_seed(seed)
         self.detector: Any = None
         if variant.kind == "multi_layer":
-            self.detector = GSCForImageClassification(model, GSCConfig(
-                split_point=variant.split_point, earlier_split_point=variant.earlier_split_point,
-                mask_ratio=variant.mask_ratio, operation=variant.operation, approximation=variant.approximation,
-                score=variant.score,
-            ))
+            self.detector = GSCForImageClassification(
+                model, GSCConfig(**{name: getattr(variant, name) for name in GSCConfig.setting_names()})
+            )
         elif variant.kind in ("gsc_ash", "ash_s"):
             from ..detectors import get_detector
 
