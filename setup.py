@@ -13,7 +13,7 @@ from setuptools import find_packages, setup
 version = re.search(r'__version__ = "([^"]+)"', Path("hf_gsc/__init__.py").read_text()).group(1)
 
 extras = {
-    "evaluation": ["datasets>=3.0", "accelerate>=1.0", "scikit-learn>=1.3", "evaluate>=0.4", "tqdm>=4.60"],
+    "evaluation": ["datasets>=3.0", "accelerate>=1.1", "scikit-learn>=1.3", "evaluate>=0.4", "tqdm>=4.60"],
     "plots": ["matplotlib>=3.7"],
     # The offline benchmarks' photo and texture sources (scikit-image ships its sample images).
     "benchmarks": ["scikit-image>=0.22"],
@@ -39,8 +39,8 @@ setup(
         "hf_gsc.model_cards": ["*.md"],
     },
     python_requires=">=3.10",
-    # No torchvision: image processors run with the PIL backend. torch>=2.6: torch._inductor.aoti_compile_and_package
-    # and aoti_load_package (compile_update(ahead_of_time=True)).
+    # No torchvision: image processors run with the PIL backend. torch>=2.6: the oldest torch transformers 5 supports
+    # (its `torch` extra), and torch._inductor.aoti_compile_and_package / aoti_load_package of compile_update.
     install_requires=[
         "torch>=2.6",
         "transformers>=5.0",
