@@ -50,7 +50,11 @@ class OODImageClassificationPipeline(Pipeline):
             )
         super().__init__(model=model, image_processor=image_processor, **kwargs)
 
-    def _sanitize_parameters(self, top_k: int | None = None, timeout: float | None = None, **_: Any):
+    def _sanitize_parameters(self, top_k: int | None = None, timeout: float | None = None, **unknown: Any):
+        if unknown:
+            raise TypeError(f"{TASK}: unknown arguments {sorted(unknown)}; it takes top_k, timeout and batch_size")
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"{TASK}: top_k must be a positive int, got {top_k!r}")
         preprocess = {} if timeout is None else {"timeout": timeout}
         postprocess = {} if top_k is None else {"top_k": top_k}
         return preprocess, {}, postprocess

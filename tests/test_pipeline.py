@@ -80,9 +80,14 @@ def test_pipeline_from_a_hub_id_with_the_base_saved(detector_dir, tmp_path):
     _check(ood(images, batch_size=2, top_k=3), _expected(detector, images))
 
 
-def test_pipeline_rejects_a_plain_classifier():
+def test_pipeline_rejects_bad_arguments(detector_dir):
     with pytest.raises(TypeError, match="model must be a GSC detector"):
         transformers.pipeline(TASK, model=make_tiny_model("vit"), image_processor=ViTImageProcessor())
+    ood = transformers.pipeline(TASK, model=str(detector_dir))
+    with pytest.raises(TypeError, match=r"unknown arguments \['topk'\]"):
+        ood(_images(1), topk=3)
+    with pytest.raises(ValueError, match="top_k must be a positive int, got 0"):
+        ood(_images(1), top_k=0)
 
 
 @pytest.mark.xfail(
