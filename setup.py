@@ -39,8 +39,8 @@ setup(
         "hf_gsc.model_cards": ["*.md"],
     },
     python_requires=">=3.10",
-    # No torchvision: image processors run with the PIL backend. torch>=2.6: the oldest torch transformers 5 supports
-    # (its `torch` extra), and torch._inductor.aoti_compile_and_package / aoti_load_package of compile_update.
+    # No torchvision: image processors fall back to the PIL backend. torch>=2.6: the oldest torch transformers 5
+    # supports (its `torch` extra); hf_gsc itself needs nothing newer.
     install_requires=[
         "torch>=2.6",
         "transformers>=5.0",

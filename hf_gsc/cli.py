@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "evaluate":
         try:
-            from .evaluation.runner import main as evaluate
+            from .evaluation import main as evaluate
 
             return evaluate(rest, prog=f"{PROG} evaluate")
         except ModuleNotFoundError as error:

@@ -126,7 +126,7 @@ def test_failed_push_names_no_temporary_folder(base_dir, tmp_path):  # error 8
 
 
 def test_truncated_saved_fit_is_fitted_again(tmp_path):  # error 10
-    from hf_gsc.evaluation.runner import _load_fit
+    from hf_gsc.evaluation.fitting import _load_fit
 
     directory = tmp_path / "detectors" / "react"
     directory.mkdir(parents=True)

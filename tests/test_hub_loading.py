@@ -130,7 +130,7 @@ def test_one_saved_format_for_every_reader(base_dir, tmp_path):
     fit saved by the evaluation (Detector.save) carries the same tensors."""
     from hf_gsc.detectors import get_detector
     from hf_gsc.detectors.base import Detector
-    from hf_gsc.evaluation.runner import load_model
+    from hf_gsc.evaluation.models import load_model
     from transformers import ViTImageProcessor
 
     ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(base_dir)
@@ -158,7 +158,7 @@ def test_one_saved_format_for_every_reader(base_dir, tmp_path):
 def test_one_list_of_fields_drives_cli_cache_card_and_variants():
     from hf_gsc.analysis.ablations import Variant
     from hf_gsc.detectors.gsc_ash import GSC_SETTINGS
-    from hf_gsc.evaluation.runner import GSC_OPTIONS, build_parser
+    from hf_gsc.evaluation.options import GSC_OPTIONS, build_parser
 
     settings = GSCConfig.setting_names()
     assert set(GSC_OPTIONS.values()) == set(settings)

@@ -90,12 +90,8 @@ def test_pipeline_rejects_bad_arguments(detector_dir):
         ood(_images(1), top_k=0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the forward registers a hook on the shared model per call (issue #15, thread safety); remove this "
-    "marker when the thread-safe forward is merged",
-)
 def test_pipeline_shared_by_threads(detector_dir):
+    """Four threads share one pipeline (one detector); each gets what it gets alone."""
     ood = transformers.pipeline(TASK, model=str(detector_dir))
     inputs = [_images(4, seed=seed) for seed in range(4)]
     expected = [[r["ood_score"] for r in ood(images, batch_size=2)] for images in inputs]

@@ -30,17 +30,17 @@ def _fit_dir(output_dir: Path, method: str) -> Path:
 
 
 def _load_fit(directory: Path, expected: str) -> dict[str, torch.Tensor] | None:
-    """The fitted state saved with fingerprint ``expected``, else ``None``."""
-    from safetensors.torch import load_file
-
+    """The fitted state saved with fingerprint ``expected``, else ``None`` (missing, stale, truncated or
+    unreadable: fit again)."""
     from ..detectors.base import STATE_FILE
+    from ..serialization import read_state
 
     try:
         with open(directory / FIT_INFO) as handle:
             info = json.load(handle)
         if info.get("fingerprint") != expected:
             return None
-        return load_file(str(directory / STATE_FILE))
+        return read_state(directory / STATE_FILE)
     except (OSError, ValueError):
         return None
 

@@ -6,22 +6,20 @@ split point or a model that cannot be loaded fails in seconds with a message nam
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..config import GSCConfig
 from .options import InputError
 
-#: ``GSCConfig`` fields a saved detector carries that are not method hyperparameters.
-_GSC_NON_HYPERPARAMETERS = ("threshold", "calibration", "hf_gsc_version", "base_model_name_or_path", "base_model_revision")
 
 
 def load_model(
     model_id: str, revision: str | None = None, image_backend: str = "auto"
 ) -> tuple[torch.nn.Module, Any, dict[str, Any], str]:
-    """Load a classifier or a saved GSC detector.
+    """Load a classifier or a saved GSC detector (local folder or Hub repo).
 
     ``image_backend``: ``auto`` leaves the choice to transformers (torchvision-backed when torchvision is
     installed, else PIL), or ``pil`` / ``torchvision``.
@@ -29,26 +27,16 @@ def load_model(
     Returns ``(base model, image processor, saved GSC hyperparameters (empty for a plain
     classifier), path the image processor came from)``.
     """
-    from transformers import AutoModelForImageClassification
-
     from ..data import load_image_processor
-    from ..modeling import CONFIG_NAME, GSCForImageClassification
+    from ..serialization import load_detector_or_classifier
 
-    saved: dict[str, Any] = {}
-    processor_source = model_id
     try:
-        if os.path.isfile(os.path.join(model_id, CONFIG_NAME)):
-            wrapper = GSCForImageClassification.from_pretrained(model_id, revision=revision)
-            model = wrapper.model
-            saved = {k: v for k, v in wrapper.config.to_dict().items() if k not in _GSC_NON_HYPERPARAMETERS}
-            if not os.path.isfile(os.path.join(model_id, "preprocessor_config.json")):
-                processor_source = wrapper.config.base_model_name_or_path or model_id
-        else:
-            model = AutoModelForImageClassification.from_pretrained(model_id, revision=revision)
+        model, config, processor_source, hub = load_detector_or_classifier(model_id, revision=revision)
         backend = None if image_backend == "auto" else image_backend  # None: transformers' own default
-        processor = load_image_processor(processor_source, revision=revision, backend=backend)
+        processor = load_image_processor(processor_source, backend=backend, **hub)
     except (OSError, ValueError, KeyError) as error:
         raise InputError(f"--model {model_id!r}: could not load an image classifier and its image processor: {error}") from None
+    saved = {} if config is None else {name: getattr(config, name) for name in GSCConfig.score_names()}
     model.eval().requires_grad_(False)
     return model, processor, saved, processor_source
 
@@ -104,7 +92,7 @@ def effective_hyperparameters(detector: Any) -> dict[str, Any]:
     wrapper = getattr(detector, "detector", None)
     config = getattr(wrapper, "config", None)
     if config is not None and hasattr(config, "to_dict"):
-        return {k: v for k, v in config.to_dict().items() if k not in _GSC_NON_HYPERPARAMETERS}
+        return {name: getattr(config, name) for name in config.score_names()}
     return jsonable(detector.hyperparameters)
 
 

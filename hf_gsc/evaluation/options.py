@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import GSCConfig
+
 #: The default of ``--methods`` (and of ``make demo``): GSC and the main baselines that need no long
 #: fit, those of them that are registered.
 DEFAULT_METHODS = ("gsc", "msp", "energy", "max_logit", "odin", "react", "ash_b")
@@ -20,18 +22,10 @@ DEFAULT_METHODS = ("gsc", "msp", "energy", "max_logit", "odin", "react", "ash_b"
 PRECISIONS = ("no", "fp16", "bf16")
 #: ``--image-backend`` values: ``auto`` = transformers' default (torchvision when installed, else PIL).
 IMAGE_BACKENDS = ("auto", "pil", "torchvision")
-#: ``GSCConfig`` fields settable from the command line: flag dest -> field name.
+#: ``GSCConfig`` settings settable from the command line: flag dest -> field name. Every setting; those whose flag
+#: would clash with a run option (``--seed``) or read as another method's (``--score``) get a ``gsc`` prefix.
 GSC_OPTIONS = {
-    "split_point": "split_point",
-    "mask_ratio": "mask_ratio",
-    "selection": "selection",
-    "operation": "operation",
-    "approximation": "approximation",
-    "alpha": "alpha",
-    "clip_bound": "clip_bound",
-    "beta": "beta",
-    "gsc_score": "score",
-    "gsc_temperature": "temperature",
+    (f"gsc_{name}" if name in ("score", "temperature", "seed") else name): name for name in GSCConfig.setting_names()
 }
 
 
@@ -101,16 +95,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="image processor backend (default auto: torchvision when installed, else PIL)",
     )
     gsc = parser.add_argument_group("GSC options (default: GSCConfig defaults, or the saved detector's config)")
-    gsc.add_argument("--split-point", dest="split_point", default=None)
-    gsc.add_argument("--mask-ratio", dest="mask_ratio", type=float, default=None)
-    gsc.add_argument("--selection", default=None, help="gradient | random | reverse")
-    gsc.add_argument("--operation", default=None, help="zero | perturb | project | clip | scale")
-    gsc.add_argument("--approximation", default=None, help="first_order | predicted_logit | exact")
-    gsc.add_argument("--alpha", type=float, default=None)
-    gsc.add_argument("--clip-bound", dest="clip_bound", type=float, default=None)
-    gsc.add_argument("--beta", type=float, default=None)
-    gsc.add_argument("--gsc-score", dest="gsc_score", default=None, help="energy | msp | max_logit")
-    gsc.add_argument("--gsc-temperature", dest="gsc_temperature", type=float, default=None)
+    defaults = GSCConfig()
+    for dest, name in GSC_OPTIONS.items():
+        default = getattr(defaults, name)
+        kind = str if default is None else type(default)
+        gsc.add_argument(
+            f"--{dest.replace('_', '-')}", dest=dest, type=kind, default=None, help=f"GSCConfig.{name} (default {default!r})"
+        )
     return parser
 
 
@@ -286,8 +277,6 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
     if gsc_overrides and "gsc" not in methods:
         raise InputError(f"GSC options ({', '.join(sorted(gsc_overrides))}) given but 'gsc' is not in --methods")
     if gsc_overrides:
-        from ..config import GSCConfig
-
         try:
             GSCConfig(**gsc_overrides)
         except ValueError as error:
