@@ -12,13 +12,28 @@
 ...                           "--methods", "gsc,msp,energy", "--output-dir", "outputs/run", "--max-samples", "500"])  # doctest: +SKIP
 """
 
-from .calibration import calibrate_threshold, calibration_record, true_positive_rate
-from .cli import main
-from .loop import ScoreCache, make_dataloader, score_split
-from .metrics import METRIC_NAMES, fpr_at_tpr, load_ood_metric, ood_metrics, threshold_at_tpr
-from .options import DEFAULT_METHODS, InputError, build_parser
-from .report import markdown_table, method_results, write_report
-from .runner import run_evaluation
+import importlib
+from typing import Any
+
+# Imported on first use (PEP 562): ``GSCForImageClassification.calibrate`` needs only :mod:`.calibration`, and a
+# serving install has none of the evaluation extras (datasets, accelerate, scikit-learn) the rest imports.
+_EXPORTS = {
+    "calibrate_threshold": "calibration", "calibration_record": "calibration", "true_positive_rate": "calibration",
+    "main": "cli",
+    "ScoreCache": "loop", "make_dataloader": "loop", "score_split": "loop",
+    "METRIC_NAMES": "metrics", "fpr_at_tpr": "metrics", "load_ood_metric": "metrics", "ood_metrics": "metrics",
+    "threshold_at_tpr": "metrics",
+    "DEFAULT_METHODS": "options", "InputError": "options", "build_parser": "options",
+    "markdown_table": "report", "method_results": "report", "write_report": "report",
+    "run_evaluation": "runner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
 
 __all__ = [
     "DEFAULT_METHODS",
