@@ -112,7 +112,7 @@ def _cifar_id(dataset_id: str, label_column: str) -> Mapping[str, HubSplit]:
 #: Textures: all 5,640 DTD images (its train and test splits), as in the CIFAR and ImageNet OOD benchmarks.
 _TEXTURES = HubSplit("tanganke/dtd", "train+test")
 
-#: The CIFAR OOD sets of the paper found on the Hub (Places365 is not: see docs/data.md).
+#: The CIFAR OOD sets of the paper found on the Hub (not its 10,000-image Places365 subset: see docs/data.md).
 _CIFAR_OOD = MappingProxyType(
     {
         "svhn": HubSplit("ufldl-stanford/svhn", "test", config="cropped_digits"),
