@@ -531,6 +531,7 @@ def test_results_record_device_precision_and_throughput(single_run: tuple[Path, 
     assert results["mixed_precision"] == "no" and results["num_processes"] == 1
     assert results["num_workers"] == (min(4, os.cpu_count()) if torch.cuda.is_available() else 0)
     assert results["image_backend"] in ("pil", "torchvision")
+    assert results["pixel_normalization"] == "device"  # the tiny model's ViT processor can be split
     scored = results["seconds"]["splits_scored"]
     assert set(scored) == {"id_test", "id_validation", "ood_noise", "ood_flat"}
     assert scored["id_test"]["num_samples"] == SIZES["test"] and scored["ood_flat"]["num_samples"] == OOD_SIZES["flat"]
@@ -607,7 +608,7 @@ def test_cuda_scores_match_a_cpu_reference(tiny: dict[str, str], single_run: tup
     model, processor, _, _ = models.load_model(tiny["model"])
     images = load_split(f"{tiny['id']}:test")["image"]
     with torch.no_grad():
-        logits = model(pixel_values=models.image_transform(processor, model, "test")(images)).logits
+        logits = model(pixel_values=models.image_transform(processor, model)(images)).logits
     saved = load_file(str(output_dir / "scores" / "msp" / "id_test.safetensors"))["ood_score"]
     torch.testing.assert_close(saved, ood_score(logits, "msp").double(), atol=1e-4, rtol=1e-4)
 

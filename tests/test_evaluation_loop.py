@@ -98,7 +98,7 @@ def test_fitting_batches_reach_the_accelerator_device(tmp_path: Path) -> None:
     """The fit DataLoader used to be neither prepared nor moved: on a GPU, ReAct failed at its first batch."""
     detector = _FitRecorder()
     fitting.fit_detectors(MetaAccelerator(), {"recorder": detector}, ["recorder"], {"recorder": _dataset()},
-                          {"recorder": "fp"}, lambda split: _to_tensor, 4, tmp_path, seed=0, overwrite=False)
+                          {"recorder": "fp"}, _to_tensor, 4, tmp_path, seed=0, overwrite=False)
     assert detector.devices == [("meta", "meta")] * 2
     assert fitting.saved_fit_info(tmp_path, "recorder") == {"num_samples": 7, "num_skipped": 0}
 

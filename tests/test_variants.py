@@ -90,7 +90,7 @@ def test_protocol_reads_only_train_and_validation(vit_protocol):
 def test_test_evaluation_and_report(vit_protocol):
     _, detectors, _, _, _, protocol = vit_protocol
     test = V.evaluate_test(detectors, tiny_dataset(20, 3), {"a": tiny_dataset(15, 4, False), "b": tiny_dataset(9, 5, False)},
-                           lambda name: tiny_transform, max_samples=10, batch_size=8)
+                           tiny_transform, max_samples=10, batch_size=8)
     assert test["num_samples"] == {"id_test": 10, "a": 10, "b": 9}
     energy = test["test"]["energy"]
     assert energy["average"]["fpr95"] == pytest.approx((energy["a"]["fpr95"] + energy["b"]["fpr95"]) / 2)

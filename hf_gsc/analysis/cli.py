@@ -56,8 +56,9 @@ def benchmark_data(
     bench = load_benchmark(benchmark)
     splits = {ID_SPLIT: ("test", bench.id_splits["test"])}
     splits.update({name: (name, dataset) for name, dataset in bench.ood_splits.items()})
+    transform = image_transform(processor, model)
     return {
-        name: make_dataloader(subset(dataset, max_samples, seed, key), image_transform(processor, model, name), batch_size)
+        name: make_dataloader(subset(dataset, max_samples, seed, key), transform, batch_size)
         for name, (key, dataset) in splits.items()
     }
 

@@ -274,19 +274,19 @@ def evaluate_test(
     detectors: Mapping[str, Any],
     id_test: Any,
     ood_splits: Mapping[str, Any],
-    transform_for: Callable[[str], Callable],
+    transform: Callable[[list], torch.Tensor],
     max_samples: int | None,
     seed: int = 0,
     batch_size: int = 128,
 ) -> dict[str, Any]:
     """Test metrics of every (already fitted) detector: ID test vs each OOD split, ``max_samples`` each."""
     id_test = subset(id_test, max_samples, seed, "test")
-    id_scores = score_dataset(detectors, id_test, transform_for("id_test"), batch_size)
+    id_scores = score_dataset(detectors, id_test, transform, batch_size)
     ood_scores, counts = {}, {"id_test": len(id_test)}
     for split, dataset in ood_splits.items():
         dataset = subset(dataset, max_samples, seed, f"ood_{split}")
         counts[split] = len(dataset)
-        ood_scores[split] = score_dataset(detectors, dataset, transform_for(split), batch_size)
+        ood_scores[split] = score_dataset(detectors, dataset, transform, batch_size)
     test_metrics = {name: metrics(id_scores[name], {s: v[name] for s, v in ood_scores.items()}) for name in detectors}
     return {"num_samples": counts, "test": test_metrics}
 
@@ -318,12 +318,11 @@ def compare(
         raise ValueError(f"{path} has {model.config.num_labels} labels but {benchmark} has {bench.num_labels} ID classes")
     detectors, unavailable = build_variants(model)
 
-    def transform_for(name: str) -> Callable:
-        return image_transform(processor, model, f"{benchmark}/{name}")
+    transform = image_transform(processor, model)
 
-    protocol = run_protocol(detectors, bench.id_splits, benchmark, transform_for("validation"), max_samples,
+    protocol = run_protocol(detectors, bench.id_splits, benchmark, transform, max_samples,
                             max_fit_samples, seed, batch_size)
-    test = evaluate_test(detectors, bench.id_splits["test"], bench.ood_splits, transform_for, max_samples, seed, batch_size)
+    test = evaluate_test(detectors, bench.id_splits["test"], bench.ood_splits, transform, max_samples, seed, batch_size)
     choice = protocol["choice"]
     test_avg = {name: test["test"][name]["average"] for name in detectors}
     test_best = select_variant(test["test"])

@@ -14,7 +14,8 @@ from hf_gsc.reference_models import reference_model_path
 from .benchmarks import BENCHMARKS, Benchmark, BenchmarkSpec, load_benchmark
 from .decoding import UndecodableImageError, decode_image, decode_images, without_decoding
 from .hub_benchmarks import HUB_BENCHMARKS, HubBenchmarkSpec, HubSplit
-from .preprocessing import collate, load_image_processor, make_transform, num_channels, prepare_dataset
+from .normalization import PixelNormalization, deferred_normalization
+from .preprocessing import ImageTransform, collate, load_image_processor, make_transform, num_channels, prepare_dataset
 from .splits import GatedDatasetError, load_split
 
 __all__ = [
@@ -25,10 +26,13 @@ __all__ = [
     "GatedDatasetError",
     "HubBenchmarkSpec",
     "HubSplit",
+    "ImageTransform",
+    "PixelNormalization",
     "UndecodableImageError",
     "collate",
     "decode_image",
     "decode_images",
+    "deferred_normalization",
     "load_benchmark",
     "load_image_processor",
     "load_split",

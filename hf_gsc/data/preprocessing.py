@@ -1,9 +1,10 @@
 """From a dataset's ``image`` column to the ``pixel_values`` a model takes.
 
-The model's own image processor does the work (``AutoImageProcessor`` with the PIL backend, so no
+The model's own image processor does the work (``load_image_processor`` defaults to the PIL backend, so no
 torchvision is needed); this module only adds what every benchmark needs around it: the channel
 conversion the model wants (grayscale data -> RGB for 3-channel models, 'L' for 1-channel ones),
-and decoding that names the dataset and row of an unreadable image.
+decoding that names the dataset and row of an unreadable image, and (:class:`ImageTransform`) the split of
+the processor into the part DataLoader workers run and the rescale + normalize the model's device runs.
 """
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from transformers import AutoImageProcessor, PretrainedConfig
 from transformers.image_processing_utils import BaseImageProcessor
 
 from .decoding import ON_ERROR_CHOICES, OnError, decode_image, decode_images, without_decoding
+from .normalization import PixelNormalization, deferred_normalization
 
 __all__ = [
     "ROW_COLUMN",
+    "ImageTransform",
     "collate",
     "decode_image",
     "load_image_processor",
@@ -43,6 +46,56 @@ def load_image_processor(name_or_path: str | Path, **kwargs: Any) -> BaseImagePr
 def num_channels(config: PretrainedConfig) -> int:
     """Input channels the model expects (``config.num_channels``; 3 when the config has none)."""
     return int(getattr(config, "num_channels", 3) or 3)
+
+
+class ImageTransform:
+    """Decoded PIL images -> ``pixel_values`` as the model's image processor makes them, in two stages.
+
+    * :meth:`prepare` runs where the images are decoded (DataLoader workers): the channel conversion the model wants
+      and the image processor, stopping before rescale + normalize when those can be deferred
+      (:func:`~hf_gsc.data.normalization.deferred_normalization`); it returns ``(B, C, H, W)`` uint8 then, else the
+      processor's float32 output.
+    * :attr:`normalization` (``None`` when nothing is deferred) finishes a prepared batch on the model's device.
+
+    Calling the transform runs both stages: float32 ``(B, C, H, W)``, equal to the processor's own output.
+
+    Args:
+        image_processor: a transformers image processor.
+        num_channels: channels the model takes (1: images become ``"L"``, 3: ``"RGB"``).
+        defer_normalization: ``False`` keeps the whole processor in :meth:`prepare`.
+    """
+
+    def __init__(self, image_processor: BaseImageProcessor, num_channels: int = 3, defer_normalization: bool = True):
+        if num_channels not in (1, 3):
+            raise ValueError(f"num_channels must be 1 or 3, got {num_channels}")
+        self.image_processor = image_processor
+        self.num_channels = num_channels
+        self.mode = "L" if num_channels == 1 else "RGB"
+        self.normalization: PixelNormalization | None = (
+            deferred_normalization(image_processor, self.mode) if defer_normalization else None
+        )
+
+    def prepare(self, images: Sequence[Any]) -> torch.Tensor:
+        """PIL images -> ``(B, C, H, W)``: uint8 if :attr:`normalization` is set, else float32."""
+        images = [image.convert(self.mode) for image in images]
+        if self.normalization is None:
+            return _check_channels(self.image_processor(images, return_tensors="pt")["pixel_values"].float(),
+                                   self.num_channels)
+        pixels = self.image_processor(images, do_rescale=False, do_normalize=False, return_tensors="pt")["pixel_values"]
+        return _check_channels(pixels.to(torch.uint8), self.num_channels)  # uint8-valued: checked on probes
+
+    def __call__(self, images: Sequence[Any]) -> torch.Tensor:
+        pixels = self.prepare(images)
+        return pixels if self.normalization is None else self.normalization(pixels)
+
+
+def _check_channels(pixel_values: torch.Tensor, num_channels: int) -> torch.Tensor:
+    if pixel_values.shape[1] != num_channels:
+        raise ValueError(
+            f"the image processor made {pixel_values.shape[1]}-channel images for a "
+            f"{num_channels}-channel model (check its image_mean / do_convert_rgb)"
+        )
+    return pixel_values
 
 
 def make_transform(
@@ -87,12 +140,8 @@ def make_transform(
             pixel_values = image_processor(images, return_tensors="pt")["pixel_values"].float()
         else:
             pixel_values = torch.empty(0, num_channels, 0, 0)
-        if pixel_values.shape[1] != num_channels:
-            raise ValueError(
-                f"the image processor made {pixel_values.shape[1]}-channel images for a "
-                f"{num_channels}-channel model (check its image_mean / do_convert_rgb)"
-            )
-        out = {"pixel_values": pixel_values, "label": torch.as_tensor(labels, dtype=torch.long)}
+        out = {"pixel_values": _check_channels(pixel_values, num_channels),
+               "label": torch.as_tensor(labels, dtype=torch.long)}
         if on_error == "skip":
             out["row"] = torch.as_tensor(decoded.rows, dtype=torch.long)
             out["num_skipped"] = torch.tensor(len(decoded.skipped_rows), dtype=torch.long)

@@ -75,7 +75,7 @@ def fit_detectors(
     to_fit: Sequence[str],
     fit_data: Mapping[str, Any],
     fit_fingerprints: Mapping[str, str],
-    transform_for: Callable[[str], Callable[[list], torch.Tensor]],
+    transform: Callable[[list], torch.Tensor],
     batch_size: int,
     output_dir: Path,
     seed: int,
@@ -102,7 +102,7 @@ def fit_detectors(
             torch.manual_seed(seed)
             np.random.seed(seed)
             split = detectors[name].fit_split
-            loader = make_dataloader(fit_data[name], transform_for(f"ID {split}"), batch_size, num_workers,
+            loader = make_dataloader(fit_data[name], transform, batch_size, num_workers,
                                      accelerator.device, dataset_name=f"ID {split} ({source})")
             counted = _Counted(tqdm(loader, desc=f"fit {name}", leave=False))
             with accelerator.autocast():

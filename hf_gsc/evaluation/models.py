@@ -6,7 +6,7 @@ split point or a model that cannot be loaded fails in seconds with a message nam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -46,16 +46,12 @@ def image_backend_of(processor: Any) -> str:
     return "pil" if type(processor).__name__.endswith("Pil") else "torchvision"
 
 
-def image_transform(processor: Any, model: torch.nn.Module, dataset_name: str) -> Callable[[list], torch.Tensor]:
-    """A list of PIL images -> ``pixel_values`` ``(B, C, H, W)`` as the model expects (``hf_gsc.data.make_transform``)."""
-    from ..data import make_transform, num_channels
+def image_transform(processor: Any, model: torch.nn.Module) -> Any:
+    """A list of PIL images -> ``pixel_values`` ``(B, C, H, W)`` as the model expects: an
+    :class:`~hf_gsc.data.ImageTransform`, whose rescale + normalize runs on the model's device when it can."""
+    from ..data import ImageTransform, num_channels
 
-    batch_transform = make_transform(processor, num_channels(model.config), dataset_name)
-
-    def transform(images: list) -> torch.Tensor:
-        return batch_transform({"image": images})["pixel_values"]
-
-    return transform
+    return ImageTransform(processor, num_channels(model.config))
 
 
 def processor_image_std(processor: Any) -> list[float]:

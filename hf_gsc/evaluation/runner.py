@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -193,8 +193,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         id_splits, ood_splits = load_data(args, parsed, needed_id_splits(detectors))
     plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits)
 
-    def transform_for(dataset_name: str) -> Callable[[list], torch.Tensor]:
-        return image_transform(processor, model, dataset_name)
+    transform = image_transform(processor, model)
 
     # Fit (main process) only the detectors that still have scores to compute, then score.
     cache = ScoreCache(output_dir)
@@ -203,10 +202,10 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     to_fit = [name for name in plan.fit_data if any(name in names for names in missing.values())]
     on_error = "skip" if args.skip_unreadable_images else "raise"
     try:
-        fit_detectors(accelerator, detectors, to_fit, plan.fit_data, plan.fit_fingerprints, transform_for,
+        fit_detectors(accelerator, detectors, to_fit, plan.fit_data, plan.fit_fingerprints, transform,
                       args.batch_size, output_dir, args.seed, args.overwrite, num_workers, on_error,
                       source=args.benchmark or args.id_dataset)
-        seconds, splits = score_missing(accelerator, plan, missing, detectors, model, transform_for, cache,
+        seconds, splits = score_missing(accelerator, plan, missing, detectors, model, transform, cache,
                                         args.batch_size, num_workers, on_error)
     except UndecodableImageError as error:
         raise UndecodableImageError(f"{error} (fix or remove the file, or pass --skip-unreadable-images to leave "
@@ -224,6 +223,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         mixed_precision=accelerator.mixed_precision,
         num_workers=num_workers,
         image_backend=image_backend_of(processor),
+        # where the image processor's rescale + normalize ran: "device" (deferred, see hf_gsc.data.normalization)
+        pixel_normalization="device" if transform.normalization is not None else "workers",
         config=config,
         versions=package_versions(),
         seconds={

@@ -29,7 +29,7 @@ def score_missing(
     missing: Mapping[str, Sequence[str]],
     detectors: Mapping[str, Any],
     model: torch.nn.Module,
-    transform_for: Callable[[str], Callable[[list], torch.Tensor]],
+    transform: Callable[[list], torch.Tensor],
     cache: ScoreCache,
     batch_size: int,
     num_workers: int = 0,
@@ -55,7 +55,7 @@ def score_missing(
         if not names:
             continue
         scorers = {name: predictions if name == BASE_MODEL else detectors[name].score for name in names}
-        dataloader = make_dataloader(dataset, transform_for(split), batch_size, num_workers, accelerator.device,
+        dataloader = make_dataloader(dataset, transform, batch_size, num_workers, accelerator.device,
                                      accelerator.process_index, accelerator.num_processes,
                                      dataset_name=f"{split} ({plan.sources[split]})")
         size = num_rows(dataset) or "streamed"

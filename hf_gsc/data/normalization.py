@@ -1,0 +1,138 @@
+"""The image processor's last step, rescale and normalize, run where the model runs.
+
+A transformers image processor ends with ``pixels * rescale_factor`` and ``(pixels - mean) / std``. Up to that
+step its output is still uint8-valued (decoded, converted, resized, cropped), so the DataLoader workers can stop
+there and hand over uint8 batches: a quarter of the bytes through shared memory and to the GPU, and the float
+arithmetic (about a fifth of decode+preprocess time per 500x375 JPEG on one core with the PIL backend, see
+``docs/evaluation.md``) runs vectorised over the batch on the model's device. timm's ``PrefetchLoader`` does
+the same.
+
+:class:`PixelNormalization` repeats each backend's arithmetic operation for operation, in the same float types.
+:func:`deferred_normalization` runs the processor both ways on probe images and defers only when the results are
+equal bit for bit; otherwise (a processor that pads after normalizing, one outside transformers' two backends,
+one whose intermediate output is not uint8-valued) it returns ``None`` and the workers run the whole processor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+__all__ = ["PixelNormalization", "deferred_normalization", "normalize_pixels"]
+
+Backend = Literal["pil", "torchvision"]
+
+#: Sizes (width, height) of the probe images :func:`deferred_normalization` runs the processor on: neither
+#: square nor a multiple of a patch size, so resizing and cropping both take part.
+PROBE_SIZES = ((61, 47), (61, 47))
+
+
+def normalize_pixels(
+    pixels: torch.Tensor,
+    backend: Backend,
+    rescale_factor: float | None,
+    image_mean: tuple[float, ...] | None,
+    image_std: tuple[float, ...] | None,
+) -> torch.Tensor:
+    """``(B, C, H, W)`` uint8 -> float32 ``(B, C, H, W)`` on the same device, as the backend's processor computes it.
+
+    ``rescale_factor`` ``None``: no rescaling; ``image_mean``/``image_std`` ``None``: no normalization. Mean and
+    std hold one value per channel (or one value for all).
+    """
+    if pixels.dtype != torch.uint8 or pixels.ndim != 4:
+        raise ValueError(f"pixels must be a (B, C, H, W) uint8 tensor, got {tuple(pixels.shape)} {pixels.dtype}")
+    normalize = image_mean is not None
+    if normalize:
+        mean = torch.tensor(image_mean, dtype=torch.float32, device=pixels.device).view(-1, 1, 1)
+        std = torch.tensor(image_std, dtype=torch.float32, device=pixels.device).view(-1, 1, 1)
+    if backend == "pil":
+        # PilBackend: ``image.astype(float64) * scale`` cast to float32, then ``(image - mean) / std`` in float32.
+        values = (pixels.double() * rescale_factor).float() if rescale_factor is not None else pixels.float()
+        return (values - mean) / std if normalize else values
+    # TorchvisionBackend fuses the two: ``(image - mean / scale) / (std / scale)`` with float32 mean and std.
+    if normalize:
+        if rescale_factor is not None:
+            mean, std = mean * (1.0 / rescale_factor), std * (1.0 / rescale_factor)
+        return (pixels.float() - mean) / std
+    return pixels * rescale_factor if rescale_factor is not None else pixels.float()
+
+
+@dataclass(frozen=True)
+class PixelNormalization:
+    """An image processor's rescale + normalize, to apply to its uint8 intermediate output (see module docstring).
+
+    Small and picklable: it travels with each batch from the DataLoader workers to the consumer.
+    """
+
+    backend: Backend
+    rescale_factor: float | None
+    image_mean: tuple[float, ...] | None
+    image_std: tuple[float, ...] | None
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W)`` uint8 -> float32 ``(B, C, H, W)`` (see :func:`normalize_pixels`)."""
+        return normalize_pixels(pixels, self.backend, self.rescale_factor, self.image_mean, self.image_std)
+
+
+def _backend_of(image_processor: Any) -> Backend | None:
+    from transformers.image_processing_backends import PilBackend, TorchvisionBackend
+
+    if isinstance(image_processor, PilBackend):
+        return "pil"
+    if isinstance(image_processor, TorchvisionBackend):
+        return "torchvision"
+    return None
+
+
+def _as_tuple(value: Any) -> tuple[float, ...]:
+    return tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else (float(value),)
+
+
+def _probe_images(mode: str) -> list:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    channels = 1 if mode == "L" else 3
+    images = []
+    for width, height in PROBE_SIZES:
+        array = rng.integers(0, 256, size=(height, width, channels), dtype=np.uint8)
+        images.append(Image.fromarray(array[..., 0] if channels == 1 else array, mode))
+    images[-1].putpixel((0, 0), 0 if channels == 1 else (0, 0, 0))  # both extremes of the uint8 range
+    images[-1].putpixel((1, 0), 255 if channels == 1 else (255, 255, 255))
+    return images
+
+
+def deferred_normalization(image_processor: Any, mode: str = "RGB") -> PixelNormalization | None:
+    """The processor's rescale + normalize as a :class:`PixelNormalization` if it can be deferred, else ``None``.
+
+    ``mode``: the PIL mode the images reach the processor in (``"RGB"`` or ``"L"``). Deferring is allowed when the
+    processor is one of transformers' two backends, does not pad, and on probe images of ``mode`` its output with
+    ``do_rescale=False, do_normalize=False`` is uint8-valued and, passed through the returned normalization, equals
+    its ordinary output exactly.
+    """
+    backend = _backend_of(image_processor)
+    do_rescale = bool(getattr(image_processor, "do_rescale", False))
+    do_normalize = bool(getattr(image_processor, "do_normalize", False))
+    if backend is None or getattr(image_processor, "do_pad", False) or not (do_rescale or do_normalize):
+        return None
+    normalization = PixelNormalization(
+        backend=backend,
+        rescale_factor=float(image_processor.rescale_factor) if do_rescale else None,
+        image_mean=_as_tuple(image_processor.image_mean) if do_normalize else None,
+        image_std=_as_tuple(image_processor.image_std) if do_normalize else None,
+    )
+    images = _probe_images(mode)
+    try:
+        full = image_processor(images, return_tensors="pt")["pixel_values"]
+        partial = image_processor(images, do_rescale=False, do_normalize=False, return_tensors="pt")["pixel_values"]
+    except (TypeError, ValueError):  # a processor that does not take these switches
+        return None
+    if partial.is_floating_point():
+        if not bool(((partial >= 0) & (partial <= 255) & (partial == partial.round())).all()):
+            return None
+        partial = partial.to(torch.uint8)
+    if partial.dtype != torch.uint8 or partial.ndim != 4 or full.dtype != torch.float32:
+        return None
+    return normalization if torch.equal(normalization(partial), full) else None
