@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from hf_gsc.data import ImageTransform, PixelNormalization, deferred_normalization, load_image_processor
-from hf_gsc.data.normalization import normalize_pixels
+from hf_gsc.data.normalization import apply_table, normalization_table, normalize_pixels
 from hf_gsc.evaluation.loop import device_batches, make_accelerator, make_dataloader, model_pixel_values, score_split
 
 PIL_PROCESSORS = [("vit", "ViT"), ("convnext", "ConvNext"), ("deit", "DeiT"), ("clip", "CLIP"), ("beit", "Beit"),
@@ -110,6 +110,29 @@ def test_torchvision_backend_defers_exactly_when_installed() -> None:
     transform = ImageTransform(processor)
     assert transform.normalization is not None and transform.normalization.backend == "torchvision"
     assert torch.equal(transform(photos()), processor(photos(), return_tensors="pt")["pixel_values"])
+
+
+@pytest.mark.parametrize("backend", ["pil", "torchvision"])
+@pytest.mark.parametrize("rescale_factor,mean,std", [(1 / 255, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+                                                     (1 / 255, None, None), (None, (127.5,), (127.5,)),
+                                                     (1 / 127.5, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+def test_table_lookup_equals_the_arithmetic(backend: str, rescale_factor, mean, std) -> None:
+    """PixelNormalization looks values up in a 256-entry table per channel: every uint8 value, every channel,
+    exactly as the arithmetic computes it."""
+    pixels = torch.cat([torch.arange(256, dtype=torch.uint8).view(1, 1, 16, 16).expand(1, 3, 16, 16),
+                        torch.randint(0, 256, (2, 3, 16, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))])
+    expected = normalize_pixels(pixels, backend, rescale_factor, mean, std)
+    assert torch.equal(PixelNormalization(backend, rescale_factor, mean, std)(pixels), expected)
+    table = normalization_table(backend, rescale_factor, mean, std)
+    assert table.shape == (1 if mean is None else len(mean), 256) and table.dtype == torch.float32
+
+
+def test_table_of_other_channel_count_is_refused() -> None:
+    table = normalization_table("pil", 1 / 255, (0.5, 0.5), (0.5, 0.5))
+    with pytest.raises(ValueError, match="a table for 2 channels cannot normalize 3-channel pixels"):
+        apply_table(torch.zeros(1, 3, 2, 2, dtype=torch.uint8), table)
+    with pytest.raises(ValueError, match="uint8"):
+        apply_table(torch.zeros(1, 2, 2, 2), table)
 
 
 def test_normalize_pixels_rejects_float_input() -> None:
