@@ -10,19 +10,17 @@ picks a subset), writing JSON:
 
 * ``decode_preprocess_single_core``: images/s of decoding + the whole image processor (rescale and normalize
   included, float32 out) in one process, one thread, by the loop's own collate function (``IndexedImages``) in a
-  forked process set up as a DataLoader worker (``keep_freed_memory``): one worker's work without the DataLoader.
-  Outside ``images_per_second``: ``..._without_normalization``, the same stopping before rescale + normalize
-  (what a worker does in the loop), and ``..._default_malloc``, the baseline in this process with glibc's
-  default malloc settings;
+  forked process, as a DataLoader worker runs it: one worker's work without the DataLoader. Outside
+  ``images_per_second``: ``..._without_normalization``, the same stopping before rescale + normalize (what a
+  worker does in the loop);
 * ``model_only``: images/s of the model alone on preprocessed batches already on its device;
 * ``workers_0``, ``workers_N``: images/s of the evaluation's loop as it runs (``image_transform`` +
   ``make_dataloader`` + ``score_split``) with 0 and N DataLoader workers (``--workers``; default 2 on a CPU, the
   evaluation's default on CUDA). The workers stop before rescale + normalize and send uint8 batches, which are
   normalized on the model's device (``hf_gsc.data.normalization``); the model gets the baseline's pixel values
   (``pixel_values_equal_to_baseline`` checks one batch);
-* for reference, outside ``images_per_second``, the loop with N workers as it ran before two of its choices:
-  ``workers_N_normalization_in_workers`` (the workers run the whole processor and send float32) and
-  ``workers_N_default_malloc`` (the workers' ``worker_init_fn`` removed: glibc's default malloc settings);
+* for reference, outside ``images_per_second``: ``workers_N_normalization_in_workers``, the loop with N workers
+  that run the whole processor and send float32;
 * ``target``: on a CPU ``workers_N / decode_preprocess_single_core`` (at least 1.5 with 2 workers on 2 cores), on
   CUDA ``workers_N / model_only`` (at least 0.8 for ViT-B/16): the best rates' ratio, and the ratio per round.
 
@@ -145,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     import datasets
 
     from hf_gsc.data import ImageTransform, num_channels
-    from hf_gsc.evaluation.loop import (IndexedImages, default_num_workers, keep_freed_memory, make_accelerator,
-                                        make_dataloader, model_pixel_values, score_split)
+    from hf_gsc.evaluation.loop import (IndexedImages, default_num_workers, make_accelerator, make_dataloader,
+                                        model_pixel_values, score_split)
     from hf_gsc.evaluation.models import image_backend_of, image_transform, load_model
     from hf_gsc.scores import ood_score
 
@@ -178,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize()
             return count / (time.perf_counter() - begin)
 
-        def as_a_worker(queue, deferred: bool) -> None:  # in a forked process, set up as make_dataloader sets up its workers
-            keep_freed_memory()
+        def as_a_worker(queue, deferred: bool) -> None:  # in a forked process, as a DataLoader worker runs
             queue.put(timed(lambda: decode_and_preprocess(deferred), on_gpu=False))  # a forked process can't use CUDA
 
         def single_core_as_a_worker(deferred: bool = False) -> float:
@@ -203,11 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 
         accelerator = make_accelerator("no")
 
-        def scoring_loop(num_workers: int, worker_init: bool = True, defer: bool = True) -> int:
+        def scoring_loop(num_workers: int, defer: bool = True) -> int:
             loader = make_dataloader(dataset, transform if defer else whole_processor, args.batch_size, num_workers,
                                      accelerator.device)
-            if not worker_init:
-                loader.worker_init_fn = None  # the workers as before keep_freed_memory, for reference
             return score_split(accelerator, loader, {"msp": msp})["msp"].numel()
 
         def first_batch_seconds() -> float:  # the fixed cost of a pass: workers start, first batch decoded
@@ -218,12 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         run = {  # name -> a function measuring images/s once
             "decode_preprocess_single_core": single_core_as_a_worker,
             "decode_preprocess_single_core_without_normalization": lambda: single_core_as_a_worker(deferred=True),
-            "decode_preprocess_single_core_default_malloc": lambda: timed(decode_and_preprocess, on_gpu=False),
             "model_only": lambda: timed(model_alone),
             "workers_0": lambda: timed(lambda: scoring_loop(0)),
             "workers_N": lambda: timed(lambda: scoring_loop(workers)),
             "workers_N_normalization_in_workers": lambda: timed(lambda: scoring_loop(workers, defer=False)),
-            "workers_N_default_malloc": lambda: timed(lambda: scoring_loop(workers, worker_init=False)),
         }
         timed(model_alone)  # warm-up: CUDA context, kernels (and the allocator on a CPU)
         # Rounds, each measuring everything once in turn: the machine's speed drifts over minutes (other jobs), so
@@ -274,8 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
 #: What can be measured (``--measure``), in the order each round runs them; ``workers_N`` is written with N.
 MEASUREMENTS = ("decode_preprocess_single_core", "decode_preprocess_single_core_without_normalization",
-                "decode_preprocess_single_core_default_malloc", "model_only", "workers_0", "workers_N",
-                "workers_N_normalization_in_workers", "workers_N_default_malloc")
+                "model_only", "workers_0", "workers_N", "workers_N_normalization_in_workers")
 #: Rates listed under ``images_per_second`` (with ``workers_N``); the others are references.
 PRIMARY = ("decode_preprocess_single_core", "model_only", "workers_0")
 #: Per device: (numerator, denominator, at least): the issue's targets.

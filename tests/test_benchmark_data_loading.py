@@ -23,7 +23,7 @@ def test_benchmark_writes_its_json(tmp_path: Path) -> None:
     assert result["target"]["value"] == round(rates["workers_2"] / rates["decode_preprocess_single_core"], 2)
     assert result["target"]["ratio"] == "workers_2 / decode_preprocess_single_core" and len(result["target"]["per_round"]) == 1
     assert result["images"]["size"] == [500, 375] and result["image_backend"] in ("pil", "torchvision")
-    assert result["workers_2_normalization_in_workers"] > 0 and result["workers_2_default_malloc"] > 0
+    assert result["workers_2_normalization_in_workers"] > 0
     assert result["decode_preprocess_single_core_without_normalization"] > 0
     assert result["workers_2_first_batch_seconds"] > 0
     # The scored loop (uint8 batches normalized in the main process) feeds the model the baseline's pixel values.

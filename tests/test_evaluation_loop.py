@@ -199,13 +199,12 @@ def test_loader_options_per_device() -> None:
     assert (cpu.num_workers, cpu.pin_memory, cpu.prefetch_factor, cpu.persistent_workers) == (2, False, 2, False)
     cuda = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cuda")
     assert (cuda.pin_memory, cuda.prefetch_factor) == (True, loop.CUDA_PREFETCH_FACTOR)
-    assert cpu.worker_init_fn is cuda.worker_init_fn is loop.keep_freed_memory
     assert loop.default_num_workers("cpu") == 0
     assert loop.default_num_workers("cuda") == min(4, __import__("os").cpu_count())
 
 
-def test_workers_keep_freed_memory_and_score_as_the_main_process() -> None:
-    """Workers set up by keep_freed_memory (their worker_init_fn) score exactly as the main process does."""
+def test_workers_score_as_the_main_process() -> None:
+    """Worker processes score exactly as the main process does."""
     accelerator = make_accelerator()
 
     def scorer(x: torch.Tensor) -> torch.Tensor:

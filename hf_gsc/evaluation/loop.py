@@ -7,8 +7,6 @@
   ``pixel_values`` in one image-processor call, optionally in worker processes. A map-style dataset is
   read by *index* (``accelerator.prepare`` shards the indices over the processes); a streamed
   ``datasets.IterableDataset`` is first split over the processes with ``split_dataset_by_node``.
-  Each worker process starts with :func:`keep_freed_memory` (see there: on glibc about a third of the
-  decode+preprocess time was spent in page faults, re-mapping memory that malloc had just returned to the OS).
   With an :class:`~hf_gsc.data.ImageTransform` the workers stop before the processor's rescale + normalize and
   send uint8 batches, which :func:`model_pixel_values` normalizes on the model's device
   (:mod:`hf_gsc.data.normalization`: same numbers, a quarter of the bytes, less work per image in the workers).
@@ -30,10 +28,8 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -101,37 +97,6 @@ def make_accelerator(mixed_precision: str | None = None) -> Any:
         raise InputError(f"{flag} {accelerator.mixed_precision}: not available on device {accelerator.device.type} "
                          "(accelerate would run it as fp32); use bf16 or no on a CPU")
     return accelerator
-
-
-#: glibc ``mallopt`` parameters (malloc.h): ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD``.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-#: Allocations up to this size come from the heap instead of their own ``mmap`` (glibc's maximum, 32 MiB on
-#: 64-bit): a batch of 32 images of 224 px in float32 (19 MiB) and every intermediate image stay below it.
-MMAP_THRESHOLD = 32 * 1024 * 1024
-#: Free heap memory kept by the process instead of being returned to the OS.
-TRIM_THRESHOLD = 512 * 1024 * 1024
-
-
-def keep_freed_memory(worker_id: int | None = None) -> bool:
-    """Make glibc's malloc keep and reuse freed memory in this process; the DataLoader workers' ``worker_init_fn``.
-
-    Decoding and preprocessing allocate and free several arrays of 0.15-1.2 MiB per image (the decoded JPEG, its
-    copy, the resized image, float arrays) and the batch tensor (19 MiB). glibc serves each of these with a fresh
-    ``mmap`` (above its 128 KiB starting threshold) or returns them to the OS by trimming the heap, so every
-    image touches new pages again: about 600 page faults per 500x375 JPEG, a third of its decode+preprocess
-    time (``docs/evaluation.md``, "Data loading"). Raising the mmap and trim thresholds keeps that memory in
-    the process (a worker's heap grows to its peak working set, a few batches, and is freed when the worker
-    exits at the end of the split). Only the DataLoader's own worker processes are changed, never the
-    caller's process. Returns whether the thresholds were set (False where the C library is not glibc).
-    """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def default_num_workers(device: torch.device | str) -> int:
@@ -253,8 +218,7 @@ def make_dataloader(
     options: dict[str, Any] = {"batch_size": batch_size, "num_workers": num_workers, "pin_memory": cuda}
     if num_workers > 0:
         # Each loader reads its split once, so workers that outlive it (persistent_workers) would only hold memory.
-        options.update(prefetch_factor=CUDA_PREFETCH_FACTOR if cuda else 2, persistent_workers=False,
-                       worker_init_fn=keep_freed_memory)
+        options.update(prefetch_factor=CUDA_PREFETCH_FACTOR if cuda else 2, persistent_workers=False)
     if is_streamed(dataset):
         from datasets.distributed import split_dataset_by_node
 
@@ -452,7 +416,6 @@ __all__ = [
     "default_num_workers",
     "device_batches",
     "fingerprint",
-    "keep_freed_memory",
     "make_accelerator",
     "make_dataloader",
     "model_pixel_values",
