@@ -3,14 +3,14 @@
 A transformers image processor ends with ``pixels * rescale_factor`` and ``(pixels - mean) / std``. Up to that
 step its output is still uint8-valued (decoded, converted, resized, cropped), so the DataLoader workers can stop
 there and hand over uint8 batches: a quarter of the bytes through shared memory and to the GPU, and the float
-arithmetic (about a fifth of decode+preprocess time per 500x375 JPEG on one core with the PIL backend, see
-``docs/evaluation.md``) runs vectorised over the batch on the model's device. timm's ``PrefetchLoader`` does
+arithmetic (about a quarter of a worker's time per 500x375 JPEG with the PIL backend, see ``docs/evaluation.md``)
+runs vectorised over the batch on the model's device. timm's ``PrefetchLoader`` does
 the same.
 
 :func:`normalize_pixels` repeats each backend's arithmetic operation for operation, in the same float types. A
 uint8 input has only 256 values per channel, so :class:`PixelNormalization` applies it once to each of them and
-looks the batch up in that table (:func:`normalization_table`, :func:`apply_table`): the same numbers, at a
-seventh of the cost on a CPU (PIL's float64 rescale is the expensive part). :func:`deferred_normalization` runs the
+looks the batch up in that table (:func:`normalization_table`, :func:`apply_table`): the same numbers, for much
+less work on a CPU than the arithmetic itself (PIL's float64 rescale is the expensive part). :func:`deferred_normalization` runs the
 processor both ways on probe images and defers only when the results are equal bit for bit; otherwise (a
 processor that pads after normalizing, one outside transformers' two backends, one whose intermediate output is
 not uint8-valued) it returns ``None`` and the workers run the whole processor.
