@@ -6,6 +6,10 @@ warm-up with a fixed number of threads, and summarised by the median. Peak memor
 mark of tensor memory allocated during one call, read from the torch profiler's memory events on CPU
 (``torch.cuda.max_memory_allocated`` on GPU). Results go to a JSON file; nothing here asserts a speed.
 
+With ``--mixed-precision bf16`` (or ``fp16``, CUDA only) every timed and memory-measured call runs under
+``torch.autocast`` on the device's type, as the evaluation runs its methods under ``accelerator.autocast()``: the
+backbone in the lower precision, GSC's step, ODIN and ASH in float32 (:mod:`hf_gsc.precision`).
+
 With ``--after-backbone`` each GSC method is also timed with its backbone replaced by a lookup of ``F``: what is
 left is GSC's whole work after the backbone (what a faster backend could save), reported relative to MSP's whole
 forward (``after_backbone_relative_to_msp``).
@@ -19,6 +23,7 @@ Example (random-weight ResNet-50, ViT-B/16 and Swin-T at 224 px)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -46,6 +51,42 @@ RANDOM_MODELS = {
     "vit-b16-random": ("ViTConfig", "ViTForImageClassification"),
     "swin-t-random": ("SwinConfig", "SwinForImageClassification"),
 }
+
+
+#: ``--mixed-precision`` -> the autocast dtype (accelerate's ``get_mixed_precision_context_manager``).
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: str, mixed_precision: str) -> contextlib.AbstractContextManager:
+    """What the evaluation's ``accelerator.autocast()`` enters for ``mixed_precision`` on ``device``: ``torch.autocast``
+    on the device's type with the precision's dtype, or nothing for ``no``. A new context manager per call."""
+    if mixed_precision == "no":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=AUTOCAST_DTYPES[mixed_precision])
+
+
+def precision_error(device: str, mixed_precision: str) -> str | None:
+    """Why ``mixed_precision`` cannot run on ``device`` as the evaluation runs it, or ``None`` when it can."""
+    device_type = torch.device(device).type
+    if mixed_precision == "fp16" and device_type == "cpu":
+        return "--mixed-precision fp16: the evaluation runs fp16 autocast on CUDA only; use bf16 or no on a CPU"
+    if mixed_precision == "bf16" and device_type == "cuda" and torch.cuda.is_available() \
+            and not torch.cuda.is_bf16_supported():
+        return f"--mixed-precision bf16: {torch.cuda.get_device_name(device)} has no bf16; use fp16 or no"
+    return None
+
+
+def _under_autocast(
+    function: Callable[[torch.Tensor], torch.Tensor], device: str, mixed_precision: str
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    if mixed_precision == "no":
+        return function
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with autocast(device, mixed_precision):
+            return function(x)
+
+    return run
 
 
 def load_model(name: str) -> torch.nn.Module:
@@ -136,7 +177,9 @@ def benchmark_model(
     approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
     after_backbone_rounds: bool = False,
     unhooked_twin: torch.nn.Module | None = None,
+    mixed_precision: str = "no",
 ) -> dict:
+    """Every method's times and peak memory on one random batch, each call under ``mixed_precision``'s autocast."""
     config = model.config
     channels = config.num_channels
     size = getattr(config, "image_size", 28)
@@ -146,6 +189,7 @@ def benchmark_model(
     methods = _methods(model, split_point, baselines, approximations, detectors)
     if unhooked_twin is not None:  # the same weights, never wrapped by GSC: no split hooks on any module
         methods["msp_without_split_hooks"] = get_detector("msp", unhooked_twin).score
+    methods = {name: _under_autocast(function, device, mixed_precision) for name, function in methods.items()}
     names = list(methods)
     for _ in range(warmup):
         for name in names:
@@ -158,7 +202,9 @@ def benchmark_model(
             times[name].append(_time_once(methods[name], x))
     memory = {name: _peak_memory_bytes(methods[name], x) for name in names}
     msp_time, msp_memory = statistics.median(times["msp"]), memory["msp"]
-    after_backbone = _after_backbone_seconds(detectors, x, repeats) if after_backbone_rounds else {}
+    after_backbone = (
+        _after_backbone_seconds(detectors, x, repeats, device, mixed_precision) if after_backbone_rounds else {}
+    )
     # Paired: each repeat's time over MSP's in the same repeat (adjacent calls), so that load changes slower
     # than one round cancel; reported next to the ratio of medians, which is the headline number.
     paired = {name: [t / m for t, m in zip(times[name], times["msp"])] for name in names}
@@ -185,32 +231,38 @@ def benchmark_model(
 
 
 def _after_backbone_seconds(
-    detectors: dict[str, GSCForImageClassification], x: torch.Tensor, repeats: int
+    detectors: dict[str, GSCForImageClassification], x: torch.Tensor, repeats: int, device: str = "cpu",
+    mixed_precision: str = "no",
 ) -> dict[str, list[float]]:
     """Each GSC detector's time per call with the backbone replaced by a lookup of its ``F`` (the split point's
-    ``features`` patched on the instance), interleaved over ``repeats`` rounds after one warm-up call."""
-    for detector in detectors.values():
-        features = detector.split_point.features(x)
+    ``features`` patched on the instance, computed under the same autocast), interleaved over ``repeats`` rounds
+    after one warm-up call."""
+    calls = {name: _under_autocast(detector, device, mixed_precision) for name, detector in detectors.items()}
+    for name, detector in detectors.items():
+        features = _under_autocast(detector.split_point.features, device, mixed_precision)(x)
         detector.split_point.features = lambda pixel_values, features=features: features
-        _time_once(detector, x)
+        _time_once(calls[name], x)
     times: dict[str, list[float]] = {name: [] for name in detectors}
     try:
         for _ in range(repeats):
-            for name, detector in detectors.items():
-                times[name].append(_time_once(detector, x))
+            for name in detectors:
+                times[name].append(_time_once(calls[name], x))
     finally:
         for detector in detectors.values():
             del detector.split_point.features
     return times
 
 
-def profile_methods(model: torch.nn.Module, batch_size: int, split_point: str, device: str, label: str) -> None:
+def profile_methods(
+    model: torch.nn.Module, batch_size: int, split_point: str, device: str, label: str, mixed_precision: str = "no"
+) -> None:
     """Print the 12 operators with the most self time for msp, gsc_exact and gsc_first_order (5 calls each)."""
     config = model.config
     size = getattr(config, "image_size", 28)
     size = size if isinstance(size, int) else size[0]
     x = torch.randn(batch_size, config.num_channels, size, size).to(device)
-    methods = _methods(model, split_point)
+    methods = {name: _under_autocast(function, device, mixed_precision)
+               for name, function in _methods(model, split_point).items()}
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     sort = "self_cuda_time_total" if device.startswith("cuda") else "self_cpu_time_total"
@@ -227,14 +279,17 @@ def profile_methods(model: torch.nn.Module, batch_size: int, split_point: str, d
 def markdown(results: dict) -> str:
     """One table per (model, split point) and batch size: relative time (ratio of medians, +- half the IQR), the
     median of per-repeat ratios to MSP (paired), relative peak memory and, where measured, the time after the
-    backbone (median ms, and as a percentage of MSP's whole forward)."""
+    backbone (median ms, and as a percentage of MSP's whole forward). The heading names the precision (fp32, or
+    the autocast dtype of ``--mixed-precision``; results written before that option existed are fp32)."""
+    mixed_precision = results.get("mixed_precision", "no")
+    precision = "fp32" if mixed_precision == "no" else f"{mixed_precision} autocast"
     lines = []
     for model, per_split in results["models"].items():
         for split_point, per_batch in per_split.items():
             batches = list(per_batch)
             after = any("after_backbone_median_seconds" in r for b in batches for r in per_batch[b].values())
             columns = ["time", "time, paired", "mem"] + (["after backbone"] if after else [])
-            lines += [f"#### {model}, split point `{split_point}`", ""]
+            lines += [f"#### {model}, split point `{split_point}`, {precision}", ""]
             lines.append("| method | " + " | ".join(f"batch {b} {c}" for b in batches for c in columns) + " |")
             lines.append("|---|" + "---|" * len(columns) * len(batches))
             for method in per_batch[batches[0]]:
@@ -280,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
+                        help="run every measured call under torch.autocast with this dtype, as the evaluation's "
+                        "--mixed-precision does (fp16: CUDA only)")
     parser.add_argument("--profile", action="store_true",
                         help="also print the top operators by self CPU time of msp / gsc_exact / gsc_first_order at "
                         "the largest batch size and first split point (where the overhead goes)")
@@ -293,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.repeats < 1 or args.warmup < 0:
         parser.error("--repeats must be >= 1 and --warmup >= 0")
+    error = precision_error(args.device, args.mixed_precision)
+    if error:
+        parser.error(error)
     baselines = tuple(args.baselines.split(","))
     approximations = tuple(args.approximations.split(","))
     if "msp" not in baselines or not set(baselines) <= set(BASELINES):
@@ -308,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"processor": platform.processor() or platform.machine(), "threads": args.threads,
                     "device": args.device, "cpu_count": os.cpu_count(),
                     "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
+        "mixed_precision": args.mixed_precision,
         "settings": vars(args),
         "models": {},
     }
@@ -324,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                 row = benchmark_model(
                     model, batch_size, args.repeats, args.warmup, split_point, args.device, baselines, approximations,
-                    args.after_backbone, twin,
+                    args.after_backbone, twin, args.mixed_precision,
                 )
                 results["models"][name].setdefault(split_point, {})[str(batch_size)] = row
                 summary = ", ".join(
@@ -337,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models.split(","):
             model = load_model(name).to(args.device)
             profile_methods(model, max(int(b) for b in args.batch_sizes.split(",")),
-                            args.split_points.split(",")[0], args.device, f"{name}")
+                            args.split_points.split(",")[0], args.device, f"{name}", args.mixed_precision)
     if hasattr(os, "getloadavg"):
         results["machine"]["load_average_at_end"] = list(os.getloadavg())
         output.write_text(json.dumps(results, indent=2))

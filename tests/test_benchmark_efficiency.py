@@ -47,3 +47,31 @@ def test_benchmark_writes_every_method_relative_to_msp(tmp_path):
     table = output.with_suffix(".md").read_text()
     assert "#### resnet, split point `resnet.encoder.stages.-3`" in table
     assert "| gsc_first_order |" in table and "batch 2 time, paired" in table
+
+
+def _run_benchmark(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, str(REPO / "scripts" / "benchmark_efficiency.py"), "--models", "resnet", "--batch-sizes", "2",
+        "--repeats", "1", "--warmup", "0", "--threads", "1", "--baselines", "msp", "--approximations", "first_order",
+        "--output", str(tmp_path / "efficiency.json"), *extra,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def test_benchmark_under_bf16_autocast_records_the_precision(tmp_path):
+    result = _run_benchmark(tmp_path, "--mixed-precision", "bf16", "--after-backbone")
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads((tmp_path / "efficiency.json").read_text())
+    assert results["mixed_precision"] == "bf16" and results["settings"]["mixed_precision"] == "bf16"
+    row = results["models"]["resnet"]["final_encoder_output"]["2"]
+    assert set(row) == {"msp", "gsc_first_order"}
+    for measured in row.values():
+        assert measured["median_seconds"] > 0 and measured["peak_memory_bytes"] > 0 and measured["relative_time"] > 0
+    assert row["gsc_first_order"]["after_backbone_median_seconds"] > 0
+    assert "#### resnet, split point `final_encoder_output`, bf16 autocast" in (tmp_path / "efficiency.md").read_text()
+
+
+def test_benchmark_refuses_fp16_on_cpu(tmp_path):
+    result = _run_benchmark(tmp_path, "--mixed-precision", "fp16")
+    assert result.returncode == 2 and "fp16 autocast on CUDA only" in result.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "efficiency.json").exists()

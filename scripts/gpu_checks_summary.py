@@ -1,0 +1,156 @@
+#!/usr/bin/env python
+"""summary.json and cost_tables.md of a ``scripts/gpu_checks.sh`` run: each step's command, exit status and seconds,
+and what the issue asks of each check next to its target. Reads ``DIR/details`` (steps.tsv and the steps' outputs);
+a step that wrote nothing is reported as missing, never guessed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+TARGETS = {
+    "gsc_time_relative_to_msp_at_most": 1.05,
+    "gsc_peak_memory_relative_to_msp_at_most": 1.10,
+    "vit_end_to_end_relative_to_model_only_at_least": 0.8,
+}
+EVALUATIONS = ("eval_device_fp32", "eval_device_bf16", "eval_cpu_fp32")
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def steps(details: Path) -> list[dict]:
+    rows = []
+    for line in (details / "steps.tsv").read_text().splitlines():
+        name, status, seconds, limit, command = (line.split("\t", 4) + [""] * 5)[:5]
+        rows.append({"name": name, "command": command, "exit_status": int(status) if status.isdigit() else status,
+                     "seconds": int(seconds), "limit_seconds": int(limit), "timed_out": status in ("124", "137"),
+                     "log": f"details/logs/{name}.log"})
+    return rows
+
+
+def evaluation(results: dict) -> dict:
+    scored = results["seconds"]["splits_scored"]
+    return {
+        "device": results["device"], "mixed_precision": results["mixed_precision"],
+        "num_workers": results["num_workers"], "image_backend": results["image_backend"],
+        "id_accuracy": results["id_accuracy"], "seconds_total": results["seconds"]["total"],
+        "images_per_second": {split: row["images_per_second"] for split, row in scored.items()},
+        "average": {method: {"auroc": row["average"]["auroc"], "fpr95": row["average"]["fpr95"]}
+                    for method, row in results["methods"].items()},
+    }
+
+
+def against_cpu(device_run: dict, cpu_run: dict) -> dict:
+    """Per method: the device run's average AUROC and FPR95 minus the CPU run's, and the largest absolute gap."""
+    gaps = {method: {metric: row[metric] - cpu_run["average"][method][metric] for metric in ("auroc", "fpr95")}
+            for method, row in device_run["average"].items() if method in cpu_run["average"]}
+    largest = {metric: max((abs(gap[metric]) for gap in gaps.values()), default=None) for metric in ("auroc", "fpr95")}
+    return {"difference": gaps, "largest_absolute": largest}
+
+
+def cost(results: dict) -> dict:
+    """model -> batch -> GSC approximation -> time and peak memory relative to MSP, and whether each meets its target."""
+    out: dict = {}
+    for model, per_split in results["models"].items():
+        for split_point, per_batch in per_split.items():
+            for batch, row in per_batch.items():
+                msp = row["msp"]
+                cell = out.setdefault(model, {}).setdefault(f"{split_point}, batch {batch}", {
+                    "msp": {"median_ms": round(1000 * msp["median_seconds"], 3),
+                            "peak_memory_mib": round(msp["peak_memory_bytes"] / 2**20, 2)}})
+                for method, measured in row.items():
+                    if not method.startswith("gsc_"):
+                        continue
+                    time, memory = measured["relative_time"], measured["relative_memory"]
+                    cell[method] = {
+                        "relative_time": round(time, 4), "relative_time_paired": round(measured["relative_time_paired"], 4),
+                        "relative_memory": None if memory is None else round(memory, 4),
+                        "time_target_met": time <= TARGETS["gsc_time_relative_to_msp_at_most"],
+                        "memory_target_met": None if memory is None
+                        else memory <= TARGETS["gsc_peak_memory_relative_to_msp_at_most"],
+                    }
+    return out
+
+
+def summarize(directory: Path, mode: str, seconds: int) -> dict:
+    details = directory / "details"
+    findings: dict = {}
+    environment = details / "logs" / "environment.log"
+    findings["environment"] = {
+        "nvidia_smi": (details / "nvidia-smi.txt").read_text().strip() if (details / "nvidia-smi.txt").exists() else None,
+        "pip_freeze": (details / "pip-freeze.txt").read_text().split() if (details / "pip-freeze.txt").exists() else [],
+        "python": next((json.loads(line) for line in reversed(environment.read_text().splitlines())
+                        if line.startswith("{")), None) if environment.exists() else None,
+    }
+    tests_log = details / "logs" / "device_tests.log"
+    if tests_log.exists():
+        lines = [line for line in tests_log.read_text().splitlines() if line.strip()]
+        findings["device_tests"] = {"last_line": lines[-1] if lines else "", "skipped": [l for l in lines if "SKIP" in l]}
+    runs = {name: evaluation(r) for name in EVALUATIONS if (r := _json(details / name / "results.json"))}
+    missing = [name for name in EVALUATIONS if name not in runs]
+    findings["evaluation"] = {"runs": runs, "missing": missing}
+    if "eval_cpu_fp32" in runs:
+        findings["evaluation"]["against_cpu_fp32"] = {
+            name: against_cpu(runs[name], runs["eval_cpu_fp32"]) for name in runs if name != "eval_cpu_fp32"}
+    findings["cost"] = {precision: cost(r) if (r := _json(details / f"cost_{precision}.json")) else None
+                        for precision in ("fp32", "bf16")}
+    loading = _json(details / "data_loading.json")
+    findings["data_loading"] = None if loading is None else {
+        key: loading[key] for key in ("model", "device", "workers", "batch_size", "images_per_second", "target")
+        if key in loading}
+    return {
+        "mode": mode, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_seconds": seconds,
+        "targets": TARGETS, "steps": steps(details), "findings": findings,
+    }
+
+
+def report(summary: dict) -> str:
+    """A few lines for the console (the device tool shows the end of the output)."""
+    lines = [f"summary ({summary['mode']}, {summary['wall_seconds']} s):"]
+    lines += [f"  {s['name']}: exit {s['exit_status']} in {s['seconds']} s" for s in summary["steps"]]
+    findings = summary["findings"]
+    if "device_tests" in findings:
+        lines.append(f"  device tests: {findings['device_tests']['last_line']}")
+    for name, run in findings["evaluation"]["runs"].items():
+        rates = run["images_per_second"].values()
+        averages = ", ".join(f"{m} {r['auroc']:.4f}/{r['fpr95']:.3f}" for m, r in run["average"].items())
+        lines.append(f"  {name}: {run['device']} {run['mixed_precision']}, {min(rates):.0f}-{max(rates):.0f} img/s; "
+                     f"AUROC/FPR95 {averages}")
+    for name, comparison in findings["evaluation"].get("against_cpu_fp32", {}).items():
+        lines.append(f"  {name} vs cpu fp32: largest |AUROC gap| {comparison['largest_absolute']['auroc']:.2g}, "
+                     f"|FPR95 gap| {comparison['largest_absolute']['fpr95']:.2g}")
+    for precision, models in findings["cost"].items():
+        for model, cells in (models or {}).items():
+            for cell, row in cells.items():
+                gsc = ", ".join(f"{m[4:]} {r['relative_time']:.2f}x/{r['relative_memory'] or 0:.2f}x mem"
+                                for m, r in row.items() if m != "msp")
+                lines.append(f"  cost {precision} {model} ({cell}, MSP {row['msp']['median_ms']:.1f} ms): {gsc}")
+    if findings["data_loading"] and "target" in findings["data_loading"]:
+        lines.append(f"  data loading: {findings['data_loading']['target']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("directory", type=Path, help="the folder gpu_checks.sh wrote (holding details/)")
+    parser.add_argument("--mode", default="gpu")
+    parser.add_argument("--seconds", type=int, default=0, help="the whole run's wall time so far")
+    args = parser.parse_args(argv)
+    summary = summarize(args.directory, args.mode, args.seconds)
+    (args.directory / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    tables = [(args.directory / "details" / f"cost_{p}.md") for p in ("fp32", "bf16")]
+    (args.directory / "cost_tables.md").write_text("\n".join(t.read_text() for t in tables if t.exists()))
+    print(report(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
