@@ -4,19 +4,19 @@ A transformers image processor ends with ``pixels * rescale_factor`` and ``(pixe
 step its output is still uint8-valued (decoded, converted, resized, cropped), so the DataLoader workers can stop
 there and hand over uint8 batches: a quarter of the bytes through shared memory and to the GPU, and the float
 arithmetic (about a quarter of a worker's time per 500x375 JPEG with the PIL backend, see ``docs/evaluation.md``)
-runs vectorised over the batch on the model's device. timm's ``PrefetchLoader`` does
-the same.
+runs vectorised over the batch on the model's device. timm's ``PrefetchLoader`` does the same.
 
 :func:`normalize_pixels` repeats each backend's arithmetic operation for operation, in the same float types. A
 uint8 input has only 256 values per channel, so :class:`PixelNormalization` applies it once to each of them and
 looks the batch up in that table (:func:`normalization_table`, :func:`apply_table`): the same numbers, for much
-less work on a CPU than the arithmetic itself (PIL's float64 rescale is the expensive part). :func:`deferred_normalization` runs the
-processor both ways on probe images and defers only when the results are equal bit for bit; otherwise (a
-processor that pads after normalizing, one outside transformers' two backends, one whose intermediate output is
-not uint8-valued) it returns ``None`` and the workers run the whole processor.
+less work on a CPU than the arithmetic itself (PIL's float64 rescale is the expensive part).
+:func:`deferred_normalization` runs the processor both ways on probe images and defers only when the results are
+equal bit for bit; otherwise (a processor that pads after normalizing, one outside transformers' two backends,
+one whose intermediate output is not uint8-valued) it returns ``None`` and the workers run the whole processor.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -32,6 +32,11 @@ Backend = Literal["pil", "torchvision"]
 PROBE_SIZES = ((61, 47), (61, 47))
 
 
+def _check_pixels(pixels: torch.Tensor) -> None:
+    if pixels.dtype != torch.uint8 or pixels.ndim != 4:
+        raise ValueError(f"pixels must be a (B, C, H, W) uint8 tensor, got {tuple(pixels.shape)} {pixels.dtype}")
+
+
 def normalize_pixels(
     pixels: torch.Tensor,
     backend: Backend,
@@ -44,8 +49,7 @@ def normalize_pixels(
     ``rescale_factor`` ``None``: no rescaling; ``image_mean``/``image_std`` ``None``: no normalization. Mean and
     std hold one value per channel (or one value for all).
     """
-    if pixels.dtype != torch.uint8 or pixels.ndim != 4:
-        raise ValueError(f"pixels must be a (B, C, H, W) uint8 tensor, got {tuple(pixels.shape)} {pixels.dtype}")
+    _check_pixels(pixels)
     normalize = image_mean is not None
     if normalize:
         mean = torch.tensor(image_mean, dtype=torch.float32, device=pixels.device).view(-1, 1, 1)
@@ -62,6 +66,7 @@ def normalize_pixels(
     return pixels * rescale_factor if rescale_factor is not None else pixels.float()
 
 
+@functools.lru_cache(maxsize=16)  # built once per (normalization, device), not once per batch; only ever read
 def normalization_table(
     backend: Backend,
     rescale_factor: float | None,
@@ -77,8 +82,7 @@ def normalization_table(
 
 def apply_table(pixels: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``(B, C, H, W)`` uint8 -> float32: each value looked up in its channel's row of ``table`` ``(C or 1, 256)``."""
-    if pixels.dtype != torch.uint8 or pixels.ndim != 4:
-        raise ValueError(f"pixels must be a (B, C, H, W) uint8 tensor, got {tuple(pixels.shape)} {pixels.dtype}")
+    _check_pixels(pixels)
     if table.shape[0] not in (1, pixels.shape[1]):
         raise ValueError(f"a table for {table.shape[0]} channels cannot normalize {pixels.shape[1]}-channel pixels")
     out = torch.empty(pixels.shape, dtype=table.dtype, device=pixels.device)

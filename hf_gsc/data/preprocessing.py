@@ -119,11 +119,9 @@ def make_transform(
     none) and ``num_skipped`` int64 (). A batch whose every image is skipped gives ``pixel_values`` of shape
     (0, num_channels, 0, 0).
     """
-    if num_channels not in (1, 3):
-        raise ValueError(f"num_channels must be 1 or 3, got {num_channels}")
+    processor = ImageTransform(image_processor, num_channels, defer_normalization=False)  # checks num_channels
     if on_error not in ON_ERROR_CHOICES:
         raise ValueError(f"on_error must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
-    mode = "L" if num_channels == 1 else "RGB"
 
     def transform(batch: dict[str, list]) -> dict[str, torch.Tensor]:
         values = batch[image_column]
@@ -135,13 +133,8 @@ def make_transform(
         else:
             rows = batch.get(ROW_COLUMN) or [f"? (position {i} of a batch)" for i in range(len(values))]
             images = [decode_image(v, dataset_name, r, on_error) for v, r in zip(values, rows)]
-        images = [image.convert(mode) for image in images]
-        if images:
-            pixel_values = image_processor(images, return_tensors="pt")["pixel_values"].float()
-        else:
-            pixel_values = torch.empty(0, num_channels, 0, 0)
-        out = {"pixel_values": _check_channels(pixel_values, num_channels),
-               "label": torch.as_tensor(labels, dtype=torch.long)}
+        pixel_values = processor(images) if images else torch.empty(0, num_channels, 0, 0)
+        out = {"pixel_values": pixel_values, "label": torch.as_tensor(labels, dtype=torch.long)}
         if on_error == "skip":
             out["row"] = torch.as_tensor(decoded.rows, dtype=torch.long)
             out["num_skipped"] = torch.tensor(len(decoded.skipped_rows), dtype=torch.long)

@@ -161,7 +161,8 @@ def decode_batch(
     Returns ``pixel_values`` ``(B, C, H, W)``, ``labels`` int64 ``(B,)`` (-1 without labels), ``decoded`` bool
     ``(B,)`` (False where the placeholder stands) and ``errors``: one :class:`UndecodableImageError` message per
     placeholder. When ``transform`` is an :class:`~hf_gsc.data.ImageTransform` that defers normalization,
-    ``pixel_values`` is uint8 and ``pixel_normalization`` finishes it (:func:`model_pixel_values`). The batch keeps its size whatever fails, so that processes stay in step (see the module docstring).
+    ``pixel_values`` is uint8 and ``pixel_normalization`` finishes it (:func:`model_pixel_values`). The batch
+    keeps its size whatever fails, so that processes stay in step (see the module docstring).
     """
     images, decoded, errors = [], [], []
     for value, row in zip(values, rows):
@@ -240,13 +241,15 @@ def device_batches(
     """
     check_on_error(on_error)
     for batch in dataloader:
-        pixel_values, labels = batch["pixel_values"], batch["labels"]
         if batch.get("errors"):
             _handle_unreadable(batch["errors"], on_error)
-            pixel_values, labels = pixel_values[batch["decoded"]], labels[batch["decoded"]]
+        pixel_values, labels = model_pixel_values(batch, device), batch["labels"].to(device, non_blocking=True)
+        if batch.get("errors"):
+            kept = batch["decoded"].to(device)
+            pixel_values, labels = pixel_values[kept], labels[kept]
             if not len(labels):
                 continue
-        yield model_pixel_values({**batch, "pixel_values": pixel_values}, device), labels.to(device, non_blocking=True)
+        yield pixel_values, labels
 
 
 def _handle_unreadable(errors: Sequence[str], on_error: OnError) -> None:
