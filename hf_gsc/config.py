@@ -18,15 +18,19 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from . import __version__
 from .scores import SCORES
 from .shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from .split_points import validate_split_point_name
 
-CONFIG_NAME = "gsc_config.json"
+#: The saved detector's settings, for every method (its ``method`` field says which); see :mod:`hf_gsc.serialization`.
+CONFIG_NAME = "detector_config.json"
+#: The settings file of GSC detectors saved before every method shared :data:`CONFIG_NAME`; still read.
+LEGACY_GSC_CONFIG_NAME = "gsc_config.json"
 # Fitted tensors of a detector (GSC options or baselines), next to its config; safetensors, never pickle.
 STATE_FILE = "detector_state.safetensors"
 
@@ -151,11 +155,24 @@ class GSCConfig:
     base_model_revision: str | None = _field(None, PROVENANCE, _optional_string)
     hf_gsc_version: str = _field(__version__, PROVENANCE, _optional_string)
 
+    #: Settings that decide what a detector builds (where ``F`` is taken, which backend linearises the head, the
+    #: attention kernel): assigning one on a detector's config rebuilds the detector (see :func:`bind_config`).
+    structural_names: ClassVar[tuple[str, ...]] = ("split_point", "earlier_split_point", "approximation", "selection")
+
+    @property
+    def method(self) -> str:
+        """The registered method these settings configure (the saved format's type field)."""
+        return "gsc"
+
     def __setattr__(self, name: str, value: Any) -> None:
         # The dataclass __init__ assigns through here too, so construction and later assignment
         # (``det.config.mask_ratio = 1.5``) are validated by the same check.
         check = _CHECKS.get(name)
-        object.__setattr__(self, name, value if check is None else check(name, value))
+        _assign(self, name, value if check is None else check(name, value))
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """The settings, as every detector's config names them (the saved format, the card, results.json)."""
+        return self.settings()
 
     @classmethod
     def names(cls, *kinds: str) -> tuple[str, ...]:
@@ -187,6 +204,10 @@ class GSCConfig:
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
 
+    def score_hyperparameters(self) -> dict[str, Any]:
+        """``{name: value}`` of every field that changes ``ood_score`` (:meth:`score_names`)."""
+        return {name: getattr(self, name) for name in self.score_names()}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -214,24 +235,11 @@ class GSCConfig:
             values = {key: value for key, value in values.items() if key not in unknown}
         return cls(**values)
 
-    def save_pretrained(self, directory: str | os.PathLike) -> str:
-        """Write ``gsc_config.json`` into ``directory``; returns its path."""
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, CONFIG_NAME)
-        with open(path, "w") as handle:
-            json.dump({**self.to_dict(), "hf_gsc_version": __version__}, handle, indent=2, sort_keys=True)
-        return path
-
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "GSCConfig":
-        with open(path) as handle:
-            try:
-                values = json.load(handle)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path} is not valid JSON: {error}") from None
-        if not isinstance(values, dict):
-            raise ValueError(f"{path} must hold a JSON object of GSCConfig fields")
-        return cls.from_dict(values, source=str(path))
+        """A GSC config saved as ``gsc_config.json`` (flat GSCConfig fields), the format before every method
+        shared ``detector_config.json``."""
+        return cls.from_dict(read_json_object(path, "GSCConfig fields"), source=str(path))
 
 
 _CHECKS: dict[str, Callable[[str, Any], Any]] = {f.name: f.metadata["check"] for f in fields(GSCConfig)}
@@ -245,3 +253,103 @@ def _is_newer(version: Any) -> bool:
         return isinstance(version, str) and Version(version) > Version(__version__)
     except InvalidVersion:
         return False
+
+
+def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """The JSON object in ``path``; anything else is a ``ValueError`` naming the file."""
+    with open(path) as handle:
+        try:
+            values = json.load(handle)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a JSON object of {what}")
+    return values
+
+
+def _assign(config: Any, name: str, value: Any) -> None:
+    """Set a checked field; a structural field of a config bound to a detector first asks the detector, which
+    rebuilds what depends on it (or refuses, saying why) before the value takes effect."""
+    owner = config.__dict__.get("_owner")
+    if owner is not None and name in config.structural_names and name in config.__dict__:
+        detector = owner()
+        if detector is not None and getattr(config, name) != value:
+            detector._rebuild_for(name, value)
+    object.__setattr__(config, name, value)
+
+
+def bind_config(config: Any, detector: Any) -> None:
+    """Make ``detector`` rebuild itself when a structural field of ``config`` is assigned (weakly referenced, so the
+    config does not keep the detector alive)."""
+    import weakref
+
+    object.__setattr__(config, "_owner", weakref.ref(detector))
+
+
+def _json_value(name: str, value: Any) -> Any:
+    """A hyperparameter must survive a JSON round trip unchanged (the saved format is JSON)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"hyperparameter {name} must be finite, got {value!r}")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_json_value(name, item) for item in value]
+    raise ValueError(f"hyperparameter {name} must be a number, string, bool, None or a list of them, got {value!r}")
+
+
+def _hyperparameters(name: str, value: Any) -> Any:
+    from types import MappingProxyType
+
+    if not isinstance(value, Mapping):
+        raise ValueError(f"DetectorConfig.{name} must be a mapping of names to values, got {type(value).__name__}")
+    checked = {}
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise ValueError(f"DetectorConfig.{name}: names must be strings, got {key!r}")
+        checked[key] = _json_value(key, item)
+    return MappingProxyType(checked)  # read-only: the detector was built from these values
+
+
+def _method(name: str, value: Any) -> Any:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"DetectorConfig.{name} must be a registered method name, got {value!r}")
+    return value
+
+
+@dataclass
+class DetectorConfig:
+    """Settings of any registered detector other than GSC: its ``method`` (the type field, like PEFT's
+    ``peft_type``), its ``hyperparameters`` (every value, defaults filled in, checked by the method's class), the
+    fitted threshold with its calibration record, and the same provenance as :class:`GSCConfig`.
+
+    ``hyperparameters`` is read-only: the detector was built from it. Assigning a new mapping on a detector's
+    config rebuilds the detector (fitted state is then refused, see :meth:`OODDetector._rebuild_for`).
+    """
+
+    method: str = field(default="msp", metadata={"kind": SETTING, "check": _method})
+    hyperparameters: Mapping[str, Any] = field(default_factory=dict, metadata={"kind": SETTING, "check": _hyperparameters})
+    threshold: float | None = _field(None, FITTED, _threshold)
+    calibration: dict[str, Any] | None = _field(None, FITTED, _calibration)
+    base_model_name_or_path: str | None = _field(None, PROVENANCE, _optional_string)
+    base_model_revision: str | None = _field(None, PROVENANCE, _optional_string)
+    hf_gsc_version: str = _field(__version__, PROVENANCE, _optional_string)
+
+    structural_names: ClassVar[tuple[str, ...]] = ("method", "hyperparameters")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        check = _DETECTOR_CHECKS.get(name)
+        _assign(self, name, value if check is None else check(name, value))
+
+    def score_hyperparameters(self) -> dict[str, Any]:
+        """What changes ``ood_score``: every hyperparameter (the fitted threshold only changes ``is_ood``)."""
+        return dict(self.hyperparameters)
+
+    def to_dict(self) -> dict[str, Any]:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["hyperparameters"] = dict(self.hyperparameters)
+        return values
+
+
+_DETECTOR_CHECKS: dict[str, Callable[[str, Any], Any]] = {f.name: f.metadata["check"] for f in fields(DetectorConfig)}

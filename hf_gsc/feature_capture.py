@@ -1,9 +1,13 @@
-"""Taking a module's input or output out of a model's forward, and replacing its output, thread-safely.
+"""Taking module inputs or outputs out of a model's forward, and replacing a module's output, thread-safely.
 
 Each split module carries one pair of hooks for its lifetime, registered once (:func:`install_hooks`, when a
 :class:`hf_gsc.split_points.SplitPoint` on it is built). They act only on a request the *calling thread* made
 (thread-local state), so threads sharing one model never see each other's requests, a forward registers
 nothing on the model, and a plain call of the model (no request) passes through them untouched.
+
+One request may capture several tensors in one forward (:func:`capture_many`): that is how one backbone pass
+serves every detector on a model (:mod:`hf_gsc.backbone_pass`). It stops the forward once everything asked
+for is captured, unless the caller also wants the logits at the end.
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ from __future__ import annotations
 import threading
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -21,20 +25,30 @@ _REQUESTS = threading.local()
 _HOOKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
 _HOOK_LOCK = threading.Lock()
 
+#: A capture target: a module and whether its first positional *input* (True) or its output (False) is taken.
+Target = tuple[nn.Module, bool]
+
 
 class _Reached(Exception):
-    """Raised by a capture hook to stop the forward once the captured tensor is known."""
+    """Raised by a capture hook to stop the forward once every captured tensor is known."""
 
 
 @dataclass
 class _Request:
-    """What the calling thread wants from ``module`` in its current forward: ``capture_input``,
-    ``capture_output`` (both then stop the forward) or ``replace_output`` (with ``replacement``)."""
+    """What the calling thread wants in its current forward: the ``targets`` to capture (then the forward stops
+    when ``stop`` and all are captured), or one module's output replaced by ``replacement``."""
 
-    module: nn.Module
-    action: str
+    targets: tuple[Target, ...] = ()
+    stop: bool = True
+    replace: nn.Module | None = None
     replacement: torch.Tensor | None = None
-    captured: torch.Tensor | None = None
+    captured: dict[Target, torch.Tensor] = field(default_factory=dict)
+
+    def record(self, target: Target, value: torch.Tensor) -> None:
+        if target in self.targets and target not in self.captured:
+            self.captured[target] = value
+            if self.stop and len(self.captured) == len(self.targets):
+                raise _Reached
 
 
 def _first_tensor(output: Any) -> torch.Tensor:
@@ -49,26 +63,20 @@ def _replace_first(output: Any, replacement: torch.Tensor) -> Any:
     raise TypeError(f"cannot replace the output of type {type(output).__name__} at the split point")
 
 
-def _current_request(module: nn.Module) -> _Request | None:
-    request = getattr(_REQUESTS, "request", None)
-    return request if request is not None and request.module is module else None
-
-
 def _before_forward(module: nn.Module, args: Any) -> None:
-    request = _current_request(module)
-    if request is not None and request.action == "capture_input":
-        request.captured = args[0]
-        raise _Reached
+    request = getattr(_REQUESTS, "request", None)
+    if request is not None and args:
+        request.record((module, True), args[0])
 
 
 def _after_forward(module: nn.Module, args: Any, output: Any) -> Any:
-    request = _current_request(module)
-    if request is None or request.action == "capture_input":
+    request = getattr(_REQUESTS, "request", None)
+    if request is None:
         return None
-    if request.action == "replace_output":
+    if request.replace is module:
         return _replace_first(output, request.replacement)
-    request.captured = _first_tensor(output)
-    raise _Reached
+    request.record((module, False), _first_tensor(output))
+    return None
 
 
 def install_hooks(module: nn.Module) -> None:
@@ -86,7 +94,10 @@ def install_hooks(module: nn.Module) -> None:
 @contextmanager
 def _requesting(request: _Request) -> Iterator[_Request]:
     """Make ``request`` the calling thread's current one for the duration of the block."""
-    install_hooks(request.module)
+    for module, _ in request.targets:
+        install_hooks(module)
+    if request.replace is not None:
+        install_hooks(request.replace)
     previous = getattr(_REQUESTS, "request", None)
     _REQUESTS.request = request
     try:
@@ -95,19 +106,29 @@ def _requesting(request: _Request) -> Iterator[_Request]:
         _REQUESTS.request = previous
 
 
+def capture_many(run: Callable[[], Any], targets: Sequence[Target], stop: bool = True) -> tuple[dict[Target, torch.Tensor], Any]:
+    """The tensors at ``targets`` in the forward ``run()`` starts in the calling thread, and what ``run()`` returned
+    (``None`` when the forward was stopped: with ``stop``, right after the last target is reached). A target the
+    forward never reaches is missing from the dict."""
+    request = _Request(targets=tuple(dict.fromkeys(targets)), stop=stop and bool(targets))
+    result = None
+    with _requesting(request):
+        try:
+            result = run()
+        except _Reached:
+            pass
+    return request.captured, result
+
+
 def capture(run: Callable[[], Any], module: nn.Module, module_input: bool = False) -> torch.Tensor | None:
     """The output of ``module`` (its first positional input with ``module_input``) in the forward ``run()``
     starts in the calling thread, which stops right there; ``None`` when the forward never reaches ``module``."""
-    with _requesting(_Request(module, "capture_input" if module_input else "capture_output")) as request:
-        try:
-            run()
-        except _Reached:
-            pass
-    return request.captured
+    captured, _ = capture_many(run, [(module, module_input)])
+    return captured.get((module, module_input))
 
 
 def with_replaced_output(run: Callable[[], Any], module: nn.Module, replacement: torch.Tensor) -> Any:
     """``run()``, with the output of ``module`` (its first element when it returns a tuple) replaced by
     ``replacement`` in the calling thread's forward."""
-    with _requesting(_Request(module, "replace_output", replacement=replacement)):
+    with _requesting(_Request(replace=module, replacement=replacement)):
         return run()

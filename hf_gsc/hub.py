@@ -9,17 +9,16 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .config import GSCConfig
 from .serialization import copy_results, is_hub_id, read_results, save_detector
 
 if TYPE_CHECKING:
-    from .modeling import GSCForImageClassification
+    from .detector import OODDetector
 
-TEMPLATE_NAME = "gsc_detector.md"
+TEMPLATE_NAME = "ood_detector.md"
 #: Where the card template is: inside the installed package (setup.py maps the top-level ``model_cards/``
 #: there), or the top-level folder of a source checkout.
 TEMPLATE_CANDIDATES = (
@@ -72,49 +71,59 @@ def template_path() -> Path:
     )
 
 
+def method_description(method: str) -> str:
+    """One line on what ``method`` computes: the first paragraph of its class docstring."""
+    from .detector import detector_class
+
+    doc = (detector_class(method).__doc__ or method).strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in doc.splitlines())
+
+
 def render_model_card(
-    config: GSCConfig,
+    values: Mapping[str, Any],
     repo_id: str | None = None,
     results: dict[str, Any] | None = None,
     results_table: str | None = None,
     plots: list[str] | tuple[str, ...] = (),
-    method: str = "gsc",
     license: str = DEFAULT_LICENSE,
 ) -> ModelCard:
-    """Model card of a detector: metadata (library, licence, base model, tags, model-index) and body."""
+    """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.serialization.config_values`):
+    metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
+    the threshold and, with ``results``, its evaluation."""
     template = template_path()
-    name = repo_id or f"gsc-{(config.base_model_name_or_path or 'classifier').rstrip('/').split('/')[-1]}"
+    method = values["method"]
+    base_model = values.get("base_model_name_or_path")
+    base_name = (base_model or "classifier").rstrip("/").split("/")[-1]
+    name = repo_id or f"{method}-{base_name}"
     eval_results = eval_results_from(results, method) if results else []
-    base_model = config.base_model_name_or_path
     card_data = ModelCardData(
         library_name="hf_gsc",
         license=license,
         # Only Hub ids belong in base_model metadata; the Hub rejects a local path.
         base_model=base_model if is_hub_id(base_model) else None,
-        tags=["out-of-distribution-detection", "gradient-short-circuit", "image-classification"],
+        tags=["out-of-distribution-detection", f"ood-{method.replace('_', '-')}", "image-classification"]
+        + (["gradient-short-circuit"] if method.startswith("gsc") else []),
         model_name=name,
         eval_results=eval_results or None,
     )
-    # The configuration table: every setting, then the fitted numbers (the calibration record has its own line).
-    shown = GSCConfig.setting_names() + tuple(n for n in GSCConfig.fitted_names() if n != "calibration")
+    hyperparameters = dict(values.get("hyperparameters") or {})
     return ModelCard.from_template(
         card_data,
         template_path=str(template),
         model_name=name,
-        repo_id=repo_id or "path/to/detector",
-        base_model=base_model,
-        base_model_revision=config.base_model_revision,
-        mask_ratio_percent=f"{config.mask_ratio:.0%}",
-        approximation=config.approximation,
-        score=config.score,
-        settings=[(key, getattr(config, key)) for key in shown],
-        calibration=config.calibration,
-        threshold=config.threshold,
+        repo_id=repo_id,
+        method=method,
+        method_description=method_description(method),
+        base_model=base_model if is_hub_id(base_model) else None,
+        base_model_revision=values.get("base_model_revision"),
+        settings=sorted(hyperparameters.items()),
+        calibration=values.get("calibration"),
+        threshold=values.get("threshold"),
         benchmark=(results or {}).get("benchmark"),
         id_accuracy=(results or {}).get("id_accuracy"),
         results_table=results_table,
         plots=list(plots),
-        hf_gsc_version=config.hf_gsc_version,
+        hf_gsc_version=values.get("hf_gsc_version"),
         license=license,
     )
 
@@ -155,17 +164,20 @@ def upload_folder_to_hub(
 
 
 def push_detector(
-    detector: "GSCForImageClassification",
+    detector: "OODDetector",
     repo_id: str,
     private: bool = False,
     revision: str | None = None,
     token: str | bool | None = None,
     save_base_model: bool = False,
     results_dir: str | os.PathLike | None = None,
-    commit_message: str = "Upload GSC detector",
+    commit_message: str = "Upload OOD detector",
     license: str = DEFAULT_LICENSE,
 ) -> str:
     """Save the detector to a temporary folder and upload it; returns the commit URL.
+
+    With ``save_base_model`` the pushed config refers to ``repo_id`` itself as the base model (its weights are
+    there); no local path reaches a pushed file.
 
     Raises:
         ValueError: the base model is only a local folder (nobody else could load the detector) and
@@ -193,15 +205,18 @@ def publish_results(
     private: bool = False,
     revision: str | None = None,
     token: str | bool | None = None,
-    config: GSCConfig | None = None,
+    method: str | None = None,
 ) -> str:
-    """Upload an evaluation's results (JSON, table, plots) with a model card to ``repo_id``."""
+    """Upload an evaluation's results (JSON, table, plots) with a model card (of ``method``, by default GSC when it
+    was evaluated) to ``repo_id``."""
     results, table, plots = read_results(results_dir)
-    if config is None:
-        gsc_settings = (results.get("config") or {}).get("gsc") or {}
-        known = {k: v for k, v in gsc_settings.items() if k in GSCConfig.score_names()}
-        config = GSCConfig(**known, base_model_name_or_path=str(results.get("model")))
-    card = render_model_card(config, repo_id, results, table, [p.as_posix() for p in plots])
+    methods = results.get("methods") or {}
+    method = method or ("gsc" if "gsc" in methods else next(iter(methods), "gsc"))
+    model = str(results.get("model"))
+    values = {"method": method, "hyperparameters": (methods.get(method) or {}).get("hyperparameters") or {},
+              "base_model_name_or_path": model if is_hub_id(model) else None, "hf_gsc_version": results.get(
+                  "versions", {}).get("hf_gsc")}
+    card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots])
     with tempfile.TemporaryDirectory() as folder:
         copy_results(results_dir, Path(folder), plots)
         card.save(Path(folder) / "README.md")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -63,3 +65,73 @@ def batches(data: torch.Tensor | Iterable[Any], name: str) -> Iterable[tuple[tor
         yield batch, labels
     if not seen:
         raise ValueError(f"{name} is empty; it must hold at least one batch of images")
+
+
+#: File extensions read as images when a folder is given.
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def _is_image(item: Any) -> bool:
+    from PIL import Image
+
+    return isinstance(item, (Image.Image, str, os.PathLike))
+
+
+def _image_rows(data: Any, name: str) -> tuple[list[Any], list[Any] | None] | None:
+    """``(images, labels or None)`` when ``data`` holds images rather than ``pixel_values``, else ``None``."""
+    column_names = getattr(data, "column_names", None)
+    if column_names is not None and not isinstance(data, torch.Tensor):  # a datasets.Dataset
+        if "image" not in column_names:
+            raise ValueError(f"{name}: the dataset has no 'image' column (columns: {', '.join(column_names)})")
+        labels = data["label"] if "label" in column_names else None
+        return data["image"], labels
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+            if not files:
+                raise ValueError(f"{name}: the folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+            return files, None
+        if not path.is_file():
+            raise FileNotFoundError(f"{name}: no such file or folder: {path}")
+        return [path], None
+    if _is_image(data):
+        return [data], None
+    if isinstance(data, (list, tuple)) and data and all(_is_image(item) for item in data):
+        return list(data), None
+    return None
+
+
+def _open_image(item: Any) -> Any:
+    from PIL import Image
+
+    if isinstance(item, Image.Image):
+        return item.convert("RGB") if item.mode not in ("RGB", "L") else item
+    with Image.open(item) as image:
+        return image.convert("RGB")
+
+
+def labelled_batches(
+    data: Any, name: str, image_processor: Any = None, batch_size: int = 32
+) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
+    """:func:`batches`, and also images: a PIL image, a file or folder path, a list of those, or a
+    ``datasets.Dataset`` with an ``image`` column (and optionally ``label``), prepared ``batch_size`` at a time by
+    ``image_processor``."""
+    rows = None if data is None else _image_rows(data, name)
+    if rows is None:
+        yield from batches(data, name)
+        return
+    if image_processor is None:
+        raise ValueError(
+            f"{name} holds images, but the detector has no image_processor to turn them into pixel_values; load it "
+            "with from_pretrained (which loads the base model's processor), set detector.image_processor = "
+            "AutoImageProcessor.from_pretrained(...), or pass pixel_values"
+        )
+    images, labels = rows
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    for start in range(0, len(images), batch_size):
+        chunk = [_open_image(item) for item in images[start : start + batch_size]]
+        pixel_values = image_processor(images=chunk, return_tensors="pt")["pixel_values"]
+        chunk_labels = None if labels is None else torch.as_tensor(labels[start : start + batch_size])
+        yield pixel_values, chunk_labels

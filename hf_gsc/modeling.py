@@ -15,25 +15,25 @@ construction); everything after that is :func:`hf_gsc.gsc_step.gsc_step`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.utils import ModelOutput
 
+from .backbone_pass import BackbonePass
 from .backends import Backend, Linearization, select_backend
-from .config import CONFIG_NAME, STATE_FILE, GSCConfig
-from .gsc_step import gsc_step, ranking_gradient
-from .inputs import batches, check_pixel_values
+from .config import GSCConfig
+from .detector import OODDetector, OODDetectorOutput, check_state, classifier_loss, register_detector
+from .gsc_step import GSCStep, gsc_step, ranking_gradient
+from .inputs import labelled_batches
 from .shortcircuit import diagonal_fisher_sum, gradient_mass_for_mean_ratio
 from .split_points import SplitPoint
 
 
 @dataclass
-class GSCOutput(ModelOutput):
+class GSCOutput(OODDetectorOutput):
     """Output of :class:`GSCForImageClassification`.
 
     Attributes:
@@ -50,23 +50,24 @@ class GSCOutput(ModelOutput):
         mask: ``(B, *feature_shape)`` bool, short-circuited coordinates (only with ``output_short_circuit=True``).
     """
 
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
     gsc_logits: torch.Tensor | None = None
-    ood_score: torch.Tensor | None = None
-    is_ood: torch.Tensor | None = None
     predicted_class: torch.Tensor | None = None
     features: torch.Tensor | None = None
     gradient: torch.Tensor | None = None
     mask: torch.Tensor | None = None
 
 
-class GSCForImageClassification(nn.Module):
+@register_detector
+class GSCForImageClassification(OODDetector):
     """Wraps (and owns) a base image classifier; adds GSC logits and OOD scores to its forward.
 
     The base model is kept in eval mode, its parameters are frozen (``requires_grad=False``) and never
     receive ``.grad``; gradients are taken with respect to ``F`` only, through the head only. One detector may
     be called from several threads at once: a forward registers nothing on the model and keeps no state.
+
+    Assigning a setting that decides what is built (``split_point``, ``earlier_split_point``, ``approximation``,
+    ``selection``) on ``config`` rebuilds the detector at once, so the detector in memory and the one it saves
+    always score the same; a fitted diagonal Fisher belongs to its split point, so changing that is refused.
 
     Args:
         model: a ``*ForImageClassification`` model returning ``.logits``.
@@ -74,143 +75,140 @@ class GSCForImageClassification(nn.Module):
         **overrides: ``GSCConfig`` fields replacing those of ``config`` (e.g. ``mask_ratio=0.1``).
     """
 
+    method = "gsc"
+    config_class = GSCConfig
+    state_names = ("fisher_diagonal",)
+
     def __init__(self, model: PreTrainedModel, config: GSCConfig | None = None, **overrides: Any) -> None:
-        super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module image classifier, got {type(model).__name__}")
         config = config or GSCConfig()
+        if not isinstance(config, GSCConfig):
+            raise TypeError(f"config must be a GSCConfig, got {type(config).__name__}")
         if overrides:
+            unknown = sorted(set(overrides) - GSCConfig.field_names())
+            if unknown:
+                from .detector import suggest_names
+
+                raise TypeError(f"unknown GSCConfig fields {unknown}{suggest_names(unknown, sorted(GSCConfig.field_names()))}")
             config = dataclasses.replace(config, **overrides)
-        if config.base_model_name_or_path is None:
-            config.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
-        self.model = model
-        self.config = config
-        # Set by from_pretrained when the base model ships one; saved along with base weights.
-        self.image_processor: Any = None
+        super().__init__(model, config)
         # (d,) diagonal Fisher of the feature, fitted on ID training data for selection="fisher".
-        self.fisher_diagonal: torch.Tensor | None = None
-        self.model.eval()
-        self.model.requires_grad_(False)
-        base_config = getattr(model, "config", None)
-        self._expected_channels: int | None = getattr(base_config, "num_channels", None)
-        image_size = getattr(base_config, "image_size", None)
-        self._expected_size: tuple[int, int] | None = (
-            None if image_size is None
-            else tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
-        )
+        self.register_buffer("fisher_diagonal", None)
         # How F is taken and the head linearised, for this split point (hf_gsc.backends).
         self.backend: Backend = select_backend(model, config)
+        self._check_fit_options()
+        self._bind_config()
+
+    def _check_fit_options(self) -> None:
+        if self.config.selection == "fisher" and self.config.mask_size == "adaptive" and self.config.gradient_mass is None:
+            raise ValueError("selection='fisher' (fit on train) and mask_size='adaptive' (fit on validation) "
+                             "cannot be fitted together; set gradient_mass explicitly for one of them")
+
+    def _rebuild_for(self, name: str, value: Any) -> None:
+        """Rebuild the backend for a new structural setting before it takes effect (an invalid one raises here and
+        the config keeps its old value)."""
+        if name in ("split_point", "earlier_split_point") and self.fisher_diagonal is not None:
+            raise AttributeError(
+                f"GSCForImageClassification.config.{name}: the fitted fisher_diagonal belongs to the current split "
+                "point; build a new detector with the new setting and fit it"
+            )
+        self.backend = select_backend(self.model, dataclasses.replace(self.config, **{name: value}))
 
     @property
     def split_point(self) -> SplitPoint:
         """The resolved split point where ``F`` is taken."""
         return self.backend.split_point
 
-    # ------------------------------------------------------------------ loading and saving (hf_gsc.serialization)
-    @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        config: GSCConfig | None = None,
-        model: nn.Module | None = None,
-        **kwargs: Any,
-    ) -> "GSCForImageClassification":
-        """Load a saved detector (folder or Hub repo with ``gsc_config.json``) or wrap any image classifier.
+    def feature_splits(self) -> tuple[SplitPoint, ...]:
+        return (self.backend.feature_split,)
 
-        Args:
-            pretrained_model_name_or_path: a detector folder or Hub repo, or an image classifier's.
-            config: wrap the classifier with these settings instead of looking for a saved detector.
-            model: an already loaded base model (any dtype, ``device_map``, quantised) to attach the saved
-                detector to, as ``PeftModel.from_pretrained(model, id)`` does; the base reference is then not loaded.
-            **kwargs: ``GSCConfig`` fields (``mask_ratio=0.05``, ``base_model_name_or_path=...``) override the saved
-                config; ``revision``, ``token``, ``cache_dir``, ``local_files_only``, ``force_download`` locate the
-                detector, its base model and image processor (offline from the cache as transformers does); the
-                rest (``dtype``, ``device_map``, ...) go to ``AutoModelForImageClassification.from_pretrained``.
+    def check_ready(self) -> None:
+        config = self.config
+        if config.selection == "fisher" and self.fisher_diagonal is None:
+            raise RuntimeError("selection='fisher' needs a fitted diagonal Fisher: call fit_fisher(id_train_batches)")
+        if config.mask_size == "adaptive" and config.gradient_mass is None:
+            raise RuntimeError(
+                "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
+            )
 
-        A detector's base model comes from the detector folder when it was saved with its weights,
-        otherwise from the base-model reference (and revision) in ``gsc_config.json``.
-        """
-        from .serialization import load_detector
-
-        return load_detector(cls, pretrained_model_name_or_path, config=config, model=model, **kwargs)
+    # ------------------------------------------------------------------ fitted state
+    def fitted_state(self) -> dict[str, torch.Tensor]:
+        """Fitted tensors: ``fisher_diagonal`` ``(d,)`` and ``gradient_mass`` ``()`` when set."""
+        state = {}
+        if self.fisher_diagonal is not None:
+            state["fisher_diagonal"] = self.fisher_diagonal
+        if self.config.gradient_mass is not None:
+            state["gradient_mass"] = torch.tensor(self.config.gradient_mass, dtype=torch.float64)
+        return state
 
     def state_dict_for_saving(self) -> dict[str, torch.Tensor]:
-        """Fitted tensors of the detector (``fisher_diagonal``, ``gradient_mass`` when set), saved as safetensors."""
-        from .serialization import detector_state
+        """Alias of :meth:`fitted_state`."""
+        return self.fitted_state()
 
-        return detector_state(self)
+    def load_fitted_state(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
+        """Put saved ``fisher_diagonal`` / ``gradient_mass`` in place after checking them (shape against this model's
+        feature, finite, non-negative); a wrong one is a ``ValueError`` naming it and ``source``."""
+        fisher = state.get("fisher_diagonal")
+        if fisher is not None:
+            check_state(self.method, {"fisher_diagonal": fisher}, {"fisher_diagonal": (None,)}, str(source))
+            if (fisher < 0).any():
+                raise ValueError(f"gsc: fitted tensor 'fisher_diagonal' in {source} holds negative values; a diagonal "
+                                 "Fisher is a mean of squares, fit it again")
+            expected = self.feature_size()
+            if expected is not None and fisher.numel() != expected:
+                raise ValueError(
+                    f"gsc: fitted tensor 'fisher_diagonal' in {source} has shape {tuple(fisher.shape)}, expected "
+                    f"({expected},): the feature at split_point={self.config.split_point!r} of this base model has "
+                    f"{expected} coordinates; it was fitted for another model or split point"
+                )
+            self.fisher_diagonal = fisher.to(self.device)
+        mass = state.get("gradient_mass")
+        if mass is not None:
+            if mass.numel() != 1:
+                raise ValueError(f"gsc: fitted tensor 'gradient_mass' in {source} must be one number, got shape "
+                                 f"{tuple(mass.shape)}")
+            try:
+                self.config.gradient_mass = float(mass)
+            except ValueError as error:
+                raise ValueError(f"gsc: fitted tensor 'gradient_mass' in {source}: {error}") from None
+        self.fitted = True
 
-    def load_state_dict_from_dir(self, directory: str | os.PathLike) -> None:
-        """Counterpart of :meth:`state_dict_for_saving`; the tensors are checked (shape, finite, sign)."""
-        from .serialization import apply_state, read_state
-
-        path = os.path.join(directory, STATE_FILE)
-        if os.path.isfile(path):
-            apply_state(self, read_state(path), path)
-
-    def save_pretrained(
-        self,
-        save_directory: str | os.PathLike,
-        save_base_model: bool = False,
-        results_dir: str | os.PathLike | None = None,
-        license: str | None = None,
-    ) -> str:
-        """Write ``gsc_config.json``, fitted state, a model card, and optionally the base weights and results
-        (``results_dir``: this detector's own evaluation output, checked against its model and settings)."""
-        from .serialization import save_detector
-
-        return str(save_detector(self, save_directory, save_base_model, results_dir, license=license))
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        private: bool = False,
-        revision: str | None = None,
-        token: str | bool | None = None,
-        save_base_model: bool = False,
-        results_dir: str | os.PathLike | None = None,
-        commit_message: str = "Upload GSC detector",
-        license: str = "apache-2.0",
-    ) -> str:
-        """Upload the detector (as :meth:`save_pretrained` writes it) to ``repo_id``; returns the commit URL.
-
-        A base model that is only a local folder is refused unless ``save_base_model=True``."""
-        from .hub import push_detector
-
-        return push_detector(
-            self, repo_id, private, revision, token, save_base_model, results_dir, commit_message, license
-        )
-
-    @property
-    def device(self) -> torch.device:
-        """The device of the base model's parameters (what ``pixel_values`` are moved to by pipelines)."""
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the base model's first parameter; ``pixel_values`` are cast to it."""
-        return next(self.model.parameters()).dtype
-
-    def train(self, mode: bool = True) -> "GSCForImageClassification":
-        """The wrapper may be put in train mode; the base model always stays in eval mode."""
-        super().train(mode)
-        self.model.eval()
-        return self
+    def feature_size(self) -> int | None:
+        """Number of coordinates of ``F`` (what ``fisher_diagonal`` covers), from one backbone pass of two blank
+        images at the base model's ``config.image_size``; ``None`` where the config does not fix the input size."""
+        if self._expected_size is None:
+            return None
+        channels = self._expected_channels or 3
+        blank = torch.zeros(2, channels, *self._expected_size, dtype=self.dtype, device=self.device)
+        return self.backend.features_of(self.backbone_pass(blank, logits=False))[0].numel()
 
     # ------------------------------------------------------------------ inference
-    def _check_pixel_values(self, pixel_values: Any) -> torch.Tensor:
-        """Checked ``pixel_values`` on the model's device, in its dtype (what ``forward``, ``calibrate`` and the fits run)."""
-        checked = check_pixel_values(pixel_values, self._expected_channels, self._expected_size, self.dtype)
-        return checked.to(self.device)
-
-    def _linearize(self, pixel_values: torch.Tensor) -> Linearization:
-        """``F`` and the head linearised on the part of ``F`` it reads. Random selection linearises on all of ``F``:
-        it draws one number per coordinate of ``F``, and a seeded ablation must draw the same numbers whatever
-        the head reads. Only the first-order update needs ``J t``; otherwise autograd frees the head's graph."""
+    def _linearize(self, batch: BackbonePass) -> Linearization:
+        """``F`` of a backbone pass and the head linearised on the part of ``F`` it reads. Random selection
+        linearises on all of ``F``: it draws one number per coordinate of ``F``, and a seeded ablation must draw the
+        same numbers whatever the head reads. Only the first-order update needs ``J t``; otherwise autograd frees
+        the head's graph."""
         config = self.config
         return self.backend.linearize(
-            pixel_values, whole_feature=config.selection == "random", keep_graph=config.approximation == "first_order"
+            batch.pixel_values, features=self.backend.features_of(batch), whole_feature=config.selection == "random",
+            keep_graph=config.approximation == "first_order",
         )
+
+    def step(self, batch: BackbonePass) -> tuple[Linearization, GSCStep]:
+        """The linearisation and the GSC step (``g``, mask, ``F'``, updated logits, score) of a backbone pass."""
+        linearization = self._linearize(batch)  # head linearised at F
+        step = gsc_step(  # g, mask, F' = S(F, g), updated logits, score
+            linearization.head,
+            linearization.read_part,
+            self.config,
+            fisher_diagonal=linearization.restrict(self.fisher_diagonal),
+            layer_sizes=linearization.layer_sizes,
+        )
+        return linearization, step
+
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return self.step(batch)[1].ood_score
 
     def forward(
         self,
@@ -230,23 +228,19 @@ class GSCForImageClassification(nn.Module):
         Returns:
             :class:`GSCOutput`. Works inside ``torch.no_grad()`` and ``torch.inference_mode()``.
         """
+        self.check_ready()
         pixel_values = self._check_pixel_values(pixel_values)
-        config = self.config
-        if config.selection == "fisher" and self.fisher_diagonal is None:
-            raise RuntimeError("selection='fisher' needs a fitted diagonal Fisher: call fit_fisher(id_train_batches)")
-        if config.mask_size == "adaptive" and config.gradient_mass is None:
-            raise RuntimeError(
-                "mask_size='adaptive' needs gradient_mass: call calibrate_gradient_mass(id_validation_batches)"
-            )
-        linearization = self._linearize(pixel_values)  # backbone up to F, head linearised at F
-        step = gsc_step(  # g, mask, F' = S(F, g), updated logits, score
-            linearization.head,
-            linearization.read_part,
-            config,
-            fisher_diagonal=linearization.restrict(self.fisher_diagonal),
-            layer_sizes=linearization.layer_sizes,
-        )
-        threshold = config.threshold
+        # The backbone stops at F: the head's logits come from the linearisation.
+        return self.output_of(self.backbone_pass(pixel_values, logits=False), labels, output_short_circuit)
+
+    def backbone_pass(self, pixel_values: torch.Tensor, logits: bool = False) -> BackbonePass:
+        """GSC reads ``F`` only: the head's logits come from the linearisation, so the backbone stops at ``F``."""
+        return super().backbone_pass(pixel_values, logits=False)
+
+    def output_of(
+        self, batch: BackbonePass, labels: torch.Tensor | None = None, output_short_circuit: bool = False
+    ) -> GSCOutput:
+        linearization, step = self.step(batch)
         extra = {}
         if output_short_circuit:
             extra = dict(
@@ -255,17 +249,17 @@ class GSCForImageClassification(nn.Module):
                 mask=linearization.spread(step.mask),
             )
         return GSCOutput(
-            loss=_classifier_loss(step.logits, labels),
+            loss=classifier_loss(step.logits, labels),
             logits=step.logits,
             gsc_logits=step.gsc_logits,
             ood_score=step.ood_score,
-            is_ood=None if threshold is None else step.ood_score < threshold,
+            is_ood=self.decide(step.ood_score),
             predicted_class=step.predicted_class,
             **extra,
         )
 
     def _feature_gradient(
-        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None
+        self, batch: BackbonePass, labels: torch.Tensor | None = None
     ) -> tuple[Linearization, torch.Tensor]:
         """The linearisation of a batch and its per-sample gradient w.r.t. ``F``, ``(B, *feature_shape)``.
 
@@ -274,7 +268,7 @@ class GSCForImageClassification(nn.Module):
         Fisher is made of). Heads are batch-separable, so one product for the whole batch gives every
         per-sample gradient.
         """
-        linearization = self._linearize(pixel_values)
+        linearization = self._linearize(batch)
         head = linearization.head
         logits = head.logits
         if labels is None:
@@ -284,36 +278,45 @@ class GSCForImageClassification(nn.Module):
             gradient = head.vjp(logits.softmax(dim=-1) - target)
         return linearization, linearization.spread(gradient.flatten(1))
 
-    # ------------------------------------------------------------------ calibration and fitting
-    def calibrate(
-        self,
-        id_validation_data: torch.Tensor | Iterable[Any],
-        tpr: float = 0.95,
-        split: str = "validation",
-    ) -> float:
-        """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID.
+    # ------------------------------------------------------------------ fitting (Fisher or gradient mass)
+    @property
+    def needs_fit(self) -> bool:  # type: ignore[override]
+        """Plain GSC needs no fitting. ``selection="fisher"`` fits the diagonal Fisher on ID train data,
+        ``mask_size="adaptive"`` (without a set ``gradient_mass``) its gradient mass on ID validation data."""
+        config = self.config
+        return config.selection == "fisher" or (config.mask_size == "adaptive" and config.gradient_mass is None)
 
-        Use ID *validation* data only, never the test split or OOD data. ``config.calibration`` records
-        ``split``, ``num_samples`` and ``tpr``.
+    @property
+    def fit_split(self) -> str:  # type: ignore[override]
+        adaptive = self.config.mask_size == "adaptive" and self.config.gradient_mass is None
+        return "validation" if adaptive else "train"
 
-        Args:
-            id_validation_data: a ``(N, C, H, W)`` tensor, or an iterable of batches that are tensors,
-                ``(pixel_values, labels)`` tuples or mappings with a ``"pixel_values"`` key.
-            tpr: fraction of ID samples to keep, in ``(0, 1]``.
-            split: name of the data, recorded in the calibration record.
-        Returns:
-            The threshold.
-        """
-        from .evaluation.calibration import calibrate_threshold, calibration_record
+    def fit_begin(self) -> None:
+        self._fit_kind = "fisher" if self.config.selection == "fisher" else "gradient_mass"
+        self._fit_sum, self._fit_count, self._fit_gradients = None, 0, []
 
-        scores = []
-        for pixel_values, _ in batches(id_validation_data, "id_validation_data"):
-            with torch.no_grad():
-                scores.append(self(pixel_values).ood_score.double().cpu())
-        all_scores = torch.cat(scores)
-        self.config.threshold = calibrate_threshold(all_scores, tpr)
-        self.config.calibration = calibration_record(split, all_scores.numel(), tpr)
-        return self.config.threshold
+    def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
+        if self._fit_kind == "fisher":
+            if labels is None:
+                raise ValueError("fit_fisher needs labels: pass (pixel_values, labels) batches of ID training data")
+            gradient = self._feature_gradient(batch, labels)[1]
+            batch_sum = diagonal_fisher_sum(gradient.flatten(1))
+            self._fit_sum = batch_sum if self._fit_sum is None else self._fit_sum + batch_sum
+            self._fit_count += gradient.shape[0]
+        else:
+            linearization, gradient = self._feature_gradient(batch)
+            self._fit_gradients.append(ranking_gradient(gradient.flatten(1), linearization.layer_sizes))
+
+    def fit_end(self) -> None:
+        if self._fit_kind == "fisher":
+            if self._fit_count < 2:
+                raise ValueError(f"fit_fisher needs at least 2 ID training samples, got {self._fit_count}")
+            self.fisher_diagonal = self._fit_sum / self._fit_count
+        else:
+            self.config.gradient_mass = gradient_mass_for_mean_ratio(torch.cat(self._fit_gradients),
+                                                                     self.config.mask_ratio)
+        self._fit_sum = self._fit_gradients = None
+        self.fitted = True
 
     def calibrate_gradient_mass(self, id_validation_data: torch.Tensor | Iterable[Any]) -> float:
         """For ``mask_size="adaptive"``: choose ``gradient_mass`` so that the mean mask ratio ``k/n`` on ID
@@ -321,11 +324,7 @@ class GSCForImageClassification(nn.Module):
 
         Use ID validation data only. Returns the mass and stores it in ``config.gradient_mass``.
         """
-        gradients = []
-        for pixel_values, _ in batches(id_validation_data, "id_validation_data"):
-            linearization, gradient = self._feature_gradient(self._check_pixel_values(pixel_values))
-            gradients.append(ranking_gradient(gradient.flatten(1), linearization.layer_sizes))
-        self.config.gradient_mass = gradient_mass_for_mean_ratio(torch.cat(gradients), self.config.mask_ratio)
+        self._fit_directly("gradient_mass", id_validation_data, "id_validation_data")
         return self.config.gradient_mass
 
     def fit_fisher(self, id_train_data: Iterable[Any]) -> torch.Tensor:
@@ -337,22 +336,13 @@ class GSCForImageClassification(nn.Module):
         Returns:
             ``(d,)`` float64 ``lambda``, also stored for ``selection="fisher"`` and saved with the detector.
         """
-        total, count = None, 0
-        for pixel_values, labels in batches(id_train_data, "id_train_data"):
-            if labels is None:
-                raise ValueError("fit_fisher needs labels: pass (pixel_values, labels) batches of ID training data")
-            gradient = self._feature_gradient(self._check_pixel_values(pixel_values), labels)[1]
-            batch_sum = diagonal_fisher_sum(gradient.flatten(1))
-            total = batch_sum if total is None else total + batch_sum
-            count += gradient.shape[0]
-        if count < 2:
-            raise ValueError(f"fit_fisher needs at least 2 ID training samples, got {count}")
-        self.fisher_diagonal = total / count
+        self._fit_directly("fisher", id_train_data, "id_train_data")
         return self.fisher_diagonal
 
-
-def _classifier_loss(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
-    """Cross-entropy of the base logits ``(B, K)`` against ``labels`` ``(B,)``; ``None`` without labels."""
-    if labels is None:
-        return None
-    return nn.functional.cross_entropy(logits.detach(), labels.to(logits.device).long())
+    def _fit_directly(self, kind: str, data: Any, name: str) -> None:
+        self.fit_begin()
+        self._fit_kind = kind
+        for pixel_values, labels in labelled_batches(data, name, self.image_processor):
+            batch = self.backbone_pass(self._check_pixel_values(pixel_values))
+            self.fit_update(batch, None if labels is None else torch.as_tensor(labels).reshape(-1).long())
+        self.fit_end()

@@ -5,8 +5,8 @@
     ood(["cat.png", pil_image, numpy_array], batch_size=8)
     # -> per image {"predictions": [{"label", "score"}, ...], "ood_score": float, "is_ood": bool | None}
 
-``model`` is a saved detector (folder or Hub id, base saved or referenced) or a loaded
-:class:`~hf_gsc.GSCForImageClassification`. Images are prepared by the base model's image processor.
+``model`` is any saved detector (folder or Hub id, any method, base saved or referenced) or a loaded
+:class:`~hf_gsc.OODDetector`. Images are prepared by the base model's image processor.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from transformers import Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.image_utils import load_image
 
-from .modeling import GSCForImageClassification
+from .auto import AutoOODDetector
+from .detector import OODDetector
 
 TASK = "ood-image-classification"
 
 
 class OODImageClassificationPipeline(Pipeline):
-    """Top labels of the base classifier plus GSC's ``ood_score`` (higher = more in-distribution) and ``is_ood``
-    (``None`` while the detector has no calibrated threshold).
+    """Top labels of the base classifier plus the detector's ``ood_score`` (higher = more in-distribution),
+    ``is_ood`` (``None``, with a warning, while the detector has no calibrated threshold) and ``method``.
 
     Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL).
     """
@@ -37,10 +38,10 @@ class OODImageClassificationPipeline(Pipeline):
     _load_tokenizer = False
     _load_processor = False
 
-    def __init__(self, model: GSCForImageClassification, image_processor: Any = None, **kwargs: Any) -> None:
-        if not isinstance(model, GSCForImageClassification):
+    def __init__(self, model: OODDetector, image_processor: Any = None, **kwargs: Any) -> None:
+        if not isinstance(model, OODDetector):
             raise TypeError(
-                f"{TASK}: model must be a GSC detector (folder, Hub id or GSCForImageClassification), "
+                f"{TASK}: model must be a saved OOD detector (folder or Hub id) or an hf_gsc.OODDetector, "
                 f"got {type(model).__name__}"
             )
         image_processor = image_processor or model.image_processor
@@ -79,7 +80,8 @@ class OODImageClassificationPipeline(Pipeline):
             ],
             "ood_score": float(model_outputs["ood_score"][0]),
             "is_ood": None if is_ood is None else bool(is_ood[0]),
+            "method": self.model.method,
         }
 
 
-PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=OODImageClassificationPipeline, pt_model=GSCForImageClassification, type="image")
+PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=OODImageClassificationPipeline, pt_model=AutoOODDetector, type="image")

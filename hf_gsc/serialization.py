@@ -1,36 +1,38 @@
 """The saved-detector format, written and read only here (the PEFT way: settings next to a base-model reference).
 
-A detector folder (local or a Hub repo) holds:
+A detector folder (local or a Hub repo) holds, for every method:
 
-* ``gsc_config.json``: the :class:`~hf_gsc.config.GSCConfig` (settings, fitted state, provenance);
-* ``detector_state.safetensors``: fitted tensors when there are any (``fisher_diagonal``, ``gradient_mass``);
-  never pickle;
+* ``detector_config.json``: ``method`` (the type field, like PEFT's ``peft_type``), ``hyperparameters`` (every
+  setting, defaults filled in), ``threshold`` and its ``calibration`` record, and the provenance
+  (``base_model_name_or_path``, ``base_model_revision``, ``hf_gsc_version``);
+* ``detector_state.safetensors``: fitted tensors when there are any (KNN's bank, ViM's residual space, GSC's
+  ``fisher_diagonal`` / ``gradient_mass``, ...), checked at load against the base model; never pickle;
 * ``README.md``: the model card (:func:`hf_gsc.hub.render_model_card`);
 * ``config.json``: the base model's transformers config (labels, architecture), so that tools reading a
   model folder (``transformers.pipeline``) recognise it;
-* optionally the base model's weights (``model.safetensors``) and image processor, and the evaluation
+* optionally the base model's weights (``model.safetensors``) and image processor, and the method's evaluation
   outputs (``results.json``, ``results.md``, plots).
 
-``GSCForImageClassification.from_pretrained`` / ``save_pretrained``, ``GSCDetector`` (the evaluation's
-saved fits) and the evaluation runner's ``--model`` all go through these functions.
+GSC folders saved as ``gsc_config.json`` (flat ``GSCConfig`` fields) still load. :func:`load_detector` serves
+``AutoOODDetector.from_pretrained``, every class's ``from_pretrained`` and the evaluation's ``--model``.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from .config import CONFIG_NAME, STATE_FILE, GSCConfig
+from . import __version__
+from .config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, GSCConfig, read_json_object
 
 if TYPE_CHECKING:
-    from .modeling import GSCForImageClassification
+    from .detector import OODDetector
 
 #: Keyword arguments of ``from_pretrained`` that locate files; they go to the detector, the base model and
 #: the image processor alike (``revision`` of the base comes from ``gsc_config.json`` when it is referenced).
@@ -38,7 +40,7 @@ HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_downl
 #: Files of the base model's weights: a folder holding one of them has its base model saved in it.
 BASE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 #: What a detector repo is recognised by, fetched before anything else.
-_DETECTOR_FILES = [CONFIG_NAME, STATE_FILE, "config.json", *BASE_WEIGHTS]
+_DETECTOR_FILES = [CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, "config.json", *BASE_WEIGHTS]
 RESULT_FILES = ("results.json", "results.md")
 
 
@@ -56,30 +58,110 @@ def is_hub_id(name: str | None) -> bool:
     return True
 
 
-def split_kwargs(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``from_pretrained`` keyword arguments -> (``GSCConfig`` overrides, Hub arguments, base-model loader arguments)."""
-    names = GSCConfig.field_names()
-    overrides = {k: v for k, v in kwargs.items() if k in names}
-    hub = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
-    rest = {k: v for k, v in kwargs.items() if k not in names and k not in HUB_KWARGS}
-    return overrides, hub, rest
+
+# ----------------------------------------------------------------------------- the config file
+#: The top-level keys of ``detector_config.json``.
+CONFIG_KEYS = ("method", "hyperparameters", "threshold", "calibration", "base_model_name_or_path",
+               "base_model_revision", "hf_gsc_version")
+
+
+def config_values(detector: "OODDetector", base: tuple[str | None, str | None] | None = None) -> dict[str, Any]:
+    """The content of ``detector_config.json`` for ``detector``; ``base`` replaces its base-model reference
+    (``(name_or_path, revision)``), e.g. by the repo itself when the base weights are pushed with it."""
+    config = detector.config
+    name, revision = base if base is not None else (config.base_model_name_or_path, config.base_model_revision)
+    return {
+        "method": detector.method,
+        "hyperparameters": dict(detector.hyperparameters),
+        "threshold": config.threshold,
+        "calibration": config.calibration,
+        "base_model_name_or_path": name,
+        "base_model_revision": revision,
+        "hf_gsc_version": __version__,
+    }
+
+
+def _is_newer(version: Any) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return isinstance(version, str) and Version(version) > Version(__version__)
+    except InvalidVersion:
+        return False
+
+
+def config_from_values(values: Mapping[str, Any], source: str) -> GSCConfig | DetectorConfig:
+    """The config a saved ``detector_config.json`` describes. Keys unknown to this version are an error, unless a
+    newer hf_gsc wrote them: then they are dropped with a warning naming both versions (as PEFT does)."""
+    from .detector import detector_class
+
+    method = values.get("method")
+    if not isinstance(method, str):
+        raise ValueError(f"{source}: 'method' must name a registered detector method, got {method!r}")
+    try:
+        cls = detector_class(method)
+    except ValueError as error:
+        raise ValueError(f"{source}: {error}") from None
+    unknown = sorted(set(values) - set(CONFIG_KEYS))
+    version = values.get("hf_gsc_version")
+    if unknown:
+        if not _is_newer(version):
+            raise ValueError(f"{source}: unknown keys {unknown} (written by hf_gsc {version}); known: {list(CONFIG_KEYS)}")
+        warnings.warn(f"{source} was written by hf_gsc {version}, newer than the installed {__version__}; ignoring "
+                      f"{unknown}. Upgrade hf_gsc to use them.", stacklevel=3)
+    hyperparameters = values.get("hyperparameters") or {}
+    if not isinstance(hyperparameters, Mapping):
+        raise ValueError(f"{source}: 'hyperparameters' must be a JSON object, got {type(hyperparameters).__name__}")
+    common = {key: values.get(key) for key in CONFIG_KEYS[2:] if key in values}
+    try:
+        if cls.config_class is GSCConfig:
+            return GSCConfig.from_dict({**hyperparameters, **common}, source=source)
+        known = getattr(cls, "defaults", {})
+        extra = sorted(set(hyperparameters) - set(known))
+        if extra and _is_newer(version):
+            warnings.warn(f"{source} was written by hf_gsc {version}; ignoring the {method} hyperparameters {extra} "
+                          "this version does not know", stacklevel=3)
+            hyperparameters = {k: v for k, v in hyperparameters.items() if k in known}
+        return DetectorConfig(method=method, hyperparameters=hyperparameters, **common)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{source}: {error}") from None
+
+
+def read_config(directory: str | os.PathLike) -> GSCConfig | DetectorConfig | None:
+    """The config of the detector saved in ``directory`` (``detector_config.json``, or a legacy GSC
+    ``gsc_config.json``); ``None`` where there is neither."""
+    path = os.path.join(directory, CONFIG_NAME)
+    if os.path.isfile(path):
+        return config_from_values(read_json_object(path, "detector settings"), str(path))
+    legacy = os.path.join(directory, LEGACY_GSC_CONFIG_NAME)
+    if os.path.isfile(legacy):
+        return GSCConfig.from_json_file(legacy)
+    return None
+
+
+def write_config(values: Mapping[str, Any], directory: str | os.PathLike) -> Path:
+    path = Path(directory) / CONFIG_NAME
+    atomic_write_text(path, json.dumps(values, indent=2, sort_keys=True))
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader never
+    sees half a file, and a link planted at ``path`` is replaced, not followed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- fitted state
-def detector_state(detector: "GSCForImageClassification") -> dict[str, torch.Tensor]:
-    """The fitted tensors of a detector: ``fisher_diagonal`` ``(d,)`` and ``gradient_mass`` ``()`` when set."""
-    state = {}
-    if detector.fisher_diagonal is not None:
-        state["fisher_diagonal"] = detector.fisher_diagonal
-    if detector.config.gradient_mass is not None:
-        state["gradient_mass"] = torch.tensor(detector.config.gradient_mass, dtype=torch.float64)
-    return state
-
-
 def save_state(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path))
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
+    os.replace(tmp, path)
 
 
 def read_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -96,66 +178,66 @@ def read_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def apply_state(
-    detector: "GSCForImageClassification", state: Mapping[str, torch.Tensor], source: str | os.PathLike
-) -> None:
-    """Put saved fitted tensors into ``detector`` after checking them (shape, finite, sign).
+def load_state_from_dir(detector: "OODDetector", directory: str | os.PathLike) -> bool:
+    """Load ``detector_state.safetensors`` of ``directory`` into ``detector`` (checked); whether there was one."""
+    path = os.path.join(directory, STATE_FILE)
+    if not os.path.isfile(path):
+        return False
+    detector.load_fitted_state(read_state(path), source=path)
+    return True
 
-    Raises:
-        ValueError: naming the tensor and ``source`` (the file it came from).
+
+# ----------------------------------------------------------------------------- keyword arguments
+def split_kwargs(
+    kwargs: Mapping[str, Any], hyperparameter_names: set[str] | frozenset[str]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``from_pretrained`` keyword arguments -> (hyperparameters, Hub arguments, base-model loader arguments).
+
+    A keyword that is none of the method's hyperparameters but close to one is a mistake (``mask_ration``), not a
+    base-model argument: it raises here, naming the nearest hyperparameter, instead of failing inside the base
+    model's ``__init__``.
     """
-    fisher = state.get("fisher_diagonal")
-    if fisher is not None:
-        _check_fisher(detector, fisher, source)
-        detector.fisher_diagonal = fisher
-    mass = state.get("gradient_mass")
-    if mass is not None:
-        if mass.numel() != 1:
-            raise ValueError(f"gradient_mass in {source} must be one number, got shape {tuple(mass.shape)}")
-        try:
-            detector.config.gradient_mass = float(mass)
-        except ValueError as error:
-            raise ValueError(f"gradient_mass in {source}: {error}") from None
+    import difflib
+
+    overrides = {k: v for k, v in kwargs.items() if k in hyperparameter_names}
+    hub = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
+    rest = {k: v for k, v in kwargs.items() if k not in hyperparameter_names and k not in HUB_KWARGS}
+    for name in rest:
+        close = difflib.get_close_matches(name, sorted(hyperparameter_names), n=1, cutoff=0.8)
+        if close:
+            raise TypeError(
+                f"from_pretrained got an unknown keyword argument {name!r}; did you mean the hyperparameter "
+                f"{close[0]!r}? (known: {', '.join(sorted(hyperparameter_names))})"
+            )
+    return overrides, hub, rest
 
 
-def _check_fisher(detector: "GSCForImageClassification", fisher: torch.Tensor, source: str | os.PathLike) -> None:
-    where = f"fisher_diagonal in {source}"
-    if fisher.ndim != 1 or not fisher.is_floating_point():
-        raise ValueError(f"{where} must be a 1-D float tensor (d,), got {fisher.dtype} of shape {tuple(fisher.shape)}")
-    if not torch.isfinite(fisher).all():
-        raise ValueError(f"{where} holds NaN or infinite values; fit it again with fit_fisher(id_train_batches)")
-    if (fisher < 0).any():
-        raise ValueError(f"{where} holds negative values; a diagonal Fisher is a mean of squares, fit it again")
-    expected = _feature_size(detector)
-    if expected is not None and fisher.numel() != expected:
-        raise ValueError(
-            f"{where} has {fisher.numel()} entries but the feature at split_point="
-            f"{detector.config.split_point!r} of this base model has {expected}; it was fitted for another model "
-            "or split point"
-        )
-
-
-def _feature_size(detector: "GSCForImageClassification") -> int | None:
-    """Number of coordinates of ``F`` (what ``fisher_diagonal`` covers), from one forward of two blank images at
-    the base model's ``config.image_size``; ``None`` where the config does not fix the input size (CNNs)."""
-    config = getattr(detector.model, "config", None)
-    size = getattr(config, "image_size", None)
-    if size is None:
-        return None
-    height, width = (size, size) if isinstance(size, int) else tuple(size)
-    channels = getattr(config, "num_channels", 3)
-    # A shallow copy sharing the base model: the probe runs with plain gradient selection, which needs no
-    # fitted state, without touching the detector's own configuration.
-    probe = copy.copy(detector)
-    probe.config = dataclasses.replace(detector.config, selection="gradient", mask_size="fixed", gradient_mass=None)
-    blank = torch.zeros(2, channels, height, width, dtype=detector.dtype, device=detector.device)
-    features = probe(blank, output_short_circuit=True).features
-    return features[0].numel()
+def hyperparameter_names(cls: type) -> frozenset[str]:
+    """The keywords a detector class takes as settings (``GSCConfig`` fields for GSC, ``defaults`` otherwise)."""
+    if cls.config_class is GSCConfig:
+        return frozenset(GSCConfig.field_names())
+    return frozenset(getattr(cls, "defaults", {}))
 
 
 # ----------------------------------------------------------------------------- save
+def saved_base_reference(
+    detector: "OODDetector", save_base_model: bool, repo_id: str | None
+) -> tuple[str | None, str | None]:
+    """The base-model reference written to a saved detector. A detector saved with its base weights refers to itself
+    when pushed (``repo_id``); saved locally with its weights it keeps a Hub id but never a local path (the folder is
+    the base). Without the weights it keeps its reference."""
+    config = detector.config
+    if not save_base_model:
+        return config.base_model_name_or_path, config.base_model_revision
+    if repo_id is not None:
+        return repo_id, None
+    if is_hub_id(config.base_model_name_or_path):
+        return config.base_model_name_or_path, config.base_model_revision
+    return None, None
+
+
 def save_detector(
-    detector: "GSCForImageClassification",
+    detector: "OODDetector",
     directory: str | os.PathLike,
     save_base_model: bool = False,
     results_dir: str | os.PathLike | None = None,
@@ -173,16 +255,18 @@ def save_detector(
     plots: list[Path] = []
     if results_dir is not None:
         results, table, plots = read_results(results_dir)
-        check_results_match(results, detector.config, results_dir)
-    card = render_model_card(
-        detector.config, repo_id, results, table, [p.as_posix() for p in plots], license=license or DEFAULT_LICENSE
-    )
+        check_results_match(results, detector, results_dir)
+    values = config_values(detector, saved_base_reference(detector, save_base_model, repo_id))
+    card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
+                             license=license or DEFAULT_LICENSE)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    detector.config.save_pretrained(directory)
-    state = detector_state(detector)
+    write_config(values, directory)
+    state = detector.fitted_state()
     if state:
         save_state(state, directory / STATE_FILE)
+    elif (directory / STATE_FILE).is_file():
+        (directory / STATE_FILE).unlink()  # a stale state of an earlier save would be loaded with this config
     base_config = getattr(detector.model, "config", None)
     if hasattr(base_config, "save_pretrained"):
         base_config.save_pretrained(directory)
@@ -217,54 +301,66 @@ def copy_results(results_dir: str | os.PathLike, directory: Path, plots: list[Pa
         shutil.copy2(source / relative, directory / relative)
 
 
-def check_results_match(results: Mapping[str, Any], config: GSCConfig, results_dir: str | os.PathLike) -> None:
-    """Refuse results that another model or other GSC settings produced: the card would claim them.
+def check_results_match(results: Mapping[str, Any], detector: "OODDetector", results_dir: str | os.PathLike) -> None:
+    """Refuse results that another model or other settings produced: the card would claim them.
 
-    The fingerprint compared is the evaluated model and every field that changes ``ood_score``
-    (:meth:`GSCConfig.score_names`), as recorded under ``methods.gsc.hyperparameters`` in ``results.json``.
+    The fingerprint compared is the evaluated model and every hyperparameter that changes ``ood_score``, as recorded
+    under ``methods.{method}.hyperparameters`` in ``results.json``.
     """
-    gsc = (results.get("methods") or {}).get("gsc")
-    if not gsc or "hyperparameters" not in gsc:
-        raise ValueError(f"results_dir {results_dir}: results.json holds no GSC results with their hyperparameters")
+    method = detector.method
+    entry = (results.get("methods") or {}).get(method)
+    if not entry or "hyperparameters" not in entry:
+        raise ValueError(f"results_dir {results_dir}: results.json holds no {method} results with their hyperparameters")
+    config = detector.config
     evaluated = str(results.get("model"))
     if not _same_model(evaluated, config.base_model_name_or_path):
         raise ValueError(
             f"results_dir {results_dir} evaluated the model {evaluated!r}, but this detector's base model is "
             f"{config.base_model_name_or_path!r}; attach results of this detector's own evaluation"
         )
-    saved = gsc["hyperparameters"]
-    differing = [name for name in GSCConfig.score_names() if name in saved and saved[name] != getattr(config, name)]
+    saved = entry["hyperparameters"]
+    mine = detector.config.score_hyperparameters()
+    differing = [name for name in mine if name in saved and _jsonable(saved[name]) != _jsonable(mine[name])]
     if differing:
-        details = ", ".join(f"{name}: results {saved[name]!r} vs detector {getattr(config, name)!r}" for name in differing)
-        raise ValueError(f"results_dir {results_dir} was evaluated with other GSC settings ({details})")
+        details = ", ".join(f"{name}: results {saved[name]!r} vs detector {mine[name]!r}" for name in differing)
+        raise ValueError(f"results_dir {results_dir} was evaluated with other {method} settings ({details})")
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value))
 
 
 def _same_model(evaluated: str, base: str | None) -> bool:
     if base is None:
         return False
-    if os.path.isdir(evaluated) and os.path.isfile(os.path.join(evaluated, CONFIG_NAME)):
-        # The evaluation ran on a saved detector: compare its base model.
-        evaluated = GSCConfig.from_json_file(os.path.join(evaluated, CONFIG_NAME)).base_model_name_or_path or evaluated
+    if os.path.isdir(evaluated):
+        saved = read_config(evaluated)
+        if saved is not None:  # the evaluation ran on a saved detector: compare its base model
+            evaluated = saved.base_model_name_or_path or evaluated
     if os.path.isdir(evaluated) and os.path.isdir(base):
         return os.path.realpath(evaluated) == os.path.realpath(base)
     return evaluated == base
 
 
 # ----------------------------------------------------------------------------- load
+def is_detector_dir(directory: str | os.PathLike) -> bool:
+    return any(os.path.isfile(os.path.join(directory, name)) for name in (CONFIG_NAME, LEGACY_GSC_CONFIG_NAME))
+
+
 def resolve_detector_dir(name_or_path: str, **hub_kwargs: Any) -> str | None:
-    """Local folder holding ``gsc_config.json`` (downloading it from the Hub or its cache if needed), or
+    """Local folder holding a saved detector (downloading its small files from the Hub or its cache if needed), or
     ``None`` for a plain image classifier, which transformers then loads with its own errors.
 
     Works offline from the cache exactly when transformers does: ``snapshot_download`` falls back to the
     cached snapshot of the revision when ``HF_HUB_OFFLINE=1`` or ``local_files_only=True``.
     """
     if os.path.isdir(name_or_path):
-        if os.path.isfile(os.path.join(name_or_path, CONFIG_NAME)):
+        if is_detector_dir(name_or_path):
             return name_or_path
         if os.path.isfile(os.path.join(name_or_path, "config.json")):
             return None
         raise FileNotFoundError(
-            f"{name_or_path} holds neither {CONFIG_NAME} (a saved GSC detector) nor config.json (a transformers "
+            f"{name_or_path} holds neither {CONFIG_NAME} (a saved detector) nor config.json (a transformers "
             "image classifier); pass the folder written by save_pretrained or a classifier's folder"
         )
     if not is_hub_id(name_or_path):
@@ -280,50 +376,119 @@ def resolve_detector_dir(name_or_path: str, **hub_kwargs: Any) -> str | None:
         # Not found, private without a token, not cached while offline: transformers raises the standard
         # message for this repo id.
         return None
-    return folder if os.path.isfile(os.path.join(folder, CONFIG_NAME)) else None
+    return folder if is_detector_dir(folder) else None
 
 
 def load_detector(
-    cls: type["GSCForImageClassification"],
-    name_or_path: str | os.PathLike,
-    config: GSCConfig | None = None,
+    name_or_path: Any,
+    method: str | None = None,
+    expected_class: type | None = None,
+    config: GSCConfig | DetectorConfig | None = None,
     model: torch.nn.Module | None = None,
     **kwargs: Any,
-) -> "GSCForImageClassification":
-    """``GSCForImageClassification.from_pretrained``: a saved detector (folder or Hub repo), or any image
-    classifier wrapped with ``config`` (defaults when ``None``). See its docstring for the arguments."""
+) -> "OODDetector":
+    """``AutoOODDetector.from_pretrained`` and every detector class's ``from_pretrained``.
+
+    Args:
+        name_or_path: a saved detector (folder or Hub repo), an image classifier (folder or Hub id), or a loaded
+            classifier (``nn.Module``).
+        method: the method to build on a classifier; for a saved detector, the method it must be (or ``None``).
+        expected_class: the class whose ``from_pretrained`` was called (the loaded detector must be one).
+        config: build on the classifier with these settings instead of looking for a saved detector.
+        model: an already loaded base model to attach a saved detector to (as ``PeftModel.from_pretrained``).
+        **kwargs: the method's hyperparameters (override saved ones); ``revision``, ``token``, ``cache_dir``,
+            ``local_files_only``, ``force_download`` (Hub); the rest go to
+            ``AutoModelForImageClassification.from_pretrained`` (``dtype``, ``device_map``, ...).
+    """
     from transformers import AutoModelForImageClassification
 
-    overrides, hub, model_kwargs = split_kwargs(kwargs)
-    path = os.fspath(name_or_path)
-    detector_dir = None if config is not None else resolve_detector_dir(path, **hub)
-    if detector_dir is not None:
-        config = GSCConfig.from_json_file(os.path.join(detector_dir, CONFIG_NAME))
+    from .detector import DETECTORS, detector_class
+
+    if isinstance(name_or_path, torch.nn.Module):
+        if model is not None:
+            raise ValueError("pass the classifier either as the first argument or as model=..., not both")
+        model, name_or_path = name_or_path, None
+    path = None if name_or_path is None else os.fspath(name_or_path)
+    detector_dir = None
+    if path is not None and config is None:
+        hub_only = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
+        detector_dir = resolve_detector_dir(path, **hub_only)
+    saved = read_config(detector_dir) if detector_dir is not None else None
+    if saved is not None:
+        if method is not None and method != saved.method:
+            raise ValueError(f"{path} holds a saved {saved.method!r} detector, not {method!r}; load it with "
+                             f"AutoOODDetector.from_pretrained({path!r})")
+        method, config = saved.method, saved
+    if config is not None and method is None:
+        method = config.method
+    if method is None:
+        method = getattr(expected_class, "method", None) if expected_class is not None and expected_class.__dict__.get("method") else None
+    if method is None:
+        from . import detectors  # noqa: F401  (registers every method, for the message below)
+
+        raise ValueError(
+            f"{path or 'the model'} is an image classifier, not a saved detector: pass method=... to build one "
+            f"(registered methods: {', '.join(sorted(DETECTORS))})"
+        )
+    cls = detector_class(method)
+    if expected_class is not None and not issubclass(cls, expected_class):
+        raise ValueError(f"{path} holds a saved {method!r} detector ({cls.__name__}), not a {expected_class.__name__}; "
+                         f"load it with AutoOODDetector.from_pretrained({path!r})")
+    overrides, hub, model_kwargs = split_kwargs(kwargs, hyperparameter_names(cls))
+    if saved is not None:
         if model is None:
-            base, base_hub = _base_reference(path, detector_dir, config, overrides, hub)
+            base, base_hub = _base_reference(path, detector_dir, saved, overrides, hub)
         else:
-            # Attached to the caller's model: the base reference only serves to find the image processor.
-            base, base_hub = _processor_reference(path, detector_dir, config, hub)
-    else:
+            base, base_hub = _processor_reference(path, detector_dir, saved, hub)
+    elif path is not None:
         base, base_hub = path, hub
-        config = config or GSCConfig()
-        overrides.setdefault("base_model_name_or_path", path)
-        overrides.setdefault("base_model_revision", hub.get("revision"))
+    else:
+        base, base_hub = _loaded_model_reference(model), {}
+        if model_kwargs or hub:
+            raise TypeError(f"unknown keyword arguments {sorted({**model_kwargs, **hub})} for a loaded model; "
+                            f"{method} takes {', '.join(sorted(hyperparameter_names(cls)))}")
     if model is None:
         model = AutoModelForImageClassification.from_pretrained(base, **base_hub, **model_kwargs)
-    detector = cls(model, config, **overrides)
+    detector = _build(cls, model, config, overrides, path if saved is None else None, hub)
     detector.image_processor = None if base is None else _load_image_processor(base, base_hub)
-    if detector_dir is not None and os.path.isfile(os.path.join(detector_dir, STATE_FILE)):
-        state_file = os.path.join(detector_dir, STATE_FILE)
-        apply_state(detector, read_state(state_file), state_file)
+    if detector_dir is not None:
+        load_state_from_dir(detector, detector_dir)
+        if is_hub_id(path) and has_base_weights(detector_dir) and not is_hub_id(detector.config.base_model_name_or_path):
+            # Its base weights are in the repo it came from: that repo is its base (it can be pushed on).
+            detector.config.base_model_name_or_path = path
+            detector.config.base_model_revision = hub.get("revision")
     return detector
 
 
+def _build(cls: type, model: torch.nn.Module, config: Any, overrides: dict[str, Any], classifier_path: str | None,
+           hub: Mapping[str, Any]) -> "OODDetector":
+    if cls.config_class is GSCConfig:
+        if classifier_path is not None:
+            overrides.setdefault("base_model_name_or_path", classifier_path)
+            overrides.setdefault("base_model_revision", hub.get("revision"))
+        return cls(model, config, **overrides)
+    if config is None:
+        config = DetectorConfig(method=cls.method)
+    if classifier_path is not None:
+        config.base_model_name_or_path = classifier_path
+        config.base_model_revision = hub.get("revision")
+    for key in ("threshold", "calibration", "base_model_name_or_path", "base_model_revision"):
+        if key in overrides:
+            setattr(config, key, overrides.pop(key))
+    return cls(model, config, **overrides)
+
+
+def _loaded_model_reference(model: torch.nn.Module) -> str | None:
+    """Where a loaded classifier's image processor can be found without the network: its folder, if it has one."""
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    return name if name and os.path.isdir(name) else None
+
+
 def _base_reference(
-    path: str, detector_dir: str, config: GSCConfig, overrides: dict[str, Any], hub: dict[str, Any]
+    path: str, detector_dir: str, config: Any, overrides: dict[str, Any], hub: dict[str, Any]
 ) -> tuple[str, dict[str, Any]]:
     """Where the base model of a saved detector comes from: the detector itself when its weights were saved,
-    otherwise the reference in ``gsc_config.json`` (or ``base_model_name_or_path=`` given to from_pretrained)."""
+    otherwise the reference in its config (or ``base_model_name_or_path=`` given to from_pretrained)."""
     if has_base_weights(detector_dir):
         return path, hub
     base = overrides.get("base_model_name_or_path", config.base_model_name_or_path)
@@ -340,7 +505,7 @@ def _base_reference(
 
 
 def _processor_reference(
-    path: str, detector_dir: str, config: GSCConfig, hub: dict[str, Any]
+    path: str, detector_dir: str, config: Any, hub: dict[str, Any]
 ) -> tuple[str | None, dict[str, Any]]:
     if os.path.isfile(os.path.join(detector_dir, "preprocessor_config.json")):
         return path, hub
@@ -366,22 +531,20 @@ def _load_image_processor(name_or_path: str, hub: Mapping[str, Any]) -> Any:
 
 def load_detector_or_classifier(
     name_or_path: str, **hub_kwargs: Any
-) -> tuple[torch.nn.Module, GSCConfig | None, str, dict[str, Any]]:
+) -> tuple[torch.nn.Module, Any, str, dict[str, Any]]:
     """What the evaluation's ``--model`` names: a saved detector (local or on the Hub) or a plain classifier.
 
-    Returns ``(base model, saved GSCConfig or None, where the image processor comes from, the Hub arguments
-    for it)``. A saved detector's fitted state (Fisher, gradient mass) travels in its config and model.
+    Returns ``(base model, the saved detector or None, where the image processor comes from, the Hub arguments
+    for it)``.
     """
     from transformers import AutoModelForImageClassification
-
-    from .modeling import GSCForImageClassification
 
     hub = {k: v for k, v in hub_kwargs.items() if v is not None}
     detector_dir = resolve_detector_dir(name_or_path, **hub)
     if detector_dir is None:
         return AutoModelForImageClassification.from_pretrained(name_or_path, **hub), None, name_or_path, hub
-    detector = load_detector(GSCForImageClassification, name_or_path, **hub)
+    detector = load_detector(name_or_path, **hub)
     config = detector.config
     if os.path.isfile(os.path.join(detector_dir, "preprocessor_config.json")):
-        return detector.model, config, name_or_path, hub
-    return detector.model, config, config.base_model_name_or_path, {**hub, "revision": config.base_model_revision}
+        return detector.model, detector, name_or_path, hub
+    return detector.model, detector, config.base_model_name_or_path, {**hub, "revision": config.base_model_revision}

@@ -17,7 +17,8 @@ from sklearn.covariance import EmpiricalCovariance
 from torch import nn
 from transformers.modeling_outputs import ImageClassifierOutput
 
-from hf_gsc.detectors import DETECTORS, Detector, get_detector
+from hf_gsc.detectors import DETECTORS, get_detector
+from hf_gsc.detector import OODDetector as Detector
 from hf_gsc.features import NotEnoughSamplesError
 
 from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model

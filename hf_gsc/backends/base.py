@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..precision import full_precision, step_dtype
 from ..head_derivatives import LinearizedHead, Pool, pool, pool_adjoint
 from ..split_points import SplitPoint
+
+if TYPE_CHECKING:
+    from ..backbone_pass import BackbonePass
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,18 @@ class Backend(ABC):
     def __init__(self, split_point: SplitPoint) -> None:
         self.split_point = split_point
 
+    @property
+    def feature_split(self) -> SplitPoint:
+        """The split point whose captured tensor is this backend's ``F`` (what a shared backbone pass captures)."""
+        return self.split_point
+
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """``F``, ``(B, *feature_shape)``: the backbone run without gradient up to the split point."""
-        return self.split_point.features(pixel_values)
+        return self.feature_split.features(pixel_values)
+
+    def features_of(self, batch: "BackbonePass") -> torch.Tensor:
+        """``F`` from a shared backbone pass that captured :attr:`feature_split`."""
+        return batch.features(self.feature_split)
 
     def linearize(
         self,

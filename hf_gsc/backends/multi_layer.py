@@ -24,9 +24,11 @@ class MultiLayerHead(Backend):
         super().__init__(split_point)
         self.earlier, self.run_blocks = earlier, run_blocks
 
-    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """``F1``, the earlier layer's feature; the linearisation's ``features`` join it with ``F2_0``."""
-        return self.earlier.features(pixel_values)
+    @property
+    def feature_split(self) -> SplitPoint:
+        """``F1``, the earlier layer's feature, is what the backbone gives; the linearisation's ``features`` join it
+        with ``F2_0``."""
+        return self.earlier
 
     def linearize_at(
         self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool

@@ -1,7 +1,11 @@
-"""OOD detection methods behind one interface; importing this package registers all of them."""
+"""The registered OOD detection methods; importing this package registers all of them.
 
-from .base import DETECTORS, Detector, get_detector, register_detector
-from . import gsc  # noqa: F401  (registers "gsc")
+The interface and the registry are :mod:`hf_gsc.detector`; GSC itself is :class:`hf_gsc.GSCForImageClassification`
+(:mod:`hf_gsc.modeling`); each baseline has its own module here.
+"""
+
+from ..detector import DETECTORS, OODDetector, OODDetectorOutput, detector_class, get_detector, register_detector
+from .. import modeling  # noqa: F401  (registers "gsc")
 from . import (  # noqa: F401  (each module registers its method(s))
     ash,
     conjnorm,
@@ -19,5 +23,16 @@ from . import (  # noqa: F401  (each module registers its method(s))
     she,
     vim,
 )
+from .bundle import BundleOutput, DetectorBundle, fit_together
 
-__all__ = ["DETECTORS", "Detector", "get_detector", "register_detector"]
+__all__ = [
+    "DETECTORS",
+    "BundleOutput",
+    "DetectorBundle",
+    "OODDetector",
+    "OODDetectorOutput",
+    "detector_class",
+    "fit_together",
+    "get_detector",
+    "register_detector",
+]

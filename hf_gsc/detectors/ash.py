@@ -10,8 +10,10 @@ from torch import nn
 from ..architectures import registered_architecture
 from ..precision import full_precision, parameter_dtype, step_dtype
 from ..scores import energy_score
-from ..split_points import resolve_split_point, validate_split_point_name
-from .base import register_detector
+from ..config import DetectorConfig
+from ..split_points import SplitPoint, resolve_split_point, validate_split_point_name
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import BaselineDetector
 
 ASH_VARIANTS: tuple[str, ...] = ("p", "b", "s")
@@ -82,25 +84,31 @@ class ASHDetector(BaselineDetector):
     variant: ClassVar[str]
     defaults = {"percentile": None, "split_point": "penultimate"}
 
-    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
-        if hyperparameters.get("percentile") is None:
-            hyperparameters["percentile"] = default_ash_percentile(model, self.variant)
-        super().__init__(model, **hyperparameters)
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
         self.split = resolve_split_point(self.model, self.hyperparameters["split_point"])
+
+    def resolve_defaults(self, model: nn.Module, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+        if hyperparameters["percentile"] is None:
+            hyperparameters["percentile"] = default_ash_percentile(model, self.variant)
+        return hyperparameters
+
+    def feature_splits(self) -> tuple[SplitPoint, ...]:
+        return (self.split,)
 
     def validate(self) -> None:
         self._number("percentile", 0.0, 100.0)
         validate_split_point_name(self.hyperparameters["split_point"])
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         """The backbone in whatever precision it runs in; the shaping (a percentile cut, sums over thousands of
         activations, ``exp(s1 / s2)``), the head and the energy in float32 with autocast off (:mod:`hf_gsc.precision`).
         A bf16 *model*'s head gets the shaped feature back in bf16 (its own modules) and its logits in float32."""
-        features = self.split.features(pixel_values)
+        features = batch.features(self.split)
         with full_precision(features.device), torch.no_grad():
             flat = features.flatten(1).to(step_dtype(features.dtype))
             shaped = ash_shape(flat, self.variant, self.hyperparameters["percentile"]).view(features.shape)
-            logits = self.split.head(shaped.to(parameter_dtype(self.model)), pixel_values)
+            logits = self.split.head(shaped.to(parameter_dtype(self.model)), batch.pixel_values)
             return energy_score(logits.to(flat.dtype))
 
 
@@ -108,7 +116,7 @@ class ASHDetector(BaselineDetector):
 class ASHPDetector(ASHDetector):
     """ASH-P: prune all but the top ``100 - percentile`` % activations (see :class:`ASHDetector`)."""
 
-    name = "ash_p"
+    method = "ash_p"
     variant = "p"
 
 
@@ -116,7 +124,7 @@ class ASHPDetector(ASHDetector):
 class ASHBDetector(ASHDetector):
     """ASH-B: prune, then binarise the kept activations to ``s1 / k`` (see :class:`ASHDetector`)."""
 
-    name = "ash_b"
+    method = "ash_b"
     variant = "b"
 
 
@@ -124,5 +132,5 @@ class ASHBDetector(ASHDetector):
 class ASHSDetector(ASHDetector):
     """ASH-S: prune, then scale by ``exp(s1 / s2)`` (see :class:`ASHDetector`)."""
 
-    name = "ash_s"
+    method = "ash_s"
     variant = "s"

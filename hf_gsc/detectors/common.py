@@ -1,12 +1,13 @@
 """Plumbing shared by the baseline detectors: hyperparameter defaults, logits, penultimate features, fitted state.
 
-* :class:`BaselineDetector`: known hyperparameters with documented defaults (unknown names raise), the
-  model's logits.
+* :class:`BaselineDetector`: known hyperparameters with documented defaults (unknown names raise, naming the
+  nearest known one), kept in a :class:`~hf_gsc.config.DetectorConfig`.
 * :class:`TemperatureLogitDetector`: a score of the logits at a temperature (MSP, Energy).
-* :class:`PenultimateDetector`: adds the penultimate feature ``F`` (input of the last ``nn.Linear``,
-  ``(B, D)``) and the linear head (:class:`hf_gsc.features.LinearHead`).
-* :class:`FittedDetector`: ``fit`` streams ``(features, labels)`` batches to ``_fit``; the fitted tensors
-  are the attributes named in ``state_names`` and go to / come from safetensors unchanged.
+* :class:`PenultimateDetector`: reads the penultimate feature ``z`` (input of the last ``nn.Linear``, ``(B, D)``)
+  from the shared backbone pass, and holds the linear head (:class:`hf_gsc.features.LinearHead`).
+* :class:`FittedDetector`: ``fit_update`` takes ``(features, labels)`` batches (the pass's penultimate feature,
+  on the CPU, shared by every detector fitted in that pass); ``fit_end`` hands them to ``_fit``. The fitted tensors
+  are the registered buffers named in ``state_names``.
 """
 
 from __future__ import annotations
@@ -17,28 +18,44 @@ from typing import Any, ClassVar, Iterable, Iterator
 import torch
 from torch import nn
 
-from ..features import LinearHead, check_fit_samples, linear_head, penultimate_features, penultimate_split
+from ..backbone_pass import BackbonePass
+from ..config import DetectorConfig
+from ..features import LinearHead, check_fit_samples, linear_head, penultimate_split
 from ..scores import ood_score
-from .base import Detector
+from ..split_points import SplitPoint
+from ..detector import OODDetector, suggest_names
 
 
-class BaselineDetector(Detector):
+class BaselineDetector(OODDetector):
     """A detector whose hyperparameters are exactly the keys of ``defaults``.
 
-    The stored ``hyperparameters`` hold every value (defaults filled in), so a saved
-    ``detector_config.json`` describes the method completely.
+    The config holds every value (defaults filled in), so a saved ``detector_config.json`` describes the method
+    completely. Args: ``model``, an optional :class:`~hf_gsc.config.DetectorConfig` (a saved one), and
+    hyperparameters overriding it.
     """
 
     defaults: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
-        unknown = sorted(set(hyperparameters) - set(self.defaults))
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        if config is None:
+            config = DetectorConfig(method=self.method)
+        elif not isinstance(config, DetectorConfig) or config.method != self.method:
+            raise ValueError(f"{self.method}: config must be a DetectorConfig with method={self.method!r}, got {config!r}")
+        given = {**config.hyperparameters, **hyperparameters}
+        unknown = sorted(set(given) - set(self.defaults))
         if unknown:
             raise ValueError(
-                f"unknown hyperparameters {unknown} for detector {self.name!r}; known: {sorted(self.defaults)}"
+                f"unknown hyperparameters {unknown} for detector {self.method!r}{suggest_names(unknown, self.defaults)}; "
+                f"known: {sorted(self.defaults)}"
             )
-        super().__init__(model, **{**self.defaults, **hyperparameters})
+        config.hyperparameters = self.resolve_defaults(model, {**self.defaults, **given})
+        super().__init__(model, config)
         self.validate()
+        self._bind_config()
+
+    def resolve_defaults(self, model: nn.Module, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+        """Replace defaults that depend on the model (``None`` placeholders) by their values (default: none)."""
+        return hyperparameters
 
     def validate(self) -> None:
         """Check ``self.hyperparameters``; raise ``ValueError`` naming the bad one."""
@@ -46,21 +63,27 @@ class BaselineDetector(Detector):
     def _number(self, name: str, low: float = -math.inf, high: float = math.inf, low_open: bool = False) -> float:
         value = self.hyperparameters[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{self.name}: {name} must be a finite number, got {value!r}")
+            raise ValueError(f"{self.method}: {name} must be a finite number, got {value!r}")
         if value < low or value > high or (low_open and value == low):
-            raise ValueError(f"{self.name}: {name} must be in {'(' if low_open else '['}{low}, {high}], got {value!r}")
+            raise ValueError(f"{self.method}: {name} must be in {'(' if low_open else '['}{low}, {high}], got {value!r}")
         return value
 
     def _integer(self, name: str, low: int = 1) -> int:
         value = self.hyperparameters[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{self.name}: {name} must be an integer >= {low}, got {value!r}")
+            raise ValueError(f"{self.method}: {name} must be an integer >= {low}, got {value!r}")
         return value
 
     def logits(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """The base model's logits ``(B, K)``, without gradient."""
+        """The base model's logits ``(B, K)`` of ``pixel_values``, without gradient (for methods that run their
+        own forwards, such as ODIN)."""
         with torch.no_grad():
             return self.model(pixel_values=pixel_values).logits
+
+
+#: Below this, a temperature makes ``logits / T`` overflow to inf in float32 for logits of ordinary size (|y| ~ 10),
+#: and every score becomes NaN or infinite.
+MIN_TEMPERATURE = 1e-3
 
 
 class TemperatureLogitDetector(BaselineDetector):
@@ -68,46 +91,50 @@ class TemperatureLogitDetector(BaselineDetector):
 
     score_name: ClassVar[str]
     defaults = {"temperature": 1.0}
+    reads_logits = True
 
     def validate(self) -> None:
-        self._number("temperature", 0.0, low_open=True)
+        self._number("temperature", MIN_TEMPERATURE)
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return ood_score(self.logits(pixel_values), self.score_name, self.hyperparameters["temperature"])
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return ood_score(batch.model_logits(), self.score_name, self.hyperparameters["temperature"])
 
 
 class PenultimateDetector(BaselineDetector):
-    """A detector on the penultimate feature ``F`` ``(B, D)`` and the linear head ``W F + b``."""
+    """A detector on the penultimate feature ``z`` ``(B, D)`` and the linear head ``W z + b``."""
 
-    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
-        super().__init__(model, **hyperparameters)
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
         self.split = penultimate_split(self.model)
         self.head: LinearHead = linear_head(self.model)
 
-    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """``(B, C, H, W) -> (B, D)``, without gradient, on the CPU (where fitted statistics live)."""
-        return self.split.features(pixel_values).flatten(1).cpu()
+    def feature_splits(self) -> tuple[SplitPoint, ...]:
+        return (self.split,)
 
-    def score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """As :meth:`Detector.score`, returned on the device of ``pixel_values``."""
-        return super().score(pixel_values).to(pixel_values.device)
+    def features(self, batch: BackbonePass) -> torch.Tensor:
+        """``z`` of the pass, ``(B, D)``, without gradient, on the device of the fitted state (the model's)."""
+        return batch.flat_features(self.split)
 
 
 class FittedDetector(PenultimateDetector):
     """A penultimate-feature detector with statistics fitted on ID data.
 
-    Subclasses implement ``_fit(stream)``, which consumes ``(features (B, D), labels (B,))`` batches
-    once, checks the count with :meth:`check_fit_count` and sets the attributes named in
-    ``state_names``; ``_prepare()`` derives anything else from them (it also runs after
-    :meth:`load_state_dict`). ``min_fit_samples`` is set per instance by :meth:`fit_requirement`.
+    Subclasses implement ``_fit(stream)``, which consumes ``(features (B, D), labels (B,))`` batches once, checks
+    the count with :meth:`check_fit_count` and sets the buffers named in ``state_names``; ``_prepare()`` derives
+    anything else from them (it also runs after loading); ``expected_state()`` gives their shapes, checked at load.
+    ``min_fit_samples`` is set per instance by :meth:`fit_requirement`.
     """
 
     needs_fit = True
-    state_names: ClassVar[tuple[str, ...]] = ()
+    #: Whether the fit reads class labels (per-class statistics).
+    needs_labels: ClassVar[bool] = False
 
-    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
-        super().__init__(model, **hyperparameters)
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
+        for name in self.state_names:
+            self.register_buffer(name, None)
         self.min_fit_samples, self.fit_requirement_reason = self.fit_requirement()
+        self._fit_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def fit_requirement(self) -> tuple[int, str]:
         """``(minimum number of fitting samples, why)`` for this model and these hyperparameters."""
@@ -115,30 +142,36 @@ class FittedDetector(PenultimateDetector):
 
     def check_fit_count(self, got: int) -> None:
         """Raise :class:`hf_gsc.features.NotEnoughSamplesError` below ``min_fit_samples``."""
-        check_fit_samples(self.name, got, self.min_fit_samples, self.fit_requirement_reason)
+        check_fit_samples(self.method, got, self.min_fit_samples, self.fit_requirement_reason)
 
-    def fit(self, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> "FittedDetector":
-        self._fit(penultimate_features(self.model, batches))
+    def fit_begin(self) -> None:
+        self._fit_batches = []
+
+    def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
+        # The CPU copy is memoised on the pass: detectors fitted together hold the same tensors.
+        features = batch.flat_features(self.split, "cpu")
+        if labels is None:
+            if self.needs_labels:
+                raise ValueError(f"detector {self.method!r} fits per-class statistics: pass (pixel_values, labels) "
+                                 "batches of ID training data")
+            labels = torch.zeros(features.shape[0], dtype=torch.long)
+        self._fit_batches.append((features, labels))
+
+    def fit_end(self) -> None:
+        stream, self._fit_batches = self._fit_batches or [], None
+        self._fit(iter(stream))
+        for name in self.state_names:
+            setattr(self, name, getattr(self, name).to(self.device))
         self._prepare()
         self.fitted = True
-        return self
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         raise NotImplementedError
 
-    def _prepare(self) -> None:
-        """Derive scoring-time tensors from the fitted state (default: nothing)."""
+    @property
+    def feature_dim(self) -> int:
+        return self.head.feature_dim
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        if not self.fitted:
-            return {}
-        return {name: getattr(self, name) for name in self.state_names}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
-        missing = sorted(set(self.state_names) - set(state))
-        if missing:
-            raise ValueError(f"detector {self.name!r}: saved state lacks {missing}")
-        for name in self.state_names:
-            setattr(self, name, state[name])
-        self._prepare()
-        self.fitted = True
+    @property
+    def num_classes(self) -> int:
+        return self.head.num_classes

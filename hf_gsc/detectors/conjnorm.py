@@ -7,7 +7,8 @@ from typing import Iterator
 import torch
 
 from ..features import ClassStatistics, collect_features
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import FittedDetector
 
 EPSILON = 1e-10
@@ -81,7 +82,7 @@ class ConjNormDetector(FittedDetector):
             matrix instead; ``"class"`` reproduces the code as written. See :func:`conjnorm_similarity`.
     """
 
-    name = "conjnorm"
+    method = "conjnorm"
     defaults = {"p": 1.5, "temperature": 0.0005, "dual_norm": "feature"}
     state_names = ("prototypes", "log_normalisers")
 
@@ -94,6 +95,11 @@ class ConjNormDetector(FittedDetector):
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.num_classes, "one sample per class"
 
+    needs_labels = True
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        return {"prototypes": (self.num_classes, self.feature_dim), "log_normalisers": (self.num_classes,)}
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         features, labels = collect_features(stream)
         num_classes = self.head.num_classes
@@ -101,12 +107,12 @@ class ConjNormDetector(FittedDetector):
         statistics = ClassStatistics(num_classes)
         statistics.update(features, labels)
         p, temperature, dual_norm = (self.hyperparameters[key] for key in ("p", "temperature", "dual_norm"))
-        self.prototypes = p_normalise(statistics.class_means(self.name), p)
+        self.prototypes = p_normalise(statistics.class_means(self.method), p)
         own = conjnorm_similarity(features, self.prototypes, p, dual_norm).gather(1, labels[:, None]).squeeze(1) / temperature
         self.log_normalisers = torch.stack([torch.logsumexp(own[labels == k], dim=0) for k in range(num_classes)])
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return conjnorm_score(
-            self.features(pixel_values), self.prototypes, self.log_normalisers,
+            self.features(batch), self.prototypes, self.log_normalisers,
             *(self.hyperparameters[key] for key in ("p", "temperature", "dual_norm")),
         )

@@ -8,7 +8,8 @@ import torch
 
 from ..features import ClassStatistics, LinearHead, percentile
 from ..scores import energy_score
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import FittedDetector
 
 
@@ -36,22 +37,25 @@ class DICEDetector(FittedDetector):
         sparsity: ``p = 90`` (the paper's CIFAR setting; 70 for ImageNet).
     """
 
-    name = "dice"
+    method = "dice"
     defaults = {"sparsity": 90.0}
     state_names = ("mean_features",)
 
     def validate(self) -> None:
         self._number("sparsity", 0.0, 100.0)
 
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        return {"mean_features": (self.feature_dim,)}
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         statistics = ClassStatistics(num_classes=1)
         for features, labels in stream:
-            statistics.update(features, torch.zeros_like(labels))
+            statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
         self.check_fit_count(statistics.count)
         self.mean_features = statistics.class_sums[0] / statistics.count
 
     def _prepare(self) -> None:
         self.mask = dice_mask(self.head.weight, self.mean_features, self.hyperparameters["sparsity"])
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return energy_score(dice_logits(self.features(pixel_values), self.head, self.mask))
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return energy_score(dice_logits(self.features(batch), self.head, self.mask))

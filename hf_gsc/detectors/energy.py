@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import register_detector
+from ..detector import register_detector
 from .common import TemperatureLogitDetector
 
 
@@ -16,5 +16,5 @@ class EnergyDetector(TemperatureLogitDetector):
         temperature: ``T = 1`` (the paper's setting).
     """
 
-    name = "energy"
+    method = "energy"
     score_name = "energy"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..features import mahalanobis_distances
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .mahalanobis import TiedGaussianDetector
 
 
@@ -23,7 +24,7 @@ class GEMDetector(TiedGaussianDetector):
     ``mahalanobis`` (penultimate feature, true labels).
     """
 
-    name = "gem"
+    method = "gem"
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return gem_score(self.features(pixel_values), self.class_means, self.precision)
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return gem_score(self.features(batch), self.class_means, self.precision)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import PenultimateDetector
 
 
@@ -38,12 +39,12 @@ class GradNormDetector(PenultimateDetector):
         temperature: ``T = 1`` (the paper's setting).
     """
 
-    name = "gradnorm"
+    method = "gradnorm"
     defaults = {"temperature": 1.0}
 
     def validate(self) -> None:
         self._number("temperature", 0.0, low_open=True)
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        features = self.features(pixel_values)
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        features = self.features(batch)
         return gradnorm_score(features, self.head(features), self.hyperparameters["temperature"])

@@ -8,12 +8,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..backends import Backend, Linearization
-from ..config import GSCConfig
-from ..modeling import GSCForImageClassification
+from ..backbone_pass import BackbonePass
+from ..backends import Backend, Linearization, select_backend
+from ..config import DetectorConfig, GSCConfig
+from ..gsc_step import gsc_step
 from ..precision import full_precision, step_dtype
+from ..split_points import SplitPoint
 from .ash import ASH_VARIANTS, ash_shape, default_ash_percentile
-from .base import register_detector
+from ..detector import register_detector
 from .common import BaselineDetector
 
 #: The ``GSCConfig`` settings GSC + ASH takes: all but the multi-layer and adaptive-size options (ASH shapes one
@@ -28,9 +30,18 @@ class ShapedFeatures(Backend):
         super().__init__(inner.split_point)
         self.inner, self.shaping = inner, shaping
 
+    @property
+    def feature_split(self) -> SplitPoint:
+        return self.inner.feature_split
+
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.shaped(self.inner.features(pixel_values))
+
+    def features_of(self, batch: BackbonePass) -> torch.Tensor:
+        return self.shaped(self.inner.features_of(batch))
+
+    def shaped(self, features: torch.Tensor) -> torch.Tensor:
         """``shaping(F)``, computed in float32 with autocast off (an activation percentile, see :mod:`hf_gsc.precision`)."""
-        features = self.inner.features(pixel_values)
         with full_precision(features.device):
             return self.shaping(features.flatten(1).to(step_dtype(features.dtype))).view(features.shape)
 
@@ -60,7 +71,7 @@ class GSCASHDetector(BaselineDetector):
             ``operation``, ``approximation``, ``score``, ... with ``GSCConfig`` defaults.
     """
 
-    name = "gsc_ash"
+    method = "gsc_ash"
     defaults = {
         "ash_variant": "s",
         "ash_percentile": None,
@@ -68,21 +79,30 @@ class GSCASHDetector(BaselineDetector):
         "split_point": "penultimate",
     }
 
-    def __init__(self, model: nn.Module, **hyperparameters: Any) -> None:
-        variant = hyperparameters.get("ash_variant", self.defaults["ash_variant"])
-        if hyperparameters.get("ash_percentile") is None:
-            hyperparameters["ash_percentile"] = default_ash_percentile(model, variant)
-        super().__init__(model, **hyperparameters)
-        gsc_fields = {k: v for k, v in self.hyperparameters.items() if k in GSC_SETTINGS}
-        self.detector = GSCForImageClassification(model, GSCConfig(**gsc_fields))
-        self.detector.backend = ShapedFeatures(
-            self.detector.backend, lambda f: ash_shape(f, variant, self.hyperparameters["ash_percentile"])
-        )
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
+        self.gsc_config = GSCConfig(**{k: v for k, v in self.hyperparameters.items() if k in GSC_SETTINGS})
+        variant, percentile = self.hyperparameters["ash_variant"], self.hyperparameters["ash_percentile"]
+        self.backend = ShapedFeatures(select_backend(model, self.gsc_config), lambda f: ash_shape(f, variant, percentile))
+
+    def resolve_defaults(self, model: nn.Module, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+        if hyperparameters["ash_percentile"] is None:
+            hyperparameters["ash_percentile"] = default_ash_percentile(model, hyperparameters["ash_variant"])
+        return hyperparameters
 
     def validate(self) -> None:
         if self.hyperparameters["ash_variant"] not in ASH_VARIANTS:
             raise ValueError(f"gsc_ash: ash_variant must be one of {ASH_VARIANTS}, got {self.hyperparameters['ash_variant']!r}")
         self._number("ash_percentile", 0.0, 100.0)
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.detector(pixel_values).ood_score
+    def feature_splits(self) -> tuple[SplitPoint, ...]:
+        return (self.backend.feature_split,)
+
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        config = self.gsc_config
+        linearization = self.backend.linearize(
+            batch.pixel_values, features=self.backend.features_of(batch), whole_feature=config.selection == "random",
+            keep_graph=config.approximation == "first_order",
+        )
+        return gsc_step(linearization.head, linearization.read_part, config,
+                        layer_sizes=linearization.layer_sizes).ood_score

@@ -7,7 +7,8 @@ from typing import Iterator
 import torch
 
 from ..features import collect_features
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import FittedDetector
 
 
@@ -41,7 +42,7 @@ class KNNDetector(FittedDetector):
         k: ``50`` (the paper's CIFAR-10 setting; 1000 with 1% of the training set on ImageNet).
     """
 
-    name = "knn"
+    method = "knn"
     defaults = {"k": 50}
     state_names = ("bank",)
 
@@ -56,8 +57,11 @@ class KNNDetector(FittedDetector):
         self.check_fit_count(features.shape[0])
         self.bank = l2_normalise(features)
 
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        return {"bank": (None, self.feature_dim)}
+
     def _prepare(self) -> None:
         self.check_fit_count(self.bank.shape[0])
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return knn_score(self.features(pixel_values), self.bank, self.hyperparameters["k"])
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return knn_score(self.features(batch), self.bank, self.hyperparameters["k"])

@@ -7,7 +7,8 @@ from typing import Iterator
 import torch
 
 from ..features import ClassStatistics, mahalanobis_distances, tied_precision
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import FittedDetector
 
 
@@ -29,13 +30,18 @@ class TiedGaussianDetector(FittedDetector):
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.feature_dim + self.head.num_classes, "feature dim + classes, for a full-rank tied covariance"
 
+    needs_labels = True
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        return {"class_means": (self.num_classes, self.feature_dim), "precision": (self.feature_dim, self.feature_dim)}
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         statistics = ClassStatistics(self.head.num_classes, second_moment=True)
         for features, labels in stream:
             statistics.update(features, labels)
         self.check_fit_count(statistics.count)
-        self.class_means = statistics.class_means(self.name)
-        self.precision = tied_precision(statistics.tied_covariance(self.name))
+        self.class_means = statistics.class_means(self.method)
+        self.precision = tied_precision(statistics.tied_covariance(self.method))
 
 
 @register_detector
@@ -49,7 +55,7 @@ class MahalanobisDetector(TiedGaussianDetector):
     feature only, without the input pre-processing and the layer ensemble of the full method.
     """
 
-    name = "mahalanobis"
+    method = "mahalanobis"
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return mahalanobis_score(self.features(pixel_values), self.class_means, self.precision)
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return mahalanobis_score(self.features(batch), self.class_means, self.precision)

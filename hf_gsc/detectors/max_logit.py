@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..scores import max_logit_score
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import BaselineDetector
 
 
@@ -17,7 +18,8 @@ class MaxLogitDetector(BaselineDetector):
     Detection for Real-World Settings", ICML 2022. No hyperparameters, no fitting.
     """
 
-    name = "max_logit"
+    method = "max_logit"
+    reads_logits = True
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return max_logit_score(self.logits(pixel_values))
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return max_logit_score(batch.model_logits())

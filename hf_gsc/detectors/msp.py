@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import register_detector
+from ..detector import register_detector
 from .common import TemperatureLogitDetector
 
 
@@ -17,5 +17,5 @@ class MSPDetector(TemperatureLogitDetector):
         temperature: ``T = 1`` (the paper's plain softmax).
     """
 
-    name = "msp"
+    method = "msp"
     score_name = "msp"

@@ -8,8 +8,9 @@ import torch
 
 from ..precision import full_precision, parameter_dtype, step_dtype
 from ..scores import msp_score
-from .base import register_detector
-from .common import BaselineDetector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
+from .common import MIN_TEMPERATURE, BaselineDetector
 
 
 def odin_perturb(
@@ -62,11 +63,11 @@ class ODINDetector(BaselineDetector):
             directly in normalised units.
     """
 
-    name = "odin"
+    method = "odin"
     defaults = {"temperature": 1000.0, "epsilon": 0.0014, "image_std": 1.0}
 
     def validate(self) -> None:
-        self._number("temperature", 0.0, low_open=True)
+        self._number("temperature", MIN_TEMPERATURE)
         self._number("epsilon", 0.0)
         std = self.hyperparameters["image_std"]
         values = list(std) if isinstance(std, Sequence) and not isinstance(std, str) else [std]
@@ -81,12 +82,13 @@ class ODINDetector(BaselineDetector):
         """The logits of ``pixel_values`` fed to the model in its parameters' dtype."""
         return super().logits(pixel_values.to(parameter_dtype(self.model)))
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         """Both forwards and the input step in float32 with autocast off (:mod:`hf_gsc.precision`): under bf16
         autocast the step ``epsilon / std`` (about 0.004) is below bf16's resolution near 1, so the perturbed
         input would round back to the original one, and the logits divided by ``T = 1000`` differ in digits
         bf16 does not hold. A bf16 *model* gets float32 inputs cast back to bf16 and keeps that limit."""
         temperature = self.hyperparameters["temperature"]
+        pixel_values = batch.pixel_values
         with full_precision(pixel_values.device):
             pixel_values = pixel_values.to(step_dtype(pixel_values.dtype))
             perturbed = odin_perturb(

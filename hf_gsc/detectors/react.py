@@ -8,7 +8,8 @@ import torch
 
 from ..features import LinearHead, collect_features, percentile
 from ..scores import energy_score
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import FittedDetector
 
 
@@ -30,7 +31,7 @@ class ReActDetector(FittedDetector):
         percentile: ``90`` (the paper's default).
     """
 
-    name = "react"
+    method = "react"
     fit_split = "validation"
     defaults = {"percentile": 90.0}
     state_names = ("threshold",)
@@ -38,10 +39,13 @@ class ReActDetector(FittedDetector):
     def validate(self) -> None:
         self._number("percentile", 0.0, 100.0)
 
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        return {"threshold": (1,)}
+
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         features, _ = collect_features(stream)
         self.check_fit_count(features.shape[0])
         self.threshold = torch.tensor([percentile(features, self.hyperparameters["percentile"])], dtype=torch.float64)
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return energy_score(react_logits(self.features(pixel_values), self.head, self.threshold.item()))
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return energy_score(react_logits(self.features(batch), self.head, self.threshold.item()))

@@ -7,7 +7,8 @@ from typing import Iterator
 import torch
 
 from ..features import ClassStatistics, LinearHead
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import FittedDetector
 
 
@@ -28,11 +29,16 @@ class SHEDetector(FittedDetector):
     every class needs at least one.
     """
 
-    name = "she"
+    method = "she"
     state_names = ("patterns",)
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.num_classes, "one correctly classified sample per class"
+
+    needs_labels = True
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        return {"patterns": (self.num_classes, self.feature_dim)}
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         statistics = ClassStatistics(self.head.num_classes)
@@ -41,7 +47,7 @@ class SHEDetector(FittedDetector):
             seen += features.shape[0]
             statistics.update(features, labels, keep=self.head(features).argmax(dim=-1) == labels)
         self.check_fit_count(seen)
-        self.patterns = statistics.class_means(self.name, "correctly classified sample")
+        self.patterns = statistics.class_means(self.method, "correctly classified sample")
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return she_score(self.features(pixel_values), self.head, self.patterns)
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return she_score(self.features(batch), self.head, self.patterns)

@@ -8,7 +8,8 @@ import torch
 
 from ..features import LinearHead, collect_features
 from ..scores import energy_score
-from .base import register_detector
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
 from .common import FittedDetector
 
 
@@ -60,7 +61,7 @@ class ViMDetector(FittedDetector):
         principal_dim: ``None`` = the authors' rule :func:`vim_principal_dim`.
     """
 
-    name = "vim"
+    method = "vim"
     defaults = {"principal_dim": None}
     state_names = ("origin", "residual_space", "alpha")
 
@@ -70,6 +71,11 @@ class ViMDetector(FittedDetector):
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.feature_dim, "feature dim, for the feature covariance"
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        dim = self.feature_dim
+        principal_dim = self.hyperparameters["principal_dim"] or vim_principal_dim(dim)
+        return {"origin": (dim,), "residual_space": (dim, dim - principal_dim), "alpha": (1,)}
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         features, _ = collect_features(stream)
@@ -84,5 +90,5 @@ class ViMDetector(FittedDetector):
         residual = vim_residual_norm(features, self.origin, self.residual_space).mean()
         self.alpha = (max_logit / residual).reshape(1)
 
-    def _score(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return vim_score(self.features(pixel_values), self.head, self.origin, self.residual_space, self.alpha.item())
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return vim_score(self.features(batch), self.head, self.origin, self.residual_space, self.alpha.item())

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .metrics import ScoresLike, threshold_at_tpr
+from ..thresholds import ScoresLike, calibration_record, threshold_at_tpr
 
 
 def calibrate_threshold(id_scores: ScoresLike, tpr: float = 0.95) -> float:
@@ -41,11 +41,6 @@ def true_positive_rate(id_scores: ScoresLike, threshold: float) -> float:
     if scores.ndim != 1 or scores.size == 0:
         raise ValueError(f"id_scores must be a non-empty 1-D array; got shape {scores.shape}")
     return float(np.count_nonzero(scores >= threshold) / scores.size)
-
-
-def calibration_record(split: str, num_samples: int, tpr: float, **extra: Any) -> dict[str, Any]:
-    """What a threshold was calibrated on, in the shape stored in ``GSCConfig.calibration``."""
-    return {"split": split, "num_samples": int(num_samples), "tpr": float(tpr), **extra}
 
 
 __all__ = ["calibrate_threshold", "calibration_record", "true_positive_rate"]

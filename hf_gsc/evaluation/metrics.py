@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # imported for annotations only: torch and evaluate are slow 
     import evaluate
     import torch
 
-ScoresLike = Union[np.ndarray, "torch.Tensor", Sequence[float]]
+from ..thresholds import ScoresLike, as_scores as _as_scores, check_tpr as _check_tpr, threshold_at_tpr  # noqa: E402
 
 #: Folder of the ``evaluate`` metric module shipped with the package.
 OOD_METRIC_PATH: Path = Path(__file__).resolve().parent / "ood_detection_metric"
@@ -84,88 +84,11 @@ OOD_METRIC_PATH: Path = Path(__file__).resolve().parent / "ood_detection_metric"
 METRIC_NAMES: tuple[str, ...] = ("fpr95", "auroc", "aupr_in", "aupr_out")
 
 
-def _as_scores(scores: ScoresLike, name: str) -> np.ndarray:
-    """Return ``scores`` as a finite, non-empty, 1-D float64 numpy array.
-
-    ``name`` is the caller's argument name, so that the error says which of the
-    two score arrays is wrong.
-    """
-    if hasattr(scores, "detach") and hasattr(scores, "cpu"):
-        # torch tensor: detach so requires_grad tensors convert, move off the GPU,
-        # and upcast before numpy (numpy has no bfloat16).
-        scores = scores.detach().cpu().double().numpy()
-    try:
-        arr = np.asarray(scores)
-    except (TypeError, ValueError) as err:  # ragged nested lists, for example
-        raise ValueError(f"{name} must be a 1-D array of real scores; could not convert it: {err}") from err
-    if arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name} must be a 1-D array of real scores; got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array of scores; got shape {arr.shape}")
-    if arr.size == 0:
-        raise ValueError(f"{name} must be non-empty; got an empty array")
-    arr = arr.astype(np.float64, copy=False)
-    finite = np.isfinite(arr)
-    if not finite.all():
-        bad = arr[~finite]
-        raise ValueError(
-            f"{name} must contain only finite scores; got {bad.size} NaN/inf value(s), e.g. {bad[0]!r}"
-        )
-    return arr
-
-
-def _check_tpr(tpr: float) -> float:
-    """Return ``tpr`` as a float after checking it lies in ``(0, 1]``."""
-    try:
-        value = float(tpr)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"tpr must be a number in (0, 1]; got {tpr!r}") from err
-    # ``not (0 < value <= 1)`` also rejects NaN.
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"tpr must be in (0, 1]; got {tpr!r}")
-    return value
-
-
 def _labelled(id_scores: np.ndarray, ood_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate validated scores with ``is_id`` labels (1 = ID, 0 = OOD) for scikit-learn."""
     scores = np.concatenate([id_scores, ood_scores])
     is_id = np.concatenate([np.ones(id_scores.size, dtype=np.int64), np.zeros(ood_scores.size, dtype=np.int64)])
     return is_id, scores
-
-
-def threshold_at_tpr(id_scores: ScoresLike, tpr: float = 0.95) -> float:
-    """Largest threshold ``t`` such that the fraction of ``id_scores >= t`` is at least ``tpr``.
-
-    This is the operating point used for FPR@``tpr`` and for calibrating a
-    detector on ID validation data (accept as ID iff ``score >= t``). The result
-    is always one of the ``id_scores``: the k-th largest, with ``k`` the smallest
-    integer such that ``k / n >= tpr``. Ties at the threshold are all kept, so
-    the achieved TPR is ``>= tpr`` (see the module docstring).
-
-    Args:
-        id_scores: 1-D scores of in-distribution samples, higher = more ID.
-        tpr: target true-positive rate (fraction of ID kept), in ``(0, 1]``.
-
-    Returns:
-        The threshold as a Python float.
-
-    Raises:
-        ValueError: on empty, non-1-D or non-finite ``id_scores`` or on ``tpr``
-            outside ``(0, 1]``.
-    """
-    scores = _as_scores(id_scores, "id_scores")
-    target = _check_tpr(tpr)
-    n = scores.size
-    # Smallest k with k / n >= target. ceil(target * n) can be off by one from
-    # rounding (0.7 * 10 == 7.000000000000001), so settle it with the same float
-    # comparison that "fraction of ID kept >= tpr" means.
-    k = min(max(math.ceil(target * n), 1), n)
-    while k > 1 and (k - 1) / n >= target:
-        k -= 1
-    while k < n and k / n < target:
-        k += 1
-    # k-th largest == element n - k of the ascending order; partition is O(n).
-    return float(np.partition(scores, n - k)[n - k])
 
 
 def fpr_at_tpr(id_scores: ScoresLike, ood_scores: ScoresLike, tpr: float = 0.95) -> float:

@@ -1,0 +1,404 @@
+"""The one interface of every OOD detector (GSC and the baselines), and the registry by method name.
+
+A detector is an ``nn.Module`` that owns (or attaches to) a frozen base classifier and offers
+
+* ``forward(pixel_values)`` -> :class:`OODDetectorOutput` (``logits``, ``ood_score``: higher = more
+  in-distribution, ``is_ood``), and ``score(pixel_values)`` -> ``ood_score`` alone;
+* ``fit(id_train_batches)`` where the method needs it, ``calibrate(id_validation_data, tpr)``;
+* ``save_pretrained`` / ``push_to_hub`` / ``from_pretrained`` (one saved format, :mod:`hf_gsc.serialization`).
+
+What a method reads from the backbone is declared, not fetched: :attr:`OODDetector.reads_logits` and
+:meth:`OODDetector.feature_splits`. :func:`hf_gsc.backbone_pass.run_backbone` runs the base model once with all of
+that captured, and :meth:`OODDetector.score_batch` scores the resulting pass (the feature-level API, like
+pytorch-ood's ``predict_features``), so several detectors on one model share one forward
+(:class:`hf_gsc.detectors.DetectorBundle`). Fitting shares passes the same way: ``fit_begin`` /
+``fit_update(pass, labels)`` / ``fit_end``. Fitted tensors are registered buffers: they move with ``.to(device)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Sequence
+
+import torch
+from torch import nn
+from transformers.utils import ModelOutput
+
+from .backbone_pass import BackbonePass, run_backbone
+from .config import DetectorConfig, bind_config
+from .inputs import check_pixel_values, labelled_batches
+from .split_points import SplitPoint
+from .thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, threshold_at_tpr
+
+DETECTORS: dict[str, type["OODDetector"]] = {}
+
+
+def register_detector(cls: type["OODDetector"]) -> type["OODDetector"]:
+    """Class decorator: make ``cls`` available by ``cls.method`` (the name used by the CLI, JSON and the Hub)."""
+    if cls.method in DETECTORS:
+        raise ValueError(f"detector method {cls.method!r} is registered twice")
+    DETECTORS[cls.method] = cls
+    return cls
+
+
+def detector_class(method: str) -> type["OODDetector"]:
+    """The registered class of ``method``; the error lists the registered methods and the nearest one."""
+    from . import detectors  # noqa: F401  (importing the package registers every method)
+
+    try:
+        return DETECTORS[method]
+    except KeyError:
+        close = difflib.get_close_matches(str(method), DETECTORS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"unknown method {method!r}{hint}; registered methods: {', '.join(sorted(DETECTORS))}"
+        ) from None
+
+
+def get_detector(method: str, model: nn.Module, **hyperparameters: Any) -> "OODDetector":
+    """A new detector of the registered ``method`` on ``model``."""
+    return detector_class(method)(model, **hyperparameters)
+
+
+@dataclass
+class OODDetectorOutput(ModelOutput):
+    """Output of every detector's forward.
+
+    Attributes:
+        loss: ``()`` cross-entropy of ``logits`` against ``labels`` when labels are given (what ``Trainer.predict``
+            expects of a classifier; the detector itself has no loss).
+        logits: ``(B, K)`` the base model's logits, unchanged.
+        ood_score: ``(B,)`` higher = more in-distribution.
+        is_ood: ``(B,)`` bool, ``not ood_score >= threshold`` (a NaN score is OOD); ``None`` while no threshold is set.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ood_score: torch.Tensor | None = None
+    is_ood: torch.Tensor | None = None
+
+
+def decide(ood_score: torch.Tensor, threshold: float | None) -> torch.Tensor | None:
+    """``is_ood`` for ``ood_score`` at ``threshold``: ``True`` unless ``ood_score >= threshold``. A non-finite
+    score (NaN from extreme inputs or settings) is therefore OOD: the detector fails closed."""
+    if threshold is None:
+        return None
+    return ~(ood_score >= threshold)
+
+
+def classifier_loss(logits: torch.Tensor | None, labels: torch.Tensor | None) -> torch.Tensor | None:
+    """Cross-entropy of the base logits ``(B, K)`` against ``labels`` ``(B,)``; ``None`` without labels."""
+    if labels is None or logits is None:
+        return None
+    return nn.functional.cross_entropy(logits.detach().float(), labels.to(logits.device).long())
+
+
+class OODDetector(nn.Module):
+    """A post-hoc OOD detector on a frozen image classifier (see the module docstring for the interface).
+
+    Class attributes:
+        method: registry name (``"msp"``, ``"gsc"``, ...), the saved format's type field.
+        needs_fit: whether :meth:`fit` must run before scoring (per instance where settings decide it).
+        fit_split: the ID split the evaluation fits it on (``"train"`` or ``"validation"``), never test.
+        reads_logits: whether :meth:`score_batch` reads the base model's logits.
+        config_class: the settings class (:class:`~hf_gsc.config.DetectorConfig`, or ``GSCConfig`` for GSC).
+
+    The base model is put in eval mode and frozen; it never receives ``.grad``.
+    """
+
+    method: ClassVar[str]
+    needs_fit: bool = False
+    fit_split: str = "train"
+    min_fit_samples: int = 1
+    reads_logits: ClassVar[bool] = False
+    config_class: ClassVar[type] = DetectorConfig
+
+    def __init__(self, model: nn.Module, config: Any) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module image classifier, got {type(model).__name__}")
+        self.model = model.eval().requires_grad_(False)
+        if config.base_model_name_or_path is None:
+            config.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        self.config = config
+        # Set by from_pretrained when the base model ships one; used to calibrate from images and by the pipeline.
+        self.image_processor: Any = None
+        self.fitted = not self.needs_fit
+        self._warned_uncalibrated = False
+        base_config = getattr(model, "config", None)
+        self._expected_channels: int | None = getattr(base_config, "num_channels", None)
+        image_size = getattr(base_config, "image_size", None)
+        self._expected_size: tuple[int, int] | None = (
+            None if image_size is None
+            else tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
+        )
+
+    def _bind_config(self) -> None:
+        """From now on, assigning a structural setting on ``self.config`` rebuilds this detector."""
+        bind_config(self.config, self)
+
+    def _rebuild_for(self, name: str, value: Any) -> None:
+        """Called before a structural field of ``self.config`` changes. Default: refuse, saying how to build a
+        detector with the new value (what was built and fitted depends on the old one)."""
+        raise AttributeError(
+            f"{type(self).__name__}.config.{name} decides what this detector built and fitted; build a new "
+            f"detector instead: AutoOODDetector.from_pretrained(model, method={self.method!r}, {name}=...)"
+        )
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """Every setting of the method, defaults filled in (read-only copy)."""
+        return dict(self.config.hyperparameters) if isinstance(self.config, DetectorConfig) else self.config.hyperparameters()
+
+    # ------------------------------------------------------------------ what it reads, and scoring
+    def feature_splits(self) -> tuple[SplitPoint, ...]:
+        """The split points whose ``F`` :meth:`score_batch` reads from the shared backbone pass."""
+        return ()
+
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        """``(B,)`` ``ood_score`` (higher = more in-distribution) from one backbone pass."""
+        raise NotImplementedError
+
+    def check_ready(self) -> None:
+        """Raise when the detector cannot score yet (a method that needs fitting, not fitted)."""
+        if self.needs_fit and not self.fitted:
+            raise RuntimeError(
+                f"detector {self.method!r} must be fitted first: call .fit(batches) on ID {self.fit_split} data"
+            )
+
+    def _check_pixel_values(self, pixel_values: Any) -> torch.Tensor:
+        """Checked ``pixel_values`` on the model's device, in its dtype."""
+        checked = check_pixel_values(pixel_values, self._expected_channels, self._expected_size, self.dtype)
+        return checked.to(self.device)
+
+    def backbone_pass(self, pixel_values: torch.Tensor, logits: bool = True) -> BackbonePass:
+        """One forward of the base model with what this detector reads captured."""
+        return run_backbone(self.model, pixel_values, self.feature_splits(), logits=logits or self.reads_logits)
+
+    def score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W) -> (B,)`` ``ood_score``, higher = more in-distribution (no logits returned)."""
+        self.check_ready()
+        pixel_values = self._check_pixel_values(pixel_values)
+        return self.score_batch(self.backbone_pass(pixel_values, logits=False)).to(pixel_values.device)
+
+    def forward(
+        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None, return_dict: bool | None = None
+    ) -> OODDetectorOutput:
+        """Score a batch: ``logits`` (the base model's), ``ood_score`` and ``is_ood``. ``labels`` only set ``loss``
+        (as for any ``*ForImageClassification`` model); ``return_dict`` is accepted and ignored."""
+        self.check_ready()
+        pixel_values = self._check_pixel_values(pixel_values)
+        return self.output_of(self.backbone_pass(pixel_values, logits=True), labels)
+
+    def output_of(self, batch: BackbonePass, labels: torch.Tensor | None = None) -> OODDetectorOutput:
+        """The forward's output from a backbone pass that holds the logits."""
+        ood_score = self.score_batch(batch).to(batch.pixel_values.device)
+        logits = batch.model_logits()
+        return OODDetectorOutput(
+            loss=classifier_loss(logits, labels), logits=logits, ood_score=ood_score, is_ood=self.decide(ood_score)
+        )
+
+    def decide(self, ood_score: torch.Tensor) -> torch.Tensor | None:
+        """``is_ood`` at the calibrated threshold (NaN -> OOD); ``None``, with a warning once, before calibration."""
+        threshold = self.config.threshold
+        if threshold is None and not self._warned_uncalibrated:
+            self._warned_uncalibrated = True
+            warnings.warn(
+                f"detector {self.method!r} has no threshold, so is_ood is None (no decision, not 'in-distribution'): "
+                f"call .calibrate(id_validation_data) with at least {MIN_CALIBRATION_SAMPLES} ID validation images",
+                UserWarning,
+                stacklevel=3,
+            )
+        return decide(ood_score, threshold)
+
+    # ------------------------------------------------------------------ fitting (one pass shared by many detectors)
+    def fit_begin(self) -> None:
+        """Start a fit (called before the first :meth:`fit_update`)."""
+
+    def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
+        """Take one batch of ID fitting data (its backbone pass and labels)."""
+
+    def fit_end(self) -> None:
+        """Finish the fit: compute the fitted state from what :meth:`fit_update` took."""
+        self.fitted = True
+
+    def fit(self, id_train_batches: Iterable[Any]) -> "OODDetector":
+        """Fit on ID data: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and ``labels``),
+        streamed. A method that needs no fitting returns at once."""
+        from .detectors.bundle import fit_together
+
+        fit_together([self], id_train_batches)
+        return self
+
+    # ------------------------------------------------------------------ fitted state (registered buffers)
+    state_names: ClassVar[tuple[str, ...]] = ()
+
+    def fitted_state(self) -> dict[str, torch.Tensor]:
+        """The fitted tensors (empty for methods that fit nothing), as saved in ``detector_state.safetensors``."""
+        if not self.fitted:
+            return {}
+        return {name: getattr(self, name) for name in self.state_names if getattr(self, name, None) is not None}
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        """``name -> shape`` of every fitted tensor (``None`` for a free dimension); checked at load."""
+        return {}
+
+    def load_fitted_state(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
+        """Put saved fitted tensors in place after checking each one (present, floating point, finite, shape),
+        so that a wrong file fails here, naming the tensor, and not at the first forward."""
+        check_state(self.method, state, self.expected_state(), source)
+        for name in self.state_names:
+            if name in state:
+                setattr(self, name, state[name].to(self.device))
+        self._prepare()
+        self.fitted = True
+
+    def _prepare(self) -> None:
+        """Derive scoring-time quantities from the fitted state (after a fit and after loading)."""
+
+    # ------------------------------------------------------------------ calibration
+    def calibrate(
+        self, id_validation_data: Any, tpr: float = 0.95, split: str = "validation", batch_size: int = 32
+    ) -> float:
+        """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID.
+
+        Use ID *validation* data only, never the test split or OOD data. ``config.calibration`` records ``split``,
+        ``num_samples`` and ``tpr``. Fewer than :data:`~hf_gsc.thresholds.MIN_CALIBRATION_SAMPLES` samples warn.
+
+        Args:
+            id_validation_data: a ``(N, C, H, W)`` tensor; an iterable of batches (tensors, ``(pixel_values,
+                labels)`` tuples, mappings with ``"pixel_values"``); or images: PIL images, file paths, or a
+                ``datasets.Dataset`` with an ``image`` column, prepared by the detector's ``image_processor``.
+            tpr: fraction of ID samples to keep, in ``(0, 1]``.
+            split: name of the data, recorded in the calibration record.
+            batch_size: images per forward when images are given.
+        Returns:
+            The threshold.
+        """
+        scores = []
+        for pixel_values, _ in labelled_batches(id_validation_data, "id_validation_data", self.image_processor,
+                                                batch_size):
+            with torch.no_grad():
+                scores.append(self.score(pixel_values).double().cpu())
+        all_scores = torch.cat(scores)
+        if not torch.isfinite(all_scores).all():
+            raise ValueError(
+                f"calibrate: {int((~torch.isfinite(all_scores)).sum())} of {all_scores.numel()} ID validation scores "
+                f"are NaN or infinite for method {self.method!r}; check the inputs and the settings (e.g. a tiny "
+                "temperature)"
+            )
+        if all_scores.numel() < MIN_CALIBRATION_SAMPLES:
+            warnings.warn(
+                f"calibrate: {all_scores.numel()} ID validation samples is too few for a threshold to mean much "
+                f"(at least {MIN_CALIBRATION_SAMPLES}; with n samples the accepted fraction on new data varies by "
+                "about sqrt(tpr*(1-tpr)/n))",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.config.threshold = threshold_at_tpr(all_scores, tpr)
+        self.config.calibration = calibration_record(split, all_scores.numel(), tpr)
+        return self.config.threshold
+
+    # ------------------------------------------------------------------ saving, loading, sharing
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> "OODDetector":
+        """Load a saved detector of this method, or build one on an image classifier (Hub id, path or model);
+        see :meth:`hf_gsc.AutoOODDetector.from_pretrained` for the arguments."""
+        from .serialization import load_detector
+
+        return load_detector(pretrained_model_name_or_path, method=cls.method, expected_class=cls, *args, **kwargs)
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        save_base_model: bool = False,
+        results_dir: str | os.PathLike | None = None,
+        license: str | None = None,
+    ) -> str:
+        """Write ``detector_config.json`` (method, hyperparameters, threshold, base-model reference), the fitted
+        state, a model card, and optionally the base weights and the method's evaluation results."""
+        from .serialization import save_detector
+
+        return str(save_detector(self, save_directory, save_base_model, results_dir, license=license))
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        private: bool = False,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        save_base_model: bool = False,
+        results_dir: str | os.PathLike | None = None,
+        commit_message: str | None = None,
+        license: str = "apache-2.0",
+    ) -> str:
+        """Upload the detector (as :meth:`save_pretrained` writes it) to ``repo_id``; returns the commit URL.
+
+        A base model that is only a local folder is refused unless ``save_base_model=True``; with it, the pushed
+        config refers to the repo itself, never to a local path."""
+        from .hub import push_detector
+
+        return push_detector(self, repo_id, private, revision, token, save_base_model, results_dir,
+                             commit_message or f"Upload {self.method} detector", license)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the base model's parameters (what ``pixel_values`` are moved to)."""
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the base model's first parameter; ``pixel_values`` are cast to it."""
+        return next(self.model.parameters()).dtype
+
+    def train(self, mode: bool = True) -> "OODDetector":
+        """The wrapper may be put in train mode; the base model always stays in eval mode."""
+        super().train(mode)
+        self.model.eval()
+        return self
+
+
+def check_state(
+    method: str, state: dict[str, torch.Tensor], expected: dict[str, tuple[int | None, ...]], source: str
+) -> None:
+    """Each expected fitted tensor is present, floating point, finite and of the expected shape; else a
+    ``ValueError`` naming the tensor, its shape and the expected one, and ``source``."""
+    for name, shape in expected.items():
+        where = f"{method}: fitted tensor {name!r} in {source}"
+        if name not in state:
+            raise ValueError(f"{where} is missing (the file holds {sorted(state)}); fit the detector again")
+        tensor = state[name]
+        if not tensor.is_floating_point():
+            raise ValueError(f"{where} must be floating point, got {tensor.dtype}")
+        wanted = "(" + ", ".join("*" if d is None else str(d) for d in shape) + ")"
+        if tensor.ndim != len(shape) or any(d is not None and d != got for d, got in zip(shape, tensor.shape)):
+            raise ValueError(f"{where} has shape {tuple(tensor.shape)}, expected {wanted} for this base model; "
+                             "it was fitted for another model or settings")
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{where} holds NaN or infinite values; fit the detector again")
+
+
+def suggest_names(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the first unknown name with a close known one, else ``""``."""
+    for name in unknown:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        if close:
+            return f" (did you mean {close[0]!r} instead of {name!r}?)"
+    return ""
+
+
+__all__ = [
+    "DETECTORS",
+    "OODDetector",
+    "OODDetectorOutput",
+    "check_state",
+    "classifier_loss",
+    "decide",
+    "detector_class",
+    "get_detector",
+    "register_detector",
+    "suggest_names",
+]

@@ -1,0 +1,140 @@
+"""Several detectors on one base model, scored (and fitted) from one backbone pass per batch.
+
+    bundle = DetectorBundle({"knn": knn, "vim": vim, "gsc": gsc})   # all on the same base model
+    out = bundle(pixel_values)       # out.logits, out.ood_scores["knn"], out.is_ood["gsc"], ...
+    fit_together([knn, vim], id_train_batches)   # one pass over the fit data for both
+
+The backbone runs once with the union of what the detectors read (:mod:`hf_gsc.backbone_pass`); each detector
+then scores that pass with its own :meth:`~hf_gsc.detectors.OODDetector.score_batch`, so a detector's scores are
+the same alone or in a bundle. ODIN perturbs the input and runs its own passes from the batch's ``pixel_values``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.utils import ModelOutput
+
+from ..backbone_pass import BackbonePass, run_backbone, split_union
+from ..inputs import labelled_batches
+from ..detector import OODDetector, classifier_loss
+
+
+@dataclass
+class BundleOutput(ModelOutput):
+    """Output of :class:`DetectorBundle`.
+
+    Attributes:
+        loss: ``()`` cross-entropy of ``logits`` against ``labels`` when labels are given.
+        logits: ``(B, K)`` the base model's logits.
+        ood_scores: detector name -> ``(B,)`` ``ood_score`` (higher = more in-distribution).
+        is_ood: detector name -> ``(B,)`` bool, or ``None`` for a detector without a threshold.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ood_scores: dict[str, torch.Tensor] | None = None
+    is_ood: dict[str, torch.Tensor | None] | None = None
+
+
+def _shared_model(detectors: Sequence[OODDetector]) -> nn.Module:
+    if not detectors:
+        raise ValueError("a detector bundle needs at least one detector")
+    model = detectors[0].model
+    for detector in detectors[1:]:
+        if detector.model is not model:
+            raise ValueError(
+                f"every detector of a bundle must wrap the same base model object; {detector.method!r} has another "
+                "(build them on one loaded model: AutoOODDetector.from_pretrained(model, method=...))"
+            )
+    return model
+
+
+def shared_pass(
+    detectors: Sequence[OODDetector], pixel_values: torch.Tensor, logits: bool = True
+) -> BackbonePass:
+    """One backbone pass with everything the ``detectors`` (on one base model) read."""
+    model = _shared_model(detectors)
+    splits = split_union([split for detector in detectors for split in detector.feature_splits()])
+    return run_backbone(model, pixel_values, splits, logits=logits or any(d.reads_logits for d in detectors))
+
+
+class DetectorBundle(nn.Module):
+    """Detectors on one base model that score a batch from one forward (see the module docstring).
+
+    Args:
+        detectors: name -> detector (or a sequence, named by method); each wraps the same base model object.
+    """
+
+    def __init__(self, detectors: Mapping[str, OODDetector] | Sequence[OODDetector]) -> None:
+        super().__init__()
+        if not isinstance(detectors, Mapping):
+            detectors = {detector.method: detector for detector in detectors}
+        _shared_model(list(detectors.values()))
+        self.detectors = nn.ModuleDict(dict(detectors))
+
+    @property
+    def model(self) -> nn.Module:
+        return next(iter(self.detectors.values())).model
+
+    def backbone_pass(self, pixel_values: torch.Tensor, logits: bool = True) -> BackbonePass:
+        return shared_pass(list(self.detectors.values()), pixel_values, logits)
+
+    def score_batch(self, batch: BackbonePass) -> dict[str, torch.Tensor]:
+        """name -> ``(B,)`` ``ood_score`` of every detector from one pass."""
+        return {name: detector.score_batch(batch).to(batch.pixel_values.device)
+                for name, detector in self.detectors.items()}
+
+    def scores(self, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
+        """name -> ``(B,)`` ``ood_score``, from one backbone pass."""
+        for detector in self.detectors.values():
+            detector.check_ready()
+        first = next(iter(self.detectors.values()))
+        return self.score_batch(self.backbone_pass(first._check_pixel_values(pixel_values), logits=False))
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> BundleOutput:
+        for detector in self.detectors.values():
+            detector.check_ready()
+        first = next(iter(self.detectors.values()))
+        batch = self.backbone_pass(first._check_pixel_values(pixel_values), logits=True)
+        scores = self.score_batch(batch)
+        return BundleOutput(
+            loss=classifier_loss(batch.logits, labels),
+            logits=batch.model_logits(),
+            ood_scores=scores,
+            is_ood={name: self.detectors[name].decide(score) for name, score in scores.items()},
+        )
+
+
+def fit_together(
+    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str = "id_train_batches"
+) -> list[OODDetector]:
+    """Fit every detector of ``detectors`` that needs it from one backbone pass per batch of ``id_batches``
+    (batches of ``(pixel_values, labels)``, mappings, or images as ``calibrate`` takes them). Returns the fitted ones.
+
+    All of them must fit on the same data (the same ``fit_split``) and wrap the same base model.
+    """
+    to_fit = [detector for detector in detectors if detector.needs_fit]
+    if not to_fit:
+        for detector in detectors:
+            detector.fitted = True
+        return []
+    _shared_model(to_fit)
+    first = to_fit[0]
+    for detector in to_fit:
+        detector.fit_begin()
+    for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor):
+        batch = shared_pass(to_fit, first._check_pixel_values(pixel_values), logits=False)
+        labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
+        for detector in to_fit:
+            detector.fit_update(batch, labels)
+    for detector in to_fit:
+        detector.fit_end()
+    return to_fit
+
+
+__all__ = ["BundleOutput", "DetectorBundle", "fit_together", "shared_pass"]
