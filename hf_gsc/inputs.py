@@ -40,8 +40,11 @@ def check_pixel_values(
     return pixel_values.to(dtype)
 
 
-def batches(data: torch.Tensor | Iterable[Any], name: str) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Normalise tensors, ``(pixel_values, labels)`` tuples and mappings into ``(pixel_values, labels)`` batches."""
+def batches(
+    data: torch.Tensor | Iterable[Any], name: str, allow_empty: bool = False
+) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Normalise tensors, ``(pixel_values, labels)`` tuples and mappings into ``(pixel_values, labels)`` batches.
+    No batch at all is an error unless ``allow_empty`` (a fit then says how many samples it needs)."""
     if data is None:
         raise TypeError(
             f"{name} is None; pass a (N, C, H, W) tensor of pixel_values or an iterable of batches "
@@ -63,7 +66,7 @@ def batches(data: torch.Tensor | Iterable[Any], name: str) -> Iterable[tuple[tor
             )
         seen = True
         yield batch, labels
-    if not seen:
+    if not seen and not allow_empty:
         raise ValueError(f"{name} is empty; it must hold at least one batch of images")
 
 
@@ -112,14 +115,14 @@ def _open_image(item: Any) -> Any:
 
 
 def labelled_batches(
-    data: Any, name: str, image_processor: Any = None, batch_size: int = 32
+    data: Any, name: str, image_processor: Any = None, batch_size: int = 32, allow_empty: bool = False
 ) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
     """:func:`batches`, and also images: a PIL image, a file or folder path, a list of those, or a
     ``datasets.Dataset`` with an ``image`` column (and optionally ``label``), prepared ``batch_size`` at a time by
     ``image_processor``."""
     rows = None if data is None else _image_rows(data, name)
     if rows is None:
-        yield from batches(data, name)
+        yield from batches(data, name, allow_empty)
         return
     if image_processor is None:
         raise ValueError(

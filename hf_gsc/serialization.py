@@ -288,7 +288,9 @@ def read_results(results_dir: str | os.PathLike) -> tuple[dict[str, Any], str | 
         raise FileNotFoundError(f"results_dir {source} has no results.json; run `hf-gsc evaluate` first")
     results = json.loads((source / "results.json").read_text())
     table = (source / "results.md").read_text() if (source / "results.md").is_file() else None
-    return results, table, [png.relative_to(source) for png in sorted(source.rglob("*.png"))]
+    plots = [png.relative_to(source) for png in sorted(source.rglob("*.png"))]
+    # Saved detectors and score files beside the results are not results (a saved detector carries a copy).
+    return results, table, [p for p in plots if p.parts[0] not in ("detectors", "scores")]
 
 
 def copy_results(results_dir: str | os.PathLike, directory: Path, plots: list[Path]) -> None:

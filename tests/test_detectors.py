@@ -18,13 +18,14 @@ from torch import nn
 from transformers.modeling_outputs import ImageClassifierOutput
 
 from hf_gsc.detectors import DETECTORS, get_detector
+from hf_gsc import AutoOODDetector
 from hf_gsc.detector import OODDetector as Detector
 from hf_gsc.features import NotEnoughSamplesError
 
 from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 
 ARCHS = ["vit", "resnet"]
-FITTED = sorted(name for name, cls in DETECTORS.items() if cls.needs_fit)
+FITTED = sorted(name for name, cls in DETECTORS.items() if cls.needs_fit is True)  # GSC: per instance
 ALL_METHODS = sorted(DETECTORS)
 NUM_FIT = 64
 
@@ -374,8 +375,8 @@ def test_unknown_hyperparameter_and_bad_values_raise(setting):
 def test_save_load_round_trip(setting, name, tmp_path):
     hyperparameters = {"gsc": {"mask_ratio": 0.1}, "knn": {"k": 7}, "conjnorm": {"p": 2.2}}.get(name, {})
     detector = setting.detector(name, **hyperparameters)
-    detector.save(tmp_path)
-    loaded = Detector.load(tmp_path, setting.model)
+    detector.save_pretrained(tmp_path)
+    loaded = AutoOODDetector.from_pretrained(tmp_path, model=setting.model)
     assert type(loaded) is type(detector) and loaded.fitted
     assert loaded.hyperparameters == detector.hyperparameters
     torch.testing.assert_close(loaded.score(setting.x_test), detector.score(setting.x_test), rtol=1e-12, atol=0)

@@ -6,6 +6,8 @@ and builds every per-sample quantity with ``torch.autograd.functional.jacobian``
 
 from __future__ import annotations
 
+import json
+import dataclasses
 import math
 
 import numpy as np
@@ -347,8 +349,14 @@ def test_bad_split_point_path():
 
 
 def test_config_json_round_trip(tmp_path):
+    """The config a detector saves (detector_config.json) comes back equal; a legacy gsc_config.json still reads."""
+    from hf_gsc.serialization import read_config
+
     config = GSCConfig(mask_ratio=0.1, operation="perturb", threshold=1.5, calibration={"split": "validation"})
-    config.save_pretrained(tmp_path)
+    GSCForImageClassification(make_tiny_model("vit"), config).save_pretrained(tmp_path)
+    saved = read_config(tmp_path)
+    assert (saved.mask_ratio, saved.operation, saved.threshold, saved.calibration) == (0.1, "perturb", 1.5, {"split": "validation"})
+    (tmp_path / "gsc_config.json").write_text(json.dumps(dataclasses.asdict(config)))
     assert GSCConfig.from_json_file(tmp_path / "gsc_config.json") == config
     (tmp_path / "gsc_config.json").write_text('{"mask_ratio": 0.1, "evil": 1}')
     with pytest.raises(ValueError, match=r"unknown GSCConfig fields \['evil'\]"):
@@ -369,7 +377,9 @@ def test_calibrate_keeps_the_requested_fraction_of_id(pixel_values):
     with pytest.raises(ValueError, match="empty"):
         detector.calibrate([])
     with pytest.raises(TypeError, match="batch 0 must be a tensor"):
-        detector.calibrate(["not a tensor"])
+        detector.calibrate([42])
+    with pytest.raises(ValueError, match="holds images, but the detector has no image_processor"):
+        detector.calibrate(["cat.png"])
 
 
 # --------------------------------------------------------------------------- beyond the paper
@@ -424,8 +434,7 @@ def test_fisher_selection_uses_fitted_diagonal_and_round_trips(pixel_values, tmp
         assert set(out.mask[i].flatten().nonzero().flatten().tolist()) == set(priority.topk(k).indices.tolist())
 
     detector.save_pretrained(tmp_path / "fisher")
-    loaded = GSCForImageClassification(model, GSCConfig.from_json_file(tmp_path / "fisher" / "gsc_config.json"))
-    loaded.load_state_dict_from_dir(tmp_path / "fisher")
+    loaded = GSCForImageClassification.from_pretrained(tmp_path / "fisher", model=model)
     torch.testing.assert_close(loaded(pixel_values).ood_score, out.ood_score, atol=0, rtol=0)
     with pytest.raises(ValueError, match="needs labels"):
         GSCForImageClassification(model, selection="fisher").fit_fisher([pixel_values])
@@ -513,7 +522,7 @@ def test_affine_heads_follow_config_and_weight_changes(split_point, pixel_values
 def test_output_behaves_like_a_model_output(pixel_values):
     """GSCOutput skips ModelOutput's per-instance checks; it must still index, iterate and tuple like one."""
     out = GSCForImageClassification(make_tiny_model("vit"))(pixel_values)
-    assert list(out.keys()) == ["logits", "gsc_logits", "ood_score", "predicted_class"]  # None fields left out
+    assert list(out.keys()) == ["logits", "ood_score", "gsc_logits", "predicted_class"]  # None fields left out
     assert out["ood_score"] is out.ood_score and out[0] is out.logits
     assert len(out.to_tuple()) == 4
     full = GSCForImageClassification(make_tiny_model("vit"), threshold=0.0)(pixel_values, output_short_circuit=True)

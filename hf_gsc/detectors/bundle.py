@@ -127,7 +127,7 @@ def fit_together(
     first = to_fit[0]
     for detector in to_fit:
         detector.fit_begin()
-    for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor):
+    for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor, allow_empty=True):
         batch = shared_pass(to_fit, first._check_pixel_values(pixel_values), logits=False)
         labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
         for detector in to_fit:

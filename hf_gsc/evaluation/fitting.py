@@ -1,10 +1,10 @@
-"""Fitting the detectors that need ID data (ReAct, KNN, Mahalanobis, GSC's Fisher / adaptive mass), and reusing fits.
+"""Fitting the detectors that need ID data (ReAct, KNN, Mahalanobis, ..., GSC's Fisher / adaptive mass), and reusing fits.
 
-The main process fits each detector on its ``fit_split`` data and saves the fitted state to
-``detectors/{method}/`` with a ``fit.json`` holding the fit's fingerprint; the other processes wait and
-load it. A rerun reuses a saved fit whose fingerprint still matches. Batches reach the model's device
-and run under the accelerator's autocast, like the scoring batches; unreadable images raise or are left out
-(``on_error``) and ``fit.json`` records how many were.
+The main process fits every detector of one ``fit_split`` from one backbone pass per batch over that split's data
+(:func:`hf_gsc.detectors.fit_together`), and saves each fitted state to ``detectors/{method}/`` with a ``fit.json``
+holding the fit's fingerprint; the other processes wait and load it. A rerun reuses a saved fit whose fingerprint
+still matches. Batches reach the model's device and run under the accelerator's autocast, like the scoring batches;
+unreadable images raise or are left out (``on_error``) and ``fit.json`` records how many were.
 """
 
 from __future__ import annotations
@@ -18,23 +18,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..config import STATE_FILE
 from ..data.decoding import OnError
+from ..serialization import read_state, save_state
 from .loop import NUM_SKIPPED_KEY, device_batches, make_dataloader
 
 DETECTORS_DIR = "detectors"
 FIT_INFO = "fit.json"
 
 
-def _fit_dir(output_dir: Path, method: str) -> Path:
-    return output_dir / DETECTORS_DIR / method
+def fit_dir(output_dir: Path, method: str) -> Path:
+    return Path(output_dir) / DETECTORS_DIR / method
 
 
 def _load_fit(directory: Path, expected: str) -> dict[str, torch.Tensor] | None:
     """The fitted state saved with fingerprint ``expected``, else ``None`` (missing, stale, truncated or
     unreadable: fit again)."""
-    from ..detectors.base import STATE_FILE
-    from ..serialization import read_state
-
     try:
         with open(directory / FIT_INFO) as handle:
             info = json.load(handle)
@@ -49,7 +48,7 @@ def saved_fit_info(output_dir: Path, method: str) -> dict[str, int]:
     """``num_samples`` and ``num_skipped`` (unreadable images) of the saved fit of ``method`` (``fit.json``);
     ``{}`` without one."""
     try:
-        info = json.loads((_fit_dir(output_dir, method) / FIT_INFO).read_text())
+        info = json.loads((fit_dir(output_dir, method) / FIT_INFO).read_text())
         return {"num_samples": int(info["num_samples"]), NUM_SKIPPED_KEY: int(info.get(NUM_SKIPPED_KEY, 0))}
     except (OSError, ValueError, KeyError):
         return {}
@@ -69,6 +68,15 @@ class _Counted:
             yield batch
 
 
+def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Mapping[str, Any]) -> list[list[str]]:
+    """The methods of ``to_fit`` grouped by the data they fit on (the same split, subset and seed: the same
+    dataset object), so that each group costs one pass over its data."""
+    groups: dict[int, list[str]] = {}
+    for name in to_fit:
+        groups.setdefault(id(fit_data[name]), []).append(name)
+    return list(groups.values())
+
+
 def fit_detectors(
     accelerator: Any,
     detectors: Mapping[str, Any],
@@ -84,40 +92,46 @@ def fit_detectors(
     on_error: OnError = "raise",
     source: str = "",
 ) -> None:
-    """Main process: load a valid saved fit or fit and save; then every other process loads it.
+    """Main process: load each valid saved fit; fit the others, one backbone pass per batch for every method of a
+    fit split, and save them; then every other process loads them.
 
     ``on_error``: an unreadable image raises, naming ``ID {split} ({source})``, its row and file, or is left out.
     """
     from tqdm.auto import tqdm
 
-    from ..detectors.base import STATE_FILE
+    from ..detectors import fit_together
 
     if accelerator.is_main_process:
+        pending = []
         for name in to_fit:
-            directory = _fit_dir(output_dir, name)
-            state = None if overwrite else _load_fit(directory, fit_fingerprints[name])
+            state = None if overwrite else _load_fit(fit_dir(output_dir, name), fit_fingerprints[name])
             if state is not None:
-                detectors[name].load_state_dict(state)
-                continue
+                detectors[name].load_fitted_state(state, source=str(fit_dir(output_dir, name) / STATE_FILE))
+            else:
+                pending.append(name)
+        for group in fit_groups(detectors, pending, fit_data):
             torch.manual_seed(seed)
             np.random.seed(seed)
-            split = detectors[name].fit_split
-            loader = make_dataloader(fit_data[name], transform, batch_size, num_workers,
+            split = detectors[group[0]].fit_split
+            loader = make_dataloader(fit_data[group[0]], transform, batch_size, num_workers,
                                      accelerator.device, dataset_name=f"ID {split} ({source})")
-            counted = _Counted(tqdm(loader, desc=f"fit {name}", leave=False))
+            counted = _Counted(tqdm(loader, desc=f"fit {', '.join(group)}", leave=False))
             with accelerator.autocast():
-                detectors[name].fit(device_batches(counted, accelerator.device, on_error))
-            detectors[name].save(directory)
-            tmp = directory / f".{FIT_INFO}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps({"fingerprint": fit_fingerprints[name], "num_samples": counted.count,
-                                       NUM_SKIPPED_KEY: counted.skipped}))
-            os.replace(tmp, directory / FIT_INFO)
+                fit_together([detectors[name] for name in group], device_batches(counted, accelerator.device, on_error),
+                             name=f"ID {split} data")
+            for name in group:
+                directory = fit_dir(output_dir, name)
+                directory.mkdir(parents=True, exist_ok=True)
+                save_state(detectors[name].fitted_state(), directory / STATE_FILE)
+                tmp = directory / f".{FIT_INFO}.{os.getpid()}.tmp"
+                tmp.write_text(json.dumps({"fingerprint": fit_fingerprints[name], "num_samples": counted.count,
+                                           NUM_SKIPPED_KEY: counted.skipped}))
+                os.replace(tmp, directory / FIT_INFO)
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
-        from safetensors.torch import load_file
-
         for name in to_fit:
-            detectors[name].load_state_dict(load_file(str(_fit_dir(output_dir, name) / STATE_FILE)))
+            path = fit_dir(output_dir, name) / STATE_FILE
+            detectors[name].load_fitted_state(read_state(path), source=str(path))
 
 
-__all__ = ["DETECTORS_DIR", "fit_detectors", "saved_fit_info"]
+__all__ = ["DETECTORS_DIR", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]

@@ -11,7 +11,6 @@ from typing import Any
 
 import torch
 
-from ..config import GSCConfig
 from .options import InputError
 
 
@@ -24,19 +23,19 @@ def load_model(
     ``image_backend``: ``auto`` leaves the choice to transformers (torchvision-backed when torchvision is
     installed, else PIL), or ``pil`` / ``torchvision``.
 
-    Returns ``(base model, image processor, saved GSC hyperparameters (empty for a plain
+    Returns ``(base model, image processor, method -> hyperparameters of a saved detector (empty for a plain
     classifier), path the image processor came from)``.
     """
     from ..data import load_image_processor
     from ..serialization import load_detector_or_classifier
 
     try:
-        model, config, processor_source, hub = load_detector_or_classifier(model_id, revision=revision)
+        model, detector, processor_source, hub = load_detector_or_classifier(model_id, revision=revision)
         backend = None if image_backend == "auto" else image_backend  # None: transformers' own default
         processor = load_image_processor(processor_source, backend=backend, **hub)
     except (OSError, ValueError, KeyError) as error:
         raise InputError(f"--model {model_id!r}: could not load an image classifier and its image processor: {error}") from None
-    saved = {} if config is None else {name: getattr(config, name) for name in GSCConfig.score_names()}
+    saved = {} if detector is None else {detector.method: detector.config.score_hyperparameters()}
     model.eval().requires_grad_(False)
     return model, processor, saved, processor_source
 
@@ -82,14 +81,10 @@ def build_detectors(
 
 
 def effective_hyperparameters(detector: Any) -> dict[str, Any]:
-    """The detector's settings; for GSC the full ``GSCConfig`` (defaults included), not only overrides."""
+    """Every setting that changes the detector's scores, defaults filled in (what the cache is keyed on)."""
     from .report import jsonable
 
-    wrapper = getattr(detector, "detector", None)
-    config = getattr(wrapper, "config", None)
-    if config is not None and hasattr(config, "to_dict"):
-        return {name: getattr(config, name) for name in config.score_names()}
-    return jsonable(detector.hyperparameters)
+    return jsonable(detector.config.score_hyperparameters())
 
 
 __all__ = [

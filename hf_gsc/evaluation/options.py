@@ -40,7 +40,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         description="OOD evaluation of GSC and baselines on a Hugging Face image classifier. "
         "Runs with `python` or `accelerate launch` (sharded over processes).",
     )
-    parser.add_argument("--model", required=True, help="image classifier or saved GSC detector: local path or Hub id")
+    parser.add_argument("--model", required=True, help="image classifier or saved detector: local path or Hub id")
     parser.add_argument("--revision", default=None, help="Hub revision of --model")
     data = parser.add_argument_group("data")
     data.add_argument("--benchmark", default=None, help="registered benchmark, e.g. fmnist-ood or fmnist-openset")
@@ -80,6 +80,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     run.add_argument("--overwrite", action="store_true", help="recompute cached scores and fits")
     run.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
+    run.add_argument("--save-detectors", action="store_true",
+                     help="save every evaluated method as a detector (fitted, threshold calibrated on ID validation, "
+                          "model card with its results) under OUTPUT_DIR/detectors/METHOD, loadable with "
+                          "hf_gsc.AutoOODDetector.from_pretrained and publishable with hf-gsc publish --detector-dir")
     device = parser.add_argument_group("device and throughput")
     device.add_argument(
         "--mixed-precision", default=None, metavar="{" + ",".join(PRECISIONS) + "}",

@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import __version__
 from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
+from .models import effective_hyperparameters
 from .loop import ScoreCache
 from .options import InputError
 
@@ -180,21 +182,26 @@ def make_plan(
         }
         for split, dataset in splits.items()
     }
-    fit_data = {
-        name: subset(id_splits[detector.fit_split], args.max_fit_samples, args.seed, f"fit_{detector.fit_split}")
-        for name, detector in detectors.items()
-        if detector.needs_fit
+    # One subset object per fit split: the methods fitted on it share one pass over it (fitting.fit_groups).
+    fit_sets = {
+        split: subset(id_splits[split], args.max_fit_samples, args.seed, f"fit_{split}")
+        for split in dict.fromkeys(detector.fit_split for detector in detectors.values() if detector.needs_fit)
     }
+    fit_data = {name: fit_sets[detector.fit_split] for name, detector in detectors.items() if detector.needs_fit}
+    # What is in effect: every setting with its default filled in, and the library version (a formula fixed in a new
+    # release must not reuse old scores).
+    settings = {name: effective_hyperparameters(detector) for name, detector in detectors.items()}
     fit_fps = {
-        name: fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters.get(name, {}),
+        name: fingerprint({"model": model_fp, "method": name, "hyperparameters": settings[name], "hf_gsc": __version__,
                            "fit_split": detectors[name].fit_split, "source": source,
                            "num_samples": num_rows(dataset) if num_rows(dataset) is not None else args.max_fit_samples,
                            "seed": args.seed, "content": dataset_fingerprint(dataset)})
         for name, dataset in fit_data.items()
     }
     score_fps = {
-        (name, split): fingerprint({"model": model_fp, "method": name, "hyperparameters": hyperparameters.get(name, {}),
-                                    "fit": fit_fps.get(name), "split": split, "data": descriptions[split]})
+        (name, split): fingerprint({"model": model_fp, "method": name, "hyperparameters": settings.get(name, {}),
+                                    "hf_gsc": __version__, "fit": fit_fps.get(name), "split": split,
+                                    "data": descriptions[split]})
         for name in [*detectors, BASE_MODEL]
         for split in splits
     }

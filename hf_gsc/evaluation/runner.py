@@ -181,11 +181,14 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     # Model and detectors first: an unknown split point fails here, before data is loaded. The main
     # process downloads (model, data) first, so that the others read its cache instead of racing it.
     with accelerator.main_process_first():
-        model, processor, saved_gsc, _ = load_model(args.model, args.revision, args.image_backend)
+        model, processor, saved, _ = load_model(args.model, args.revision, args.image_backend)
     model.to(accelerator.device)
     hyperparameters = {name: dict(values) for name, values in parsed["hyperparameters"].items()}
     if "gsc" in methods:
-        hyperparameters["gsc"] = {**saved_gsc, **parsed["gsc_overrides"], **hyperparameters["gsc"]}
+        hyperparameters["gsc"] = {**parsed["gsc_overrides"], **hyperparameters["gsc"]}
+    for name, values in saved.items():  # a saved detector given as --model: its settings, unless overridden
+        if name in methods:
+            hyperparameters[name] = {**values, **hyperparameters[name]}
     if "odin" in methods and "image_std" not in hyperparameters["odin"]:
         hyperparameters["odin"]["image_std"] = processor_image_std(processor)
     detectors = build_detectors(model, methods, hyperparameters)
@@ -241,7 +244,23 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         write_plots(output_dir, id_scores, ood_scores, results)
         results["seconds"]["total"] = round(time.perf_counter() - start, 2)
         write_report(output_dir, results)
+    if getattr(args, "save_detectors", False):
+        save_detectors(output_dir, detectors, results, processor)
     return results
+
+
+def save_detectors(output_dir: Path, detectors: Mapping[str, Any], results: Mapping[str, Any], processor: Any) -> None:
+    """Save each evaluated method as a detector folder ``detectors/{method}/`` (beside its fit): its threshold is the
+    one calibrated on ID validation for ``results.json``, and its card carries these results."""
+    from .fitting import fit_dir
+
+    for name, detector in detectors.items():
+        entry = results["methods"][name]
+        detector.config.threshold = entry["threshold"]
+        detector.config.calibration = entry["calibration"]
+        if detector.image_processor is None:
+            detector.image_processor = processor
+        detector.save_pretrained(fit_dir(output_dir, name), results_dir=output_dir)
 
 
 def _quiet_libraries() -> None:

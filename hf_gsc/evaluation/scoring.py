@@ -35,32 +35,29 @@ def score_missing(
     num_workers: int = 0,
     on_error: OnError = "raise",
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """Score each split with its missing methods (one pass over the split) and save the files (main process).
+    """Score each split with its missing methods (one backbone pass per batch for all of them, see
+    :func:`batch_scorer`) and save the files (main process).
 
     ``on_error``: what an image that cannot be decoded does (see :func:`~hf_gsc.evaluation.loop.score_split`).
 
-    Returns ``(method -> split -> scoring seconds of that method on this process,
-    split -> {"seconds", "num_samples", "images_per_second"})``: the split's wall time covers loading,
-    preprocessing, every method and the gathering across processes.
+    Returns ``(method -> split -> scoring seconds of that method on this process (the shared backbone pass is
+    :data:`BACKBONE_KEY`), split -> {"seconds", "num_samples", "images_per_second"})``: the split's wall time covers
+    loading, preprocessing, the backbone, every method and the gathering across processes.
     """
-
-    def predictions(pixel_values: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return model(pixel_values=pixel_values).logits.argmax(dim=-1)
-
-    seconds: dict[str, dict[str, float]] = {name: {} for name in detectors}
+    seconds: dict[str, dict[str, float]] = {name: {} for name in [BACKBONE_KEY, *detectors]}
     throughput: dict[str, dict[str, float]] = {}
     for split, dataset in plan.splits.items():
         names = missing[split]
         if not names:
             continue
-        scorers = {name: predictions if name == BASE_MODEL else detectors[name].score for name in names}
+        scorer = batch_scorer(model, {name: detectors[name] for name in names if name != BASE_MODEL},
+                              BASE_MODEL in names, seconds, split)
         dataloader = make_dataloader(dataset, transform, batch_size, num_workers, accelerator.device,
                                      accelerator.process_index, accelerator.num_processes,
                                      dataset_name=f"{split} ({plan.sources[split]})")
         size = num_rows(dataset) or "streamed"
         begin = time.perf_counter()
-        outputs = loop.score_split(accelerator, dataloader, _timed(scorers, seconds, split),
+        outputs = loop.score_split(accelerator, dataloader, {SHARED: scorer},
                                    description=f"{split} ({size})", on_error=on_error)
         elapsed = time.perf_counter() - begin
         count = int(outputs["labels"].shape[0])
@@ -69,30 +66,57 @@ def score_missing(
         if accelerator.is_main_process:
             for name in names:
                 key = PREDICTIONS_KEY if name == BASE_MODEL else SCORE_KEY
-                cache.save(name, split, {key: outputs[name], "labels": outputs["labels"],
+                cache.save(name, split, {key: outputs[(SHARED, name)], "labels": outputs["labels"],
                                          NUM_SKIPPED_KEY: outputs[NUM_SKIPPED_KEY]},
                            plan.score_fingerprints[(name, split)])
         accelerator.wait_for_everyone()
-    return seconds, throughput
+    return {name: times for name, times in seconds.items()}, throughput
 
 
-def _timed(
-    scorers: Mapping[str, Callable[[torch.Tensor], torch.Tensor]], seconds: dict[str, dict[str, float]], split: str
-) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """Wrap each scorer to add its wall time to ``seconds[name][split]`` (host time: on CUDA, launch time
-    unless the scorer itself waits for the device)."""
+#: Name of the one scorer :func:`batch_scorer` makes (its outputs are ``(SHARED, method)``).
+SHARED = "shared_pass"
+#: Key of the shared backbone pass in the per-method scoring seconds.
+BACKBONE_KEY = "_backbone"
 
-    def wrap(name: str, scorer: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
-        def timed(pixel_values: torch.Tensor) -> torch.Tensor:
+
+def batch_scorer(
+    model: torch.nn.Module,
+    detectors: Mapping[str, Any],
+    predictions: bool,
+    seconds: dict[str, dict[str, float]],
+    split: str,
+) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
+    """``pixel_values -> {method: ood_score, ...}`` (and the base model's predicted classes under
+    :data:`~hf_gsc.evaluation.plan.BASE_MODEL` when ``predictions``), from one backbone pass that captures what every
+    detector reads (:func:`hf_gsc.detectors.bundle.shared_pass`). Adds each part's wall time to ``seconds[name][split]``
+    (host time: on CUDA, launch time unless the part itself waits for the device)."""
+    from ..backbone_pass import run_backbone
+    from ..detectors.bundle import shared_pass
+    from ..precision import parameter_dtype
+
+    members = list(detectors.values())
+    dtype = parameter_dtype(model)
+
+    def add(name: str, begin: float) -> None:
+        seconds.setdefault(name, {})
+        seconds[name][split] = seconds[name].get(split, 0.0) + time.perf_counter() - begin
+
+    def score(pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
+        pixel_values = pixel_values.to(dtype)
+        begin = time.perf_counter()
+        batch = (shared_pass(members, pixel_values, logits=predictions) if members
+                 else run_backbone(model, pixel_values, (), logits=True))
+        add(BACKBONE_KEY, begin)
+        out = {}
+        for name, detector in detectors.items():
             begin = time.perf_counter()
-            value = scorer(pixel_values)
-            if name in seconds:
-                seconds[name][split] = seconds[name].get(split, 0.0) + time.perf_counter() - begin
-            return value
+            out[name] = detector.score_batch(batch).to(pixel_values.device)
+            add(name, begin)
+        if predictions:
+            out[BASE_MODEL] = batch.model_logits().argmax(dim=-1)
+        return out
 
-        return timed
-
-    return {name: wrap(name, scorer) for name, scorer in scorers.items()}
+    return score
 
 
-__all__ = ["PREDICTIONS_KEY", "score_missing"]
+__all__ = ["BACKBONE_KEY", "PREDICTIONS_KEY", "batch_scorer", "score_missing"]
