@@ -21,11 +21,12 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.utils import ModelOutput
 
 from .backbone_pass import BackbonePass
 from .backends import Backend, Linearization, select_backend
 from .config import GSCConfig
-from .detector import OODDetector, OODDetectorOutput, check_state, classifier_loss, register_detector
+from .detector import OODDetector, check_state, classifier_loss, register_detector
 from .gsc_step import GSCStep, gsc_step, ranking_gradient
 from .inputs import labelled_batches
 from .shortcircuit import diagonal_fisher_sum, gradient_mass_for_mean_ratio
@@ -33,7 +34,7 @@ from .split_points import SplitPoint
 
 
 @dataclass
-class GSCOutput(OODDetectorOutput):
+class GSCOutput(ModelOutput):
     """Output of :class:`GSCForImageClassification`.
 
     Attributes:
@@ -50,7 +51,11 @@ class GSCOutput(OODDetectorOutput):
         mask: ``(B, *feature_shape)`` bool, short-circuited coordinates (only with ``output_short_circuit=True``).
     """
 
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
     gsc_logits: torch.Tensor | None = None
+    ood_score: torch.Tensor | None = None
+    is_ood: torch.Tensor | None = None
     predicted_class: torch.Tensor | None = None
     features: torch.Tensor | None = None
     gradient: torch.Tensor | None = None

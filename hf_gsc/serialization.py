@@ -107,8 +107,8 @@ def config_from_values(values: Mapping[str, Any], source: str) -> GSCConfig | De
     if unknown:
         if not _is_newer(version):
             raise ValueError(f"{source}: unknown keys {unknown} (written by hf_gsc {version}); known: {list(CONFIG_KEYS)}")
-        warnings.warn(f"{source} was written by hf_gsc {version}, newer than the installed {__version__}; ignoring "
-                      f"{unknown}. Upgrade hf_gsc to use them.", stacklevel=3)
+        warnings.warn(f"{source} was written by hf_gsc {version}, newer than the installed hf_gsc {__version__}; "
+                      f"ignoring the keys this version does not know: {unknown}. Upgrade hf_gsc to use them.", stacklevel=3)
     hyperparameters = values.get("hyperparameters") or {}
     if not isinstance(hyperparameters, Mapping):
         raise ValueError(f"{source}: 'hyperparameters' must be a JSON object, got {type(hyperparameters).__name__}")

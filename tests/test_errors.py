@@ -66,7 +66,7 @@ def test_assignment_is_validated_like_construction(base_dir, field, value, messa
 
 def test_folder_without_any_config(tmp_path):  # error 3
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"holds neither gsc_config.json \(a saved GSC detector\) nor config.json"):
+    with pytest.raises(FileNotFoundError, match=r"holds neither detector_config.json \(a saved detector\) nor config.json"):
         GSCForImageClassification.from_pretrained(tmp_path / "empty")
 
 
@@ -92,10 +92,11 @@ def test_truncated_state_file_is_named(fisher_dir):  # error 5
 @pytest.mark.parametrize(
     "corrupt, message",
     [
-        (lambda f: f[:-1], "fisher_diagonal in .* has {n} entries but the feature at split_point"),
-        (lambda f: torch.full_like(f, math.nan), "fisher_diagonal in .* holds NaN or infinite values"),
-        (lambda f: -f, "fisher_diagonal in .* holds negative values"),
-        (lambda f: f.view(1, -1), r"fisher_diagonal in .* must be a 1-D float tensor"),
+        (lambda f: f[:-1], r"'fisher_diagonal' in .* has shape \({n},\), expected \({m},\): the feature at split_point"),
+        (lambda f: torch.full_like(f, math.nan), "'fisher_diagonal' in .* holds NaN or infinite values"),
+        (lambda f: -f, "'fisher_diagonal' in .* holds negative values"),
+        (lambda f: f.view(1, -1), r"'fisher_diagonal' in .* has shape \(1, {n}\), expected \(\*\)"),
+        (lambda f: f.long(), r"'fisher_diagonal' in .* must be floating point, got torch.int64"),
     ],
 )
 def test_fisher_is_checked_on_load(fisher_dir, corrupt, message):  # error 6
@@ -103,7 +104,7 @@ def test_fisher_is_checked_on_load(fisher_dir, corrupt, message):  # error 6
     state = GSCForImageClassification.from_pretrained(fisher_dir).state_dict_for_saving()
     fisher = corrupt(state["fisher_diagonal"].clone())
     save_state({"fisher_diagonal": fisher}, path)
-    with pytest.raises(ValueError, match=message.format(n=fisher.numel())) as error:
+    with pytest.raises(ValueError, match=message.format(n=fisher.numel(), m=state["fisher_diagonal"].numel())) as error:
         GSCForImageClassification.from_pretrained(fisher_dir)
     assert str(path) in str(error.value)
 
@@ -150,14 +151,14 @@ def test_config_from_a_newer_version_loads_with_a_warning(base_dir, tmp_path):
     (saved / CONFIG_NAME).write_text(json.dumps({**values, "new_option": 3}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(ValueError, match=r"unknown GSCConfig fields \['new_option'\]"):
+        with pytest.raises(ValueError, match=r"unknown keys \['new_option'\]"):
             GSCForImageClassification.from_pretrained(saved)
 
 
 def test_missing_card_template_leaves_no_half_written_folder(base_dir, tmp_path, monkeypatch):
     from hf_gsc import hub
 
-    monkeypatch.setattr(hub, "TEMPLATE_CANDIDATES", (tmp_path / "nowhere" / "gsc_detector.md",))
-    with pytest.raises(FileNotFoundError, match="model card template gsc_detector.md not found at .*nowhere"):
+    monkeypatch.setattr(hub, "TEMPLATE_CANDIDATES", (tmp_path / "nowhere" / "ood_detector.md",))
+    with pytest.raises(FileNotFoundError, match="model card template ood_detector.md not found at .*nowhere"):
         GSCForImageClassification.from_pretrained(base_dir).save_pretrained(tmp_path / "detector")
     assert not (tmp_path / "detector").exists()

@@ -6,6 +6,8 @@ subprocess whose environment (from ``LoopbackHub.client_env``) names the loopbac
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import socket
 import subprocess
@@ -80,7 +82,9 @@ def test_save_and_load_round_trip(base_dir, tmp_path):
         assert (saved / "model.safetensors").exists() == save_base_model
         assert not list(saved.rglob("*.bin")) and not list(saved.rglob("*.pt")) and not list(saved.rglob("*.pkl"))
         loaded = GSCForImageClassification.from_pretrained(saved)
-        assert loaded.config == detector.config
+        # With its weights saved, the folder itself is the base model.
+        expected = saved if save_base_model else detector.config.base_model_name_or_path
+        assert loaded.config == dataclasses.replace(detector.config, base_model_name_or_path=str(expected))
         after = loaded(_pixel_values())
         torch.testing.assert_close(after.ood_score, before.ood_score, atol=0, rtol=0)
         assert after.is_ood.tolist() == before.is_ood.tolist()
@@ -118,7 +122,7 @@ def test_push_then_load_by_repo_id_end_to_end(base_dir, tmp_path):
         )
         assert pushed.returncode == 0, pushed.stderr
         expected = json.loads(pushed.stdout.strip().splitlines()[-1])
-        assert {"gsc_config.json", "README.md", "results.json", "plots/density_gsc.png"} <= _files(hub, "user/gsc-tiny")
+        assert {"detector_config.json", "README.md", "results.json", "plots/density_gsc.png"} <= _files(hub, "user/gsc-tiny")
         assert "model.safetensors" in _files(hub, "user/gsc-tiny-full", revision="v1")
 
         load_script = f"""

@@ -522,7 +522,7 @@ def test_affine_heads_follow_config_and_weight_changes(split_point, pixel_values
 def test_output_behaves_like_a_model_output(pixel_values):
     """GSCOutput skips ModelOutput's per-instance checks; it must still index, iterate and tuple like one."""
     out = GSCForImageClassification(make_tiny_model("vit"))(pixel_values)
-    assert list(out.keys()) == ["logits", "ood_score", "gsc_logits", "predicted_class"]  # None fields left out
+    assert list(out.keys()) == ["logits", "gsc_logits", "ood_score", "predicted_class"]  # None fields left out
     assert out["ood_score"] is out.ood_score and out[0] is out.logits
     assert len(out.to_tuple()) == 4
     full = GSCForImageClassification(make_tiny_model("vit"), threshold=0.0)(pixel_values, output_short_circuit=True)

@@ -91,7 +91,7 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
           str(source)], tmp_path, clean)
     wheel = next(wheels.glob("hf_gsc-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "hf_gsc/model_cards/gsc_detector.md" in names
+    assert "hf_gsc/model_cards/ood_detector.md" in names
     assert any(name.endswith("entry_points.txt") for name in names)
 
     env_dir = tmp_path / "venv"

@@ -81,7 +81,7 @@ def test_pipeline_from_a_hub_id_with_the_base_saved(detector_dir, tmp_path):
 
 
 def test_pipeline_rejects_bad_arguments(detector_dir):
-    with pytest.raises(TypeError, match="model must be a GSC detector"):
+    with pytest.raises(TypeError, match="model must be a saved OOD detector"):
         transformers.pipeline(TASK, model=make_tiny_model("vit"), image_processor=ViTImageProcessor())
     ood = transformers.pipeline(TASK, model=str(detector_dir))
     with pytest.raises(TypeError, match=r"unknown arguments \['topk'\]"):
