@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from . import __version__
+from .safe_files import atomic_write_text
 from .scores import SCORES
 from .shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from .split_points import validate_split_point_name
@@ -216,10 +217,8 @@ class GSCConfig:
 
     def save_pretrained(self, directory: str | os.PathLike) -> str:
         """Write ``gsc_config.json`` into ``directory``; returns its path."""
-        os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, CONFIG_NAME)
-        with open(path, "w") as handle:
-            json.dump({**self.to_dict(), "hf_gsc_version": __version__}, handle, indent=2, sort_keys=True)
+        atomic_write_text(path, json.dumps({**self.to_dict(), "hf_gsc_version": __version__}, indent=2, sort_keys=True))
         return path
 
     @classmethod

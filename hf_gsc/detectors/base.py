@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..config import CONFIG_NAME, STATE_FILE, GSCConfig
+from ..safe_files import atomic_write_text
 from ..serialization import read_state, save_state
 
 DETECTORS: dict[str, type["Detector"]] = {}
@@ -80,9 +81,8 @@ class Detector(ABC):
 
     def save(self, directory: str | os.PathLike) -> None:
         """Write ``detector_config.json`` (name, hyperparameters) and ``detector_state.safetensors``."""
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, HYPERPARAMETERS_FILE), "w") as handle:
-            json.dump({"name": self.name, "hyperparameters": self.hyperparameters}, handle, indent=2, sort_keys=True)
+        atomic_write_text(os.path.join(directory, HYPERPARAMETERS_FILE),
+                          json.dumps({"name": self.name, "hyperparameters": self.hyperparameters}, indent=2, sort_keys=True))
         save_state(self.state_dict(), os.path.join(directory, STATE_FILE))
 
     @classmethod

@@ -10,7 +10,6 @@ and run under the accelerator's autocast, like the scoring batches; unreadable i
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from ..data.decoding import OnError
+from ..safe_files import atomic_write_text, make_dirs
 from .loop import NUM_SKIPPED_KEY, device_batches, make_dataloader
 
 DETECTORS_DIR = "detectors"
@@ -107,11 +107,11 @@ def fit_detectors(
             counted = _Counted(tqdm(loader, desc=f"fit {name}", leave=False))
             with accelerator.autocast():
                 detectors[name].fit(device_batches(counted, accelerator.device, on_error))
+            make_dirs(output_dir, directory)  # refuses a link on the way leading out of output_dir
             detectors[name].save(directory)
-            tmp = directory / f".{FIT_INFO}.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps({"fingerprint": fit_fingerprints[name], "num_samples": counted.count,
-                                       NUM_SKIPPED_KEY: counted.skipped}))
-            os.replace(tmp, directory / FIT_INFO)
+            atomic_write_text(directory / FIT_INFO, json.dumps({"fingerprint": fit_fingerprints[name],
+                                                               "num_samples": counted.count,
+                                                               NUM_SKIPPED_KEY: counted.skipped}))
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         from safetensors.torch import load_file

@@ -16,11 +16,9 @@ import torch
 
 from . import loop
 from ..data.decoding import OnError
-from .loop import NUM_SKIPPED_KEY, SCORE_KEY, ScoreCache, make_dataloader
+from .loop import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY, ScoreCache, make_dataloader
+from .metrics import check_finite_scores
 from .plan import BASE_MODEL, EvaluationPlan, num_rows
-
-#: Key of the base model's predicted classes in its score file.
-PREDICTIONS_KEY = "predictions"
 
 
 def score_missing(
@@ -66,6 +64,9 @@ def score_missing(
         count = int(outputs["labels"].shape[0])
         throughput[split] = {"seconds": round(elapsed, 3), "num_samples": count,
                              "images_per_second": round(count / elapsed, 2) if elapsed > 0 else None}
+        for name in names:  # on every process (they hold the same gathered scores), before any file is written
+            if name != BASE_MODEL:
+                check_finite_scores(outputs[name], name, split)
         if accelerator.is_main_process:
             for name in names:
                 key = PREDICTIONS_KEY if name == BASE_MODEL else SCORE_KEY
