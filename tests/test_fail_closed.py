@@ -362,3 +362,16 @@ def test_output_dir_probe_does_not_write_through_a_planted_link(tmp_path, outsid
     _plant(output_dir / f".write_test.{os.getpid()}.0", outside)
     options.check_output_dir(output_dir)
     assert outside.read_text() == SECRET
+
+
+def test_outputs_land_under_a_relative_output_dir(tiny, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    argv = _argv(tiny, Path("run"))
+    argv[argv.index("--methods") + 1] = "react"  # fits: detectors/react/ is written too
+    runner.run_evaluation(argv)
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["run/detectors/react/detector_config.json", "run/detectors/react/detector_state.safetensors",
+                       "run/detectors/react/fit.json", "run/results.json", "run/results.md",
+                       *(f"run/scores/{m}/{s}.safetensors" for m in ("_base_model",) for s in ("id_test",)),
+                       *(f"run/scores/react/{s}.safetensors" for s in ("id_test", "id_validation", "ood_noise"))]
+    assert not (tmp_path / "run" / "run").exists()  # folders are created under the output dir, not under it twice

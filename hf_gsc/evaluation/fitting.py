@@ -107,7 +107,7 @@ def fit_detectors(
             counted = _Counted(tqdm(loader, desc=f"fit {name}", leave=False))
             with accelerator.autocast():
                 detectors[name].fit(device_batches(counted, accelerator.device, on_error))
-            make_dirs(output_dir, directory)  # refuses a link on the way leading out of output_dir
+            make_dirs(output_dir, Path(DETECTORS_DIR) / name)  # refuses a link on the way leading out of output_dir
             detectors[name].save(directory)
             atomic_write_text(directory / FIT_INFO, json.dumps({"fingerprint": fit_fingerprints[name],
                                                                "num_samples": counted.count,
