@@ -181,7 +181,8 @@ def push_detector(
 
     Raises:
         ValueError: the base model is only a local folder (nobody else could load the detector) and
-            ``save_base_model`` is False, or ``results_dir`` holds another model's or other settings' results.
+            ``save_base_model`` is False, or ``results_dir`` holds another model's or other settings' results,
+            or a link leading out of it (:class:`~hf_gsc.safe_files.LinkError`).
     """
     base = detector.config.base_model_name_or_path
     if not save_base_model and not is_hub_id(base):
@@ -208,7 +209,11 @@ def publish_results(
     method: str | None = None,
 ) -> str:
     """Upload an evaluation's results (JSON, table, plots) with a model card (of ``method``, by default GSC when it
-    was evaluated) to ``repo_id``."""
+    was evaluated) to ``repo_id``.
+
+    Raises:
+        hf_gsc.safe_files.LinkError: a file to upload is a link leading out of ``results_dir`` (nothing is uploaded).
+    """
     results, table, plots = read_results(results_dir)
     methods = results.get("methods") or {}
     method = method or ("gsc" if "gsc" in methods else next(iter(methods), "gsc"))

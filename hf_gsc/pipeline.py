@@ -21,6 +21,7 @@ from transformers.image_utils import load_image
 
 from .auto import AutoOODDetector
 from .detector import OODDetector
+from .image_limits import open_image
 
 TASK = "ood-image-classification"
 
@@ -30,6 +31,8 @@ class OODImageClassificationPipeline(Pipeline):
     ``is_ood`` (``None``, with a warning, while the detector has no calibrated threshold) and ``method``.
 
     Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL).
+    An image larger than ``HF_GSC_MAX_IMAGE_PIXELS`` pixels is refused before it is decoded
+    (:class:`~hf_gsc.image_limits.ImageTooLargeError`, see :mod:`hf_gsc.image_limits`).
     """
 
     # The detector carries its base model's image processor; a detector folder need not hold one.
@@ -62,7 +65,8 @@ class OODImageClassificationPipeline(Pipeline):
 
     def preprocess(self, image: Any, timeout: float | None = None) -> dict[str, torch.Tensor]:
         if not isinstance(image, (np.ndarray, torch.Tensor)):
-            image = load_image(image, timeout=timeout)
+            # Opened lazily and its size checked from the header before load_image decodes it.
+            image = load_image(open_image(image, timeout), timeout=timeout)
         return self.image_processor(images=image, return_tensors="pt").to(self.model.dtype)
 
     def _forward(self, model_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:

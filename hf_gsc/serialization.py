@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from . import __version__
+from . import __version__, safe_files
 from .config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, GSCConfig, read_json_object
 
 if TYPE_CHECKING:
@@ -141,27 +140,13 @@ def read_config(directory: str | os.PathLike) -> GSCConfig | DetectorConfig | No
 
 def write_config(values: Mapping[str, Any], directory: str | os.PathLike) -> Path:
     path = Path(directory) / CONFIG_NAME
-    atomic_write_text(path, json.dumps(values, indent=2, sort_keys=True))
+    safe_files.atomic_write_text(path, json.dumps(values, indent=2, sort_keys=True))
     return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader never
-    sees half a file, and a link planted at ``path`` is replaced, not followed."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------- fitted state
 def save_state(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(tmp))
-    os.replace(tmp, path)
+    safe_files.save_file(state, path)
 
 
 def read_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -268,39 +253,39 @@ def save_detector(
     elif (directory / STATE_FILE).is_file():
         (directory / STATE_FILE).unlink()  # a stale state of an earlier save would be loaded with this config
     base_config = getattr(detector.model, "config", None)
-    if hasattr(base_config, "save_pretrained"):
-        base_config.save_pretrained(directory)
-    if save_base_model:
-        detector.model.save_pretrained(directory)
-        if detector.image_processor is not None:
-            detector.image_processor.save_pretrained(directory)
+    # transformers opens its files itself: it writes into a fresh folder, whose files are then moved in.
+    with safe_files.staged_writes(directory) as staged:
+        if hasattr(base_config, "save_pretrained"):
+            base_config.save_pretrained(staged)
+        if save_base_model:
+            detector.model.save_pretrained(staged)
+            if detector.image_processor is not None:
+                detector.image_processor.save_pretrained(staged)
     if results_dir is not None:
         copy_results(results_dir, directory, plots)
-    card.save(directory / "README.md")
+    safe_files.atomic_write_text(directory / "README.md", str(card))
     return directory
 
 
 def read_results(results_dir: str | os.PathLike) -> tuple[dict[str, Any], str | None, list[Path]]:
     """``results.json`` (parsed), ``results.md`` (text or ``None``) and the plots (paths relative to the folder)
-    of an evaluation output folder."""
+    of an evaluation output folder. A link leading out of the folder is refused (:class:`~hf_gsc.safe_files.LinkError`)."""
     source = Path(results_dir)
-    if not (source / "results.json").is_file():
+    if not safe_files.is_file(source, "results.json"):
         raise FileNotFoundError(f"results_dir {source} has no results.json; run `hf-gsc evaluate` first")
-    results = json.loads((source / "results.json").read_text())
-    table = (source / "results.md").read_text() if (source / "results.md").is_file() else None
-    plots = [png.relative_to(source) for png in sorted(source.rglob("*.png"))]
+    results = json.loads(safe_files.read_text(source, "results.json"))
+    table = safe_files.read_text(source, "results.md") if safe_files.is_file(source, "results.md") else None
     # Saved detectors and score files beside the results are not results (a saved detector carries a copy).
-    return results, table, [p for p in plots if p.parts[0] not in ("detectors", "scores")]
+    plots = [p for p in safe_files.find_files(source, "*.png") if p.parts[0] not in ("detectors", "scores")]
+    return results, table, plots
 
 
 def copy_results(results_dir: str | os.PathLike, directory: Path, plots: list[Path]) -> None:
+    """Copy the results files and ``plots`` into ``directory``, neither reading out of ``results_dir`` nor
+    writing out of ``directory`` through a link."""
     source = Path(results_dir)
-    for name in RESULT_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, directory / name)
-    for relative in plots:
-        (directory / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source / relative, directory / relative)
+    for relative in [*(name for name in RESULT_FILES if safe_files.is_file(source, name)), *plots]:
+        safe_files.copy_file(source, relative, directory)
 
 
 def check_results_match(results: Mapping[str, Any], detector: "OODDetector", results_dir: str | os.PathLike) -> None:

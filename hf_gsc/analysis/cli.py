@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch.utils.data import DataLoader
 
+from ..safe_files import atomic_write_text
 from .ablations import DEFAULT_SPLIT, collect, markdown_tables, model_split_points, summarise, variant_grid
 from .gradient_concentration import plot_curves
 
@@ -91,8 +92,8 @@ def run_one(
     summary["provenance"] = {**(provenance or {}), "seconds": round(time.perf_counter() - started, 1)}
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / f"{stem}.json").write_text(json.dumps(summary, indent=1, default=float))
-    (output_dir / f"{stem}.md").write_text(markdown_tables(summary, title) + "\n")
+    atomic_write_text(output_dir / f"{stem}.json", json.dumps(summary, indent=1, default=float))
+    atomic_write_text(output_dir / f"{stem}.md", markdown_tables(summary, title) + "\n")
     plot_summary(summary, output_dir / f"{stem}_concentration.png", title)
     return summary
 
@@ -137,8 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.tables.split(",") if args.tables else None, provenance)
             print(f"  wrote {Path(args.output_dir) / stem}.{{json,md}}", flush=True)
     if missing:
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "missing.json").write_text(json.dumps(missing, indent=1))
+        atomic_write_text(Path(args.output_dir) / "missing.json", json.dumps(missing, indent=1))
     write_summary(args.output_dir)
     return 0
 
@@ -164,9 +164,9 @@ def write_summary(output_dir: str | Path) -> Path:
     summaries = load_summaries(output_dir)
     for stem, summary in summaries.items():
         title = stem.replace("_", " / ", 1)
-        (Path(output_dir) / f"{stem}.md").write_text(markdown_tables(summary, title) + "\n")
+        atomic_write_text(Path(output_dir) / f"{stem}.md", markdown_tables(summary, title) + "\n")
         plot_summary(summary, Path(output_dir) / f"{stem}_concentration.png", stem.replace("_", " / ", 1))
     path = Path(output_dir) / "summary.md"
-    path.write_text(combined_markdown(summaries))
+    atomic_write_text(path, combined_markdown(summaries))
     print(f"wrote {path}")
     return path

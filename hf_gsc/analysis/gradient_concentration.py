@@ -15,6 +15,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from ..safe_files import atomic_open
+
 
 def top_k_ratio(gradient: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
     """``TopKRatio(k)`` of each row for each ``k`` in ``ks``.
@@ -104,8 +106,8 @@ def plot_curves(
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    with atomic_open(path) as handle:
+        fig.savefig(handle, format="png", dpi=90)
     plt.close(fig)
     return path
 

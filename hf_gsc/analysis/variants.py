@@ -47,6 +47,7 @@ from ..evaluation.fingerprints import file_sha256
 from ..evaluation.loop import device_batches, make_accelerator, make_dataloader, score_split
 from ..evaluation.plan import subset
 from ..evaluation.report import average_over_splits, jsonable, table_lines
+from ..safe_files import atomic_write_text
 
 #: Every method compared, in report order.
 VARIANT_NAMES: tuple[str, ...] = ("energy", "gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
@@ -439,11 +440,9 @@ def run(
                     continue
             log(f"{benchmark}/{arch}: running")
             result = jsonable(compare(arch, benchmark, max_samples, max_fit_samples, seed, batch_size))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(result, indent=2, sort_keys=True))
+            atomic_write_text(path, json.dumps(result, indent=2, sort_keys=True))
             log(f"{benchmark}/{arch}: picked {result['choice']}, test best {result['test_best']} ({result['seconds']:.0f} s)")
             results.append(result)
     text = markdown_tables(results, missing)
-    (output_dir / "variants.md").parent.mkdir(parents=True, exist_ok=True)
-    (output_dir / "variants.md").write_text(text)
+    atomic_write_text(output_dir / "variants.md", text)
     return text

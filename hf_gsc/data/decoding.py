@@ -23,6 +23,8 @@ from typing import Any, Literal
 import datasets
 from PIL import Image
 
+from ..image_limits import check_image_size, max_image_pixels
+
 #: What to do with an image that cannot be decoded: raise :class:`UndecodableImageError`, or leave it out.
 OnError = Literal["raise", "skip"]
 ON_ERROR_CHOICES: tuple[str, ...] = ("raise", "skip")
@@ -56,15 +58,18 @@ def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnErro
     """A PIL image from what a ``datasets.Image(decode=False)`` column holds (``{"bytes", "path"}``), a file path,
     or an already decoded PIL image.
 
-    Returns ``None`` instead of raising when ``on_error="skip"`` and the image cannot be decoded.
+    Returns ``None`` instead of raising when ``on_error="skip"`` and the image cannot be decoded. An image above
+    ``HF_GSC_MAX_IMAGE_PIXELS`` pixels (:mod:`hf_gsc.image_limits`) counts as one that cannot be decoded: it is
+    refused from its header, before decoding.
 
     Raises:
         UndecodableImageError: (``on_error="raise"``) naming ``dataset_name``, ``row`` and the file.
     """
     check_on_error(on_error)
-    if isinstance(value, Image.Image):
-        return value
+    limit = max_image_pixels()  # outside the try: a bad HF_GSC_MAX_IMAGE_PIXELS is an error, never a skipped image
     try:
+        if isinstance(value, Image.Image):
+            return check_image_size(value, limit)
         if isinstance(value, Mapping):
             if value.get("bytes") is not None:
                 image = Image.open(io.BytesIO(value["bytes"]))
@@ -74,6 +79,7 @@ def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnErro
                 raise ValueError("the row holds neither image bytes nor a path")
         else:
             image = Image.open(value)
+        check_image_size(image, limit)  # from the header: an oversized image is refused before its pixels exist
         image.load()  # decode now, inside the try, rather than lazily in the image processor
         return image
     except Exception as err:  # noqa: BLE001 -- PIL and the file system raise many types for bad files

@@ -10,7 +10,6 @@ unreadable images raise or are left out (``on_error``) and ``fit.json`` records 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import torch
 
 from ..config import STATE_FILE
 from ..data.decoding import OnError
+from ..safe_files import atomic_write_text, make_dirs
 from ..serialization import read_state, save_state
 from .loop import NUM_SKIPPED_KEY, device_batches, make_dataloader
 
@@ -121,12 +121,11 @@ def fit_detectors(
                              name=f"ID {split} data")
             for name in group:
                 directory = fit_dir(output_dir, name)
-                directory.mkdir(parents=True, exist_ok=True)
+                make_dirs(output_dir, Path(DETECTORS_DIR) / name)  # refuses a link on the way leading out of output_dir
                 save_state(detectors[name].fitted_state(), directory / STATE_FILE)
-                tmp = directory / f".{FIT_INFO}.{os.getpid()}.tmp"
-                tmp.write_text(json.dumps({"fingerprint": fit_fingerprints[name], "num_samples": counted.count,
-                                           NUM_SKIPPED_KEY: counted.skipped}))
-                os.replace(tmp, directory / FIT_INFO)
+                atomic_write_text(directory / FIT_INFO, json.dumps({"fingerprint": fit_fingerprints[name],
+                                                                   "num_samples": counted.count,
+                                                                   NUM_SKIPPED_KEY: counted.skipped}))
     accelerator.wait_for_everyone()
     if not accelerator.is_main_process:
         for name in to_fit:

@@ -59,7 +59,8 @@ moved to the CPU here) or a sequence of numbers. Scores are converted to
 float64: float32 would merge distinct scores such as ``1e8 + 1e-6`` and
 ``1e8 + 2e-6`` into ties and change the metrics. A ``ValueError`` naming the
 argument is raised for empty input, input that is not 1-D, NaN or infinite
-scores, and ``tpr`` outside ``(0, 1]``.
+scores, and ``tpr`` outside ``(0, 1]``. The evaluation checks its scores first
+with :func:`check_finite_scores`, whose error names the method and the split.
 """
 
 from __future__ import annotations
@@ -82,6 +83,33 @@ OOD_METRIC_PATH: Path = Path(__file__).resolve().parent / "ood_detection_metric"
 
 #: Keys of :func:`ood_metrics`, in the order they are reported.
 METRIC_NAMES: tuple[str, ...] = ("fpr95", "auroc", "aupr_in", "aupr_out")
+
+
+class NonFiniteScoreError(ValueError):
+    """A method gave NaN or infinite ``ood_score`` values on a split; the message names the method and the split."""
+
+
+def check_finite_scores(scores: ScoresLike, method: str, split: str) -> None:
+    """Refuse an evaluation whose scores hold NaN or infinite values.
+
+    A NaN score has no rank: ``score >= threshold`` is False for it, so it would silently count as OOD in the
+    TPR and as ID-or-OOD at random in a ranking, and any FPR95 or AUROC built on it would be wrong. The
+    evaluation therefore stops, naming the method and the split, instead of reporting numbers.
+
+    Raises:
+        NonFiniteScoreError: naming ``method``, ``split``, how many values are not finite and an example.
+    """
+    if hasattr(scores, "detach") and hasattr(scores, "cpu"):
+        scores = scores.detach().cpu().double().numpy()
+    values = np.asarray(scores, dtype=np.float64)
+    finite = np.isfinite(values)
+    if not finite.all():
+        bad = values[~finite]
+        raise NonFiniteScoreError(
+            f"method {method!r} gave {bad.size} non-finite ood_score value(s) (e.g. {bad.flat[0]!r}) of {values.size} "
+            f"on split {split!r}; no threshold, FPR95 or AUROC can rank them. Check the method's hyperparameters "
+            "(a temperature close to 0 overflows) and the split's images"
+        )
 
 
 def _labelled(id_scores: np.ndarray, ood_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..config import GSCConfig
+from ..image_limits import max_image_pixels
 
 #: The default of ``--methods`` (and of ``make demo``): GSC and the main baselines that need no long
 #: fit, those of them that are registered.
@@ -177,9 +179,9 @@ def check_output_dir(path: str | os.PathLike, process_index: int = 0) -> Path:
     directory = Path(path)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".write_test.{os.getpid()}.{process_index}"
-        probe.write_text("ok")
-        probe.unlink()
+        # A new file of a random name (O_EXCL): a link planted in the folder is never written through.
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=f".write_test.{process_index}."):
+            pass
     except OSError as error:
         raise InputError(f"--output-dir {str(directory)!r} is not writable: {error}") from None
     return directory
@@ -250,6 +252,10 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
     _check_device_options(args)
     if not isinstance(args.tpr, (int, float)) or not 0.0 < args.tpr <= 1.0:
         raise InputError(f"--tpr must be in (0, 1], got {args.tpr!r}")
+    try:
+        max_image_pixels()  # the image size limit, read by every decoding process
+    except ValueError as error:
+        raise InputError(str(error)) from None
     if (args.benchmark is None) == (args.id_dataset is None):
         raise InputError("give exactly one of --benchmark and --id-dataset")
     ood_splits = _split_names(args.ood_splits)

@@ -20,16 +20,14 @@ import torch
 
 from .. import __version__
 from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
+from .loop import BASE_MODEL, ScoreCache
 from .models import effective_hyperparameters
-from .loop import ScoreCache
 from .options import InputError
 
 #: Name of the ID test split and the ID validation split in the score cache.
 ID_TEST, ID_VALIDATION = "id_test", "id_validation"
 #: Prefix of the OOD splits in the score cache: ``ood_{name}``.
 OOD_PREFIX = "ood_"
-#: Pseudo-method holding the base model's predictions on ID test (for ``id_accuracy``).
-BASE_MODEL = "_base_model"
 
 
 def _load_split(spec: str, what: str, streaming: bool = False) -> Any:
@@ -219,7 +217,8 @@ def missing_scores(
     return {
         split: [
             name for name in ([*methods, BASE_MODEL] if split == ID_TEST else methods)
-            if overwrite or not cache.is_cached(name, split, plan.score_fingerprints[(name, split)])
+            if overwrite
+            or not cache.is_cached(name, split, plan.score_fingerprints[(name, split)], num_rows(plan.splits[split]))
         ]
         for split in plan.splits
     }

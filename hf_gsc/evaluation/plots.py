@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from ..safe_files import atomic_open, make_dirs
+
 PLOTS_DIR = "plots"
 
 
@@ -39,14 +41,12 @@ def _panels(count: int) -> tuple[int, int]:
 
 
 def _finish(plt: Any, fig: Any, axes: Any, used: int, path: Path) -> Path:
-    """Hide unused panels, save atomically (temporary file, then ``os.replace``), close."""
+    """Hide unused panels, save atomically and never through a link (:mod:`hf_gsc.safe_files`), close."""
     for ax in list(axes.flat)[used:]:
         ax.axis("off")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_open(path) as handle:
+        fig.savefig(handle, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -134,7 +134,7 @@ def write_plots(
     results: Mapping[str, Any],
 ) -> list[Path]:
     """``plots/densities.png`` and ``plots/roc.png``: one panel per method."""
-    folder = Path(output_dir) / PLOTS_DIR
+    folder = make_dirs(output_dir, PLOTS_DIR)  # refuses a plots/ link leading out of output_dir
     methods = results["methods"]
     thresholds = {m: methods[m]["threshold"] for m in id_scores}
     aurocs = {m: {s: v["auroc"] for s, v in methods[m]["ood"].items()} for m in id_scores}

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from ..safe_files import atomic_write_text
 from .calibration import calibrate_threshold, calibration_record, true_positive_rate
-from .metrics import METRIC_NAMES, ood_metrics
+from .metrics import METRIC_NAMES, check_finite_scores, ood_metrics
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -30,13 +31,20 @@ def method_results(
     ood_scores: Mapping[str, Any],
     tpr: float = 0.95,
     validation_split: str = "validation",
+    method: str = "scores",
 ) -> dict[str, Any]:
     """Calibrate on ID validation, then evaluate on ID test vs each OOD split.
+
+    Non-finite scores are refused (:class:`~hf_gsc.evaluation.metrics.NonFiniteScoreError` naming ``method`` and
+    the split), never counted on either side of the threshold.
 
     Returns the ``results.json`` entry of one method: ``threshold`` (from ``id_validation_scores``
     only), ``calibration`` (split, num_samples, tpr), ``id_tpr_at_threshold`` (reached on ID test),
     ``ood`` (split -> the four metrics) and ``average`` (their mean over the OOD splits).
     """
+    for split, scores in [("id_test", id_test_scores), ("id_validation", id_validation_scores),
+                          *((f"ood_{name}", values) for name, values in ood_scores.items())]:
+        check_finite_scores(scores, method, split)
     threshold = calibrate_threshold(id_validation_scores, tpr)
     ood = {name: ood_metrics(id_test_scores, scores) for name, scores in ood_scores.items()}
     average = average_over_splits(ood)
@@ -84,15 +92,10 @@ def table_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[st
     ]
 
 
-def write_json(path: str | os.PathLike, data: Any) -> Path:
-    """Write JSON atomically (temporary file, then ``os.replace``)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=False)
-        handle.write("\n")
-    os.replace(tmp, path)
-    return path
+def write_json(path: str | os.PathLike, data: Any, root: str | os.PathLike | None = None) -> Path:
+    """Write JSON atomically (temporary file, then ``os.replace``) and never through a link out of ``root``
+    (default: ``path``'s folder), see :mod:`hf_gsc.safe_files`."""
+    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n", root)
 
 
 def _best(values: Sequence[float], metric: str) -> float:
@@ -175,11 +178,8 @@ def _target_tpr(methods: Mapping[str, Any]) -> float:
 def write_report(output_dir: str | os.PathLike, results: Mapping[str, Any]) -> tuple[Path, Path]:
     """Write ``results.json`` and ``results.md`` into ``output_dir``; returns both paths."""
     output_dir = Path(output_dir)
-    json_path = write_json(output_dir / RESULTS_JSON, results)
-    md_path = output_dir / RESULTS_MD
-    tmp = md_path.with_name(f".{md_path.name}.{os.getpid()}.tmp")
-    tmp.write_text(markdown_table(results))
-    os.replace(tmp, md_path)
+    json_path = write_json(output_dir / RESULTS_JSON, results, output_dir)
+    md_path = atomic_write_text(output_dir / RESULTS_MD, markdown_table(results), output_dir)
     return json_path, md_path
 
 

@@ -100,9 +100,10 @@ def collect_results(
     metadata, ID test scores, OOD scores)`` from the score files."""
 
     def load(name: str, split: str) -> dict[str, torch.Tensor]:
-        data = cache.load(name, split, plan.score_fingerprints[(name, split)])
+        data = cache.load(name, split, plan.score_fingerprints[(name, split)], num_rows(plan.splits[split]))
         if data is None:
-            raise RuntimeError(f"score file {cache.path(name, split)} vanished or changed during the run")
+            raise RuntimeError(f"score file {cache.path(name, split)} vanished or changed during the run (see the "
+                               "warning above); run again to compute it again")
         return data
 
     base = load(BASE_MODEL, ID_TEST)
@@ -112,7 +113,7 @@ def collect_results(
         id_scores[name] = load(name, ID_TEST)[SCORE_KEY]
         ood_scores[name] = {ood: load(name, OOD_PREFIX + ood)[SCORE_KEY] for ood in plan.ood_names}
         validation = load(name, ID_VALIDATION)[SCORE_KEY]
-        entry = method_results(id_scores[name], validation, ood_scores[name], args.tpr, "validation")
+        entry = method_results(id_scores[name], validation, ood_scores[name], args.tpr, "validation", method=name)
         entry["hyperparameters"] = effective_hyperparameters(detector)
         if name in plan.fit_data:
             entry["fit"] = {"split": detector.fit_split, **fits[name]}

@@ -16,11 +16,9 @@ import torch
 
 from . import loop
 from ..data.decoding import OnError
-from .loop import NUM_SKIPPED_KEY, SCORE_KEY, ScoreCache, make_dataloader
+from .loop import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY, ScoreCache, make_dataloader
+from .metrics import check_finite_scores
 from .plan import BASE_MODEL, EvaluationPlan, num_rows
-
-#: Key of the base model's predicted classes in its score file.
-PREDICTIONS_KEY = "predictions"
 
 
 def score_missing(
@@ -59,14 +57,18 @@ def score_missing(
         begin = time.perf_counter()
         outputs = loop.score_split(accelerator, dataloader, {SHARED: scorer},
                                    description=f"{split} ({size})", on_error=on_error)
+        outputs = {key[1] if isinstance(key, tuple) else key: value for key, value in outputs.items()}
         elapsed = time.perf_counter() - begin
         count = int(outputs["labels"].shape[0])
         throughput[split] = {"seconds": round(elapsed, 3), "num_samples": count,
                              "images_per_second": round(count / elapsed, 2) if elapsed > 0 else None}
+        for name in names:  # on every process (they hold the same gathered scores), before any file is written
+            if name != BASE_MODEL:
+                check_finite_scores(outputs[name], name, split)
         if accelerator.is_main_process:
             for name in names:
                 key = PREDICTIONS_KEY if name == BASE_MODEL else SCORE_KEY
-                cache.save(name, split, {key: outputs[(SHARED, name)], "labels": outputs["labels"],
+                cache.save(name, split, {key: outputs[name], "labels": outputs["labels"],
                                          NUM_SKIPPED_KEY: outputs[NUM_SKIPPED_KEY]},
                            plan.score_fingerprints[(name, split)])
         accelerator.wait_for_everyone()
