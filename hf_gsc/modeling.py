@@ -62,6 +62,19 @@ class GSCOutput(ModelOutput):
     mask: torch.Tensor | None = None
 
 
+class _PerInstance:
+    """A read-only attribute computed from the instance, with a fixed value when read on the class."""
+
+    def __init__(self, compute: Any, class_value: Any) -> None:
+        self.compute, self.class_value = compute, class_value
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        return self.class_value if instance is None else self.compute(instance)
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        raise AttributeError("needs_fit and fit_split of a GSC detector follow its settings")
+
+
 @register_detector
 class GSCForImageClassification(OODDetector):
     """Wraps (and owns) a base image classifier; adds GSC logits and OOD scores to its forward.
@@ -284,17 +297,19 @@ class GSCForImageClassification(OODDetector):
         return linearization, linearization.spread(gradient.flatten(1))
 
     # ------------------------------------------------------------------ fitting (Fisher or gradient mass)
-    @property
-    def needs_fit(self) -> bool:  # type: ignore[override]
+    def _needs_fit(self) -> bool:
         """Plain GSC needs no fitting. ``selection="fisher"`` fits the diagonal Fisher on ID train data,
         ``mask_size="adaptive"`` (without a set ``gradient_mass``) its gradient mass on ID validation data."""
         config = self.config
         return config.selection == "fisher" or (config.mask_size == "adaptive" and config.gradient_mass is None)
 
-    @property
-    def fit_split(self) -> str:  # type: ignore[override]
+    def _fit_split(self) -> str:
         adaptive = self.config.mask_size == "adaptive" and self.config.gradient_mass is None
         return "validation" if adaptive else "train"
+
+    # On the class: plain GSC's values (the registry's view); on a detector: what its settings need.
+    needs_fit = _PerInstance(_needs_fit, False)
+    fit_split = _PerInstance(_fit_split, "train")
 
     def fit_begin(self) -> None:
         self._fit_kind = "fisher" if self.config.selection == "fisher" else "gradient_mass"

@@ -272,14 +272,14 @@ def test_method_results_refuse_non_finite_scores_naming_method_and_split():
 def test_evaluation_stops_at_non_finite_scores_before_caching_them(tiny, tmp_path, monkeypatch):  # noqa: F811
     from hf_gsc.detectors.msp import MSPDetector
 
-    real = MSPDetector._score
+    real = MSPDetector.score_batch
 
-    def nan_score(self, pixel_values):
-        scores = real(self, pixel_values).clone()
+    def nan_score(self, batch):
+        scores = real(self, batch).clone()
         scores[0] = float("nan")
         return scores
 
-    monkeypatch.setattr(MSPDetector, "_score", nan_score)
+    monkeypatch.setattr(MSPDetector, "score_batch", nan_score)
     with pytest.raises(NonFiniteScoreError, match=r"method 'msp' gave \d+ non-finite .* on split 'id_test'"):
         runner.run_evaluation(_argv(tiny, tmp_path / "nan"))
     assert not (tmp_path / "nan" / "scores" / "msp" / "id_test.safetensors").exists()
@@ -293,7 +293,7 @@ def _plant(path: Path, target: Path) -> None:
 
 def test_save_pretrained_replaces_planted_links_instead_of_writing_through_them(base_dir, tmp_path, outside):
     saved = tmp_path / "saved"
-    names = ["gsc_config.json", "README.md", "config.json", "model.safetensors", "preprocessor_config.json"]
+    names = ["detector_config.json", "README.md", "config.json", "model.safetensors", "preprocessor_config.json"]
     for name in names:
         _plant(saved / name, outside)
     detector = GSCForImageClassification.from_pretrained(base_dir)
@@ -312,9 +312,9 @@ def test_saved_fit_state_is_not_written_through_links(tmp_path, outside):
     folder = tmp_path / "fit"
     for name in ("detector_config.json", "detector_state.safetensors"):
         _plant(folder / name, outside)
-    detector.save(folder)
+    detector.save_pretrained(folder)
     assert outside.read_text() == SECRET
-    assert json.loads((folder / "detector_config.json").read_text())["name"] == "msp"
+    assert json.loads((folder / "detector_config.json").read_text())["method"] == "msp"
     assert not (folder / "detector_state.safetensors").is_symlink()
 
 
@@ -370,7 +370,7 @@ def test_outputs_land_under_a_relative_output_dir(tiny, tmp_path, monkeypatch): 
     argv[argv.index("--methods") + 1] = "react"  # fits: detectors/react/ is written too
     runner.run_evaluation(argv)
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    assert written == ["run/detectors/react/detector_config.json", "run/detectors/react/detector_state.safetensors",
+    assert written == ["run/detectors/react/detector_state.safetensors",
                        "run/detectors/react/fit.json", "run/results.json", "run/results.md",
                        *(f"run/scores/{m}/{s}.safetensors" for m in ("_base_model",) for s in ("id_test",)),
                        *(f"run/scores/react/{s}.safetensors" for s in ("id_test", "id_validation", "ood_noise"))]
