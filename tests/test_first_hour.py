@@ -135,6 +135,17 @@ def test_processes_that_would_each_run_alone_are_refused() -> None:
     run_info.check_process_count(SimpleNamespace(num_processes=2, device="cpu"), {"WORLD_SIZE": "2"})
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="WORLD_SIZE=2 on a GPU machine would wait for a second process")
+def test_a_run_whose_processes_would_each_run_alone_stops_before_the_model(tiny, tmp_path, monkeypatch) -> None:
+    from hf_gsc.evaluation.loop import make_accelerator
+
+    make_accelerator(None)  # accelerate's shared state: this one process
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(options.InputError, match=r"launched as 2 processes"):
+        runner.run_evaluation(_argv(tiny, tmp_path / "run"))
+    assert not (tmp_path / "run" / "scores").exists()
+
+
 def test_two_processes_from_the_installed_command(tiny, tmp_path) -> None:
     """The documented CPU recipe with the package, not scripts/: ``accelerate launch -m hf_gsc evaluate``."""
     with socket.socket() as probe:  # a free port: other runs may hold accelerate's default 29500
