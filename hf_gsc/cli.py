@@ -4,7 +4,8 @@
     hf-gsc publish --results-dir runs/resnet --repo-id user/gsc-fmnist-resnet
 
 Each subcommand hands its arguments to the library's own entry point, so ``hf-gsc evaluate --help`` is the
-evaluation's own help. ``evaluate`` needs the extras (``pip install 'hf_gsc[all]'``: evaluation, plots, benchmark data).
+evaluation's own help. ``evaluate`` needs the ``evaluation`` extra, its figures the ``plots`` extra (or ``--no-plots``),
+the generated benchmarks the ``benchmarks`` extra (``pip install 'hf_gsc[all]'``: all three).
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ COMMANDS = {
     "publish": "upload an evaluation's results with a model card to the Hub",
 }
 PROG = "hf-gsc"
-#: Modules of the ``evaluation``, ``plots`` and ``benchmarks`` extras, which a core install lacks.
-EVALUATION_MODULES = ("datasets", "accelerate", "sklearn", "evaluate", "tqdm", "matplotlib", "skimage")
+#: Module -> the extra that installs it, for the modules of ``hf-gsc evaluate`` that a core install lacks.
+EVALUATION_MODULES = {"datasets": "evaluation", "accelerate": "evaluation", "sklearn": "evaluation",
+                      "evaluate": "evaluation", "tqdm": "evaluation", "matplotlib": "plots", "skimage": "benchmarks"}
+#: What each extra is for, in the message that names it.
+EXTRA_PURPOSE = {"evaluation": "hf-gsc evaluate needs", "plots": "the figures of hf-gsc evaluate need",
+                 "benchmarks": "the generated benchmarks (fmnist-ood, fmnist-openset) need"}
 
 
 def _usage() -> str:
@@ -53,6 +58,15 @@ def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     return 0
 
 
+def missing_extra_message(error: ModuleNotFoundError) -> str | None:
+    """The line naming the extra that installs the missing module (``None``: not a module of an extra)."""
+    extra = EVALUATION_MODULES.get((error.name or "").split(".")[0])
+    if extra is None:
+        return None
+    message = f"{PROG} evaluate: {EXTRA_PURPOSE[extra]} the {extra!r} extra: pip install 'hf_gsc[{extra}]' ({error})"
+    return message + ("; or pass --no-plots" if extra == "plots" else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -65,9 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return evaluate(rest, prog=f"{PROG} evaluate")
         except ModuleNotFoundError as error:
-            if (error.name or "").split(".")[0] not in EVALUATION_MODULES:
+            message = missing_extra_message(error)
+            if message is None:
                 raise
-            print(f"{PROG} evaluate needs the evaluation extras: pip install 'hf_gsc[all]' ({error})", file=sys.stderr)
+            print(message, file=sys.stderr)
             return 1
     if command == "publish":
         return publish(rest, prog=f"{PROG} publish")

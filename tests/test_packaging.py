@@ -71,7 +71,7 @@ def test_serving_needs_no_evaluation_extras(tmp_path):
     result = subprocess.run([sys.executable, "-c", blocker + evaluate], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 1, result.stderr
-    assert "hf-gsc evaluate needs the evaluation extras: pip install 'hf_gsc[all]'" in result.stderr
+    assert "hf-gsc evaluate needs the 'evaluation' extra: pip install 'hf_gsc[evaluation]'" in result.stderr
 
 
 @pytest.mark.slow

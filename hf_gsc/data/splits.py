@@ -19,6 +19,7 @@ are opened one batch at a time, saved datasets are memory-mapped), so streaming 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,11 @@ _LABEL_NAMES = ("label", "labels", "fine_label", "class", "target")
 
 #: The one-line refusal of ``streaming=True`` for a local folder.
 LOCAL_STREAMING_ERROR = "--streaming needs a Hub dataset id; local folders are read in place anyway"
+
+
+#: What ``datasets`` shows while it lists the files of a local folder (its default, "Downloading data", would
+#: announce a download that does not happen).
+LOCAL_FILES_DESCRIPTION = "Listing local files"
 
 
 class GatedDatasetError(PermissionError):
@@ -61,6 +67,26 @@ def _local_path_and_split(spec: str | Path) -> tuple[Path, str | None] | None:
     return None
 
 
+def looks_like_path(spec: str) -> bool:
+    """Whether ``spec`` can only mean a local path: absolute, or starting with ``./``, ``../`` or ``~``."""
+    return os.path.isabs(spec) or spec in (".", "..") or spec.startswith(("./", "../", "~", ".\\", "..\\"))
+
+
+def missing_local_folder(spec: str | Path, split_required: bool = True) -> str | None:
+    """The folder ``spec`` names when it can only be a local one and does not exist; ``None`` otherwise.
+
+    ``spec`` can only be local when it looks like a path (:func:`looks_like_path`) or, with ``split_required``
+    (one split, as :func:`load_split` reads it), when it has no ``:split``, which every Hub spec needs.
+    """
+    if _local_path_and_split(spec) is not None:
+        return None
+    spec = str(spec)
+    head = spec.rsplit(":", 1)[0] if ":" in spec and looks_like_path(spec) else spec
+    if looks_like_path(spec) or (split_required and ":" not in spec):
+        return head
+    return None
+
+
 def _pick_split(loaded: datasets.Dataset | datasets.DatasetDict, split: str | None, spec: str) -> datasets.Dataset:
     if isinstance(loaded, datasets.Dataset):
         return loaded
@@ -77,7 +103,9 @@ def _load_local(path: Path, split: str | None, spec: str) -> datasets.Dataset:
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
         return _pick_split(datasets.load_from_disk(str(path)), split, spec)
     if path.is_dir():
-        return _pick_split(datasets.load_dataset("imagefolder", data_dir=str(path)), split, spec)
+        download_config = datasets.DownloadConfig(download_desc=LOCAL_FILES_DESCRIPTION)
+        return _pick_split(datasets.load_dataset("imagefolder", data_dir=str(path), download_config=download_config),
+                           split, spec)
     raise ValueError(f"{spec!r} is a file; give a folder of images or a saved dataset folder")
 
 
@@ -181,10 +209,15 @@ def load_split(
     Returns a ``datasets.Dataset``, or with ``streaming=True`` a ``datasets.IterableDataset`` (Hub ids only).
 
     Raises:
+        FileNotFoundError: ``spec`` can only be a local folder (see :func:`missing_local_folder`) and there is none.
         ValueError: an unparsable spec, a missing split or column, a column that cannot hold images, or
             ``streaming=True`` with a local folder.
         GatedDatasetError: a gated Hub dataset this user may not read.
     """
+    missing = missing_local_folder(spec)
+    if missing is not None:
+        raise FileNotFoundError(f"no such folder: {missing!r} (a local split is a folder of images or a saved "
+                                "dataset; a Hub split is 'dataset_id[:config]:split')")
     local = _local_path_and_split(spec)
     if local is not None:
         if streaming:

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import tempfile
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,40 @@ GSC_OPTIONS = {
 
 class InputError(ValueError):
     """Bad command-line input, found before any expensive work; the message names the argument."""
+
+
+def describe_method(cls: type) -> str:
+    """One line about a registered method: the first sentence of its docstring, without reST markup."""
+    paragraph = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", paragraph).replace("``", "")
+    sentence = text.split(". ")[0].rstrip(".")
+    return sentence + "."
+
+
+def method_lines() -> list[str]:
+    """``--list-methods``: one line per registered method (name, what it scores, what it needs)."""
+    registered = registered_methods()
+    width = max(map(len, registered))
+    lines = []
+    for name in sorted(registered):
+        cls = registered[name]
+        notes = [f"fitted on ID {cls.fit_split}"] if getattr(cls, "needs_fit", False) else []
+        if name in DEFAULT_METHODS:
+            notes.append("default")
+        suffix = f" [{', '.join(notes)}]" if notes else ""
+        lines.append(f"{name:<{width}}  {describe_method(cls)}{suffix}")
+    return lines
+
+
+class _ListMethods(argparse.Action):
+    """``--list-methods``: print :func:`method_lines` and exit, like ``--help`` (no other argument needed)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print("\n".join(method_lines()))
+        parser.exit(0)
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -70,8 +105,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument(
         "--methods", default=None,
-        help=f"comma list of registered methods (default: those registered of {','.join(DEFAULT_METHODS)})",
+        help=f"comma list of registered methods (default: those registered of {','.join(DEFAULT_METHODS)}; "
+        "--list-methods shows them all)",
     )
+    run.add_argument("--list-methods", action=_ListMethods, help="list every registered method, one per line, and exit")
     run.add_argument("--output-dir", required=True, help="results, score cache, fitted detectors, plots")
     run.add_argument("--batch-size", type=int, default=64)
     run.add_argument("--seed", type=int, default=0)
@@ -81,7 +118,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="a method hyperparameter, repeatable, e.g. odin.temperature=1000 (VALUE parsed as JSON if it can be)",
     )
     run.add_argument("--overwrite", action="store_true", help="recompute cached scores and fits")
-    run.add_argument("--no-plots", action="store_true", help="skip the PNG figures")
+    run.add_argument("--no-plots", action="store_true",
+                     help="skip the PNG figures (they need matplotlib: pip install 'hf_gsc[plots]')")
     run.add_argument("--save-detectors", action="store_true",
                      help="save every evaluated method as a detector (fitted, threshold calibrated on ID validation, "
                           "model card with its results) under OUTPUT_DIR/detectors/METHOD, loadable with "
@@ -197,6 +235,8 @@ def _split_names(text: str | None) -> list[str] | None:
 
 
 def _parse_ood_dataset(item: str) -> tuple[str, str]:
+    from ..data.splits import missing_local_folder
+
     name, sep, spec = item.partition("=")
     if not sep:
         spec = item
@@ -204,7 +244,31 @@ def _parse_ood_dataset(item: str) -> tuple[str, str]:
         name = base.replace("/", "_").replace(":", "_")
     if not spec or not name:
         raise InputError(f"--ood-dataset {item!r}: expected [NAME=]SPEC")
+    missing = missing_local_folder(spec)
+    if missing is not None:
+        raise InputError(f"--ood-dataset {item!r}: no such folder {missing!r} (a local OOD split is a folder of "
+                         "images or a saved dataset; a Hub split is 'dataset_id[:config]:split')")
     return name, spec
+
+
+def _check_id_dataset(spec: str | None) -> None:
+    from ..data.splits import missing_local_folder
+
+    missing = None if spec is None else missing_local_folder(spec, split_required=False)
+    if missing is not None:
+        raise InputError(f"--id-dataset {spec!r}: no such folder {missing!r} (local ID data is a saved DatasetDict or "
+                         "a folder of images with train/validation/test sub-folders; Hub data is 'dataset_id[:config]')")
+
+
+def _check_plots(args: argparse.Namespace) -> None:
+    """The figures need matplotlib (the ``plots`` extra): without it, fail now, not after the scoring."""
+    if getattr(args, "no_plots", False):
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise InputError(f"the figures need matplotlib ({error}): pip install 'hf_gsc[plots]', "
+                         "or pass --no-plots to write results.json and results.md only") from None
 
 
 def _is_local(spec: str) -> bool:
@@ -258,6 +322,7 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(str(error)) from None
     if (args.benchmark is None) == (args.id_dataset is None):
         raise InputError("give exactly one of --benchmark and --id-dataset")
+    _check_id_dataset(args.id_dataset)
     ood_splits = _split_names(args.ood_splits)
     if args.benchmark is not None:
         from ..data.benchmarks import BENCHMARKS
@@ -283,6 +348,7 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
     if repeated:
         raise InputError(f"--ood-dataset: split name(s) {', '.join(repeated)} used twice; name them with NAME=SPEC")
     hyperparameters = parse_hyperparameters(args.hyperparameter, methods)
+    _check_plots(args)
     gsc_overrides = {field: getattr(args, dest) for dest, field in GSC_OPTIONS.items() if getattr(args, dest, None) is not None}
     if gsc_overrides and "gsc" not in methods:
         raise InputError(f"GSC options ({', '.join(sorted(gsc_overrides))}) given but 'gsc' is not in --methods")
@@ -308,6 +374,8 @@ __all__ = [
     "InputError",
     "build_parser",
     "check_output_dir",
+    "describe_method",
+    "method_lines",
     "parse_args",
     "parse_hyperparameters",
     "parse_methods",

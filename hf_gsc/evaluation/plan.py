@@ -37,7 +37,7 @@ def _load_split(spec: str, what: str, streaming: bool = False) -> Any:
     try:
         return load_split(spec, streaming=True) if streaming else load_split(spec)
     except Exception as error:  # noqa: BLE001  (datasets and PIL raise many types)
-        raise InputError(f"{what} {spec!r}: could not load it: {error}") from None
+        raise InputError(f"{what}: could not load {spec!r}: {error}") from None
 
 
 def needed_id_splits(detectors: Mapping[str, Any]) -> dict[str, str]:
@@ -94,7 +94,7 @@ def load_data(
     for name, spec in parsed["extra_ood"]:
         if name in ood_splits:
             raise InputError(f"--ood-dataset {name!r}: the benchmark already has an OOD split of that name")
-        ood_splits[name] = _load_split(spec, "--ood-dataset", streaming)
+        ood_splits[name] = _load_split(spec, f"--ood-dataset {name}={spec}", streaming)
     if not ood_splits:
         raise InputError(f"{source}: no OOD splits to evaluate")
     for label, dataset in [*((f"ID {s}", d) for s, d in id_splits.items()), *((f"OOD {n}", d) for n, d in ood_splits.items())]:

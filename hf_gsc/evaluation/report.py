@@ -17,6 +17,7 @@ import numpy as np
 
 from ..safe_files import atomic_write_text
 from .calibration import calibrate_threshold, calibration_record, true_positive_rate
+from .labels import label_warning
 from .metrics import METRIC_NAMES, check_finite_scores, ood_metrics
 
 RESULTS_JSON = "results.json"
@@ -133,8 +134,9 @@ def markdown_table(results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95"
             row.append(" / ".join(parts))
         return row
 
+    data = results.get("benchmark") or (f"ID {results['id_dataset']}" if results.get("id_dataset") else None)
     lines = [
-        f"## OOD detection: {results.get('model')} on {results.get('benchmark')}",
+        f"## OOD detection: {results.get('model')} on {data}",
         "",
         f"ID test accuracy: {100 * results['id_accuracy']:.2f}%. "
         f"Cells: {metric_label} in %, ID = positive class; thresholds calibrated on ID "
@@ -155,6 +157,9 @@ def markdown_table(results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95"
             "",
             f"Samples: ID test {sizes.get('id_test')}, ID validation {sizes.get('id_validation')}; OOD: {ood_sizes}.",
         ]
+    mismatch = label_warning(results.get("label_check") or {"status": None})
+    if mismatch:
+        lines += ["", f"**Warning:** {mismatch}."]
     skipped = skipped_images_line(results.get("num_skipped") or {})
     if skipped:
         lines += ["", skipped]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,6 +36,7 @@ import torch
 from .. import __version__
 from ..data.decoding import UndecodableImageError
 from .fitting import fit_detectors, saved_fit_info
+from .labels import LabelMismatchWarning, class_names_of, compare_labels, label_warning, model_class_names
 from .loop import NUM_SKIPPED_KEY, SCORE_KEY, ScoreCache, default_num_workers, make_accelerator
 from .models import (
     build_detectors,
@@ -58,7 +60,9 @@ from .plan import (
     num_rows,
 )
 from .report import jsonable, method_results, write_report
+from .run_info import check_process_count, data_description, run_header
 from .scoring import PREDICTIONS_KEY, score_missing
+from .timings import split_timings, update_timings
 
 
 def package_versions() -> dict[str, str]:
@@ -125,7 +129,8 @@ def collect_results(
 
     results = {
         "model": args.model,
-        "benchmark": args.benchmark or "custom",
+        "benchmark": args.benchmark,  # None with --id-dataset
+        "id_dataset": args.id_dataset,
         "id_accuracy": float((base[PREDICTIONS_KEY] == base["labels"]).double().mean()),
         "methods": entries,
         "split_sizes": {  # from the score files: a streamed split's size is known once it was read
@@ -171,6 +176,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     output_dir = check_output_dir(args.output_dir)
 
     accelerator = make_accelerator(args.mixed_precision)
+    check_process_count(accelerator)
     check_output_dir(output_dir, accelerator.process_index)
     if not accelerator.is_local_main_process:
         _quiet_libraries()
@@ -195,6 +201,9 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     detectors = build_detectors(model, methods, hyperparameters)
     with accelerator.main_process_first():
         id_splits, ood_splits = load_data(args, parsed, needed_id_splits(detectors))
+    label_check = compare_labels(class_names_of(id_splits["test"]), model_class_names(model.config))
+    if accelerator.is_main_process and label_warning(label_check):
+        warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
     plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits)
 
     transform = image_transform(processor, model)
@@ -204,6 +213,18 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     missing = _broadcast(accelerator, missing_scores(plan, methods, cache, args.overwrite)
                          if accelerator.is_main_process else None)
     to_fit = [name for name in plan.fit_data if any(name in names for names in missing.values())]
+    if accelerator.is_main_process:
+        print(run_header({
+            "model": args.model, "data": data_description(args.benchmark, args.id_dataset, parsed["extra_ood"]),
+            "device": accelerator.device, "num_processes": accelerator.num_processes,
+            "mixed_precision": accelerator.mixed_precision, "num_workers": num_workers,
+            "image_backend": image_backend_of(processor), "methods": methods,
+            "split_sizes": {_split_label(split): num_rows(dataset) for split, dataset in plan.splits.items()},
+            "fit_sizes": {name: num_rows(dataset) for name, dataset in plan.fit_data.items()},
+            "num_to_score": sum(map(len, missing.values())),
+            "num_scores": sum(len(methods) + (split == ID_TEST) for split in plan.splits),  # + base model on ID test
+            "visible_gpus": torch.cuda.device_count(),
+        }), flush=True)
     on_error = "skip" if args.skip_unreadable_images else "raise"
     try:
         fit_detectors(accelerator, detectors, to_fit, plan.fit_data, plan.fit_fingerprints, transform,
@@ -218,6 +239,12 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         return None
 
     results, id_scores, ood_scores = collect_results(args, plan, cache, detectors)
+    results["ood_datasets"] = dict(parsed["extra_ood"])  # NAME -> SPEC of each --ood-dataset
+    results["label_check"] = label_check
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    # Timings of the passes that computed the scores used, this run's or an earlier one's (cached splits).
+    records = update_timings(cache.root, plan.score_fingerprints, missing, splits, seconds)
+    splits_scored, method_seconds = split_timings(records, plan.score_fingerprints, splits, missing, created)
     config = {**jsonable(vars(args)), "methods": ",".join(methods)}
     if "gsc" in results["methods"]:  # the effective GSCConfig settings, read by hf_gsc.hub for model cards
         config["gsc"] = results["methods"]["gsc"]["hyperparameters"]
@@ -233,10 +260,10 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         versions=package_versions(),
         seconds={
             "total": round(time.perf_counter() - start, 2),
-            "splits_scored": splits,
-            "scoring_main_process": {m: {s: round(t, 3) for s, t in v.items()} for m, v in seconds.items() if v},
+            "splits_scored": splits_scored,
+            "scoring_main_process": {m: v for m, v in method_seconds.items() if m in detectors},
         },
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created=created,
     )
     write_report(output_dir, results)
     if not args.no_plots:
@@ -262,6 +289,13 @@ def save_detectors(output_dir: Path, detectors: Mapping[str, Any], results: Mapp
         if detector.image_processor is None:
             detector.image_processor = processor
         detector.save_pretrained(fit_dir(output_dir, name), results_dir=output_dir)
+
+
+def _split_label(split: str) -> str:
+    """``id_test`` -> ``ID test``, ``ood_far`` -> ``OOD far``: the split names of ``results.md``."""
+    if split.startswith(OOD_PREFIX):
+        return f"OOD {split[len(OOD_PREFIX):]}"
+    return {ID_TEST: "ID test", ID_VALIDATION: "ID validation"}.get(split, split)
 
 
 def _quiet_libraries() -> None:

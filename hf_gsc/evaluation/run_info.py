@@ -1,0 +1,76 @@
+"""What a run is about to do, said before it does it: the process-count check and the run header.
+
+``accelerate launch`` has two ways of running fewer processes than asked without an error:
+
+* without ``--multi_gpu`` (and no ``accelerate config``), ``--num_processes 2`` starts one process;
+* with ``--multi_gpu`` on a machine without GPUs and without ``ACCELERATE_USE_CPU=1``, it starts the processes
+  (``WORLD_SIZE=2``), but accelerate runs each as an independent single process: each would score everything.
+
+The second is refused by :func:`check_process_count`; the first is visible in the header that
+:func:`run_header` prints on the main process at the start of every run (model, device, processes, precision,
+workers, methods, split sizes), before any fitting or scoring.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .options import InputError
+
+
+def check_process_count(accelerator: Any, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a launch whose processes would each run alone (``WORLD_SIZE`` > 1 but one accelerate process)."""
+    environ = os.environ if environ is None else environ
+    launched = int(environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and accelerator.num_processes == 1:
+        raise InputError(
+            f"launched as {launched} processes (WORLD_SIZE={launched}), but accelerate runs each on its own "
+            f"(device {accelerator.device}): each would score every split. On CPUs set ACCELERATE_USE_CPU=1 "
+            "(ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N -m hf_gsc evaluate ...); "
+            "see docs/evaluation.md"
+        )
+
+
+def _size(value: int | None) -> str:
+    return "streamed" if value is None else str(value)
+
+
+def run_header(info: Mapping[str, Any]) -> str:
+    """The lines printed when a run starts, from ``info``: ``model``, ``data``, ``device``, ``num_processes``,
+    ``mixed_precision``, ``num_workers``, ``image_backend``, ``methods``, ``split_sizes`` (split -> rows,
+    ``None`` when streamed), ``fit_sizes`` (method -> rows), ``num_to_score`` / ``num_scores`` (score files
+    to compute / in all) and ``visible_gpus``."""
+    processes = info["num_processes"]
+    lines = [
+        f"hf-gsc evaluate: {info['model']} on {info['data']}",
+        f"  device {info['device']}, {processes} process{'es' if processes != 1 else ''}, "
+        f"mixed precision {info['mixed_precision']}, {info['num_workers']} data workers per process, "
+        f"image backend {info['image_backend']}",
+    ]
+    gpus = info.get("visible_gpus") or 0
+    if processes == 1 and gpus > 1:
+        lines.append(f"  note: {gpus} GPUs visible but 1 process: "
+                     f"accelerate launch --multi_gpu --num_processes {gpus} -m hf_gsc evaluate ... uses them all")
+    lines.append(f"  methods: {', '.join(info['methods'])}")
+    sizes = ", ".join(f"{split} {_size(rows)}" for split, rows in info["split_sizes"].items())
+    lines.append(f"  samples: {sizes}")
+    fits = info.get("fit_sizes") or {}
+    if fits:
+        lines.append("  fit: " + ", ".join(f"{name} on {_size(rows)}" for name, rows in fits.items()))
+    if "num_to_score" in info:
+        cached = info["num_scores"] - info["num_to_score"]
+        lines.append(f"  score files: {info['num_to_score']} to compute, {cached} from the cache in the output dir")
+    return "\n".join(lines)
+
+
+def data_description(benchmark: str | None, id_dataset: str | None, extra_ood: Sequence[tuple[str, str]]) -> str:
+    """``fmnist-ood`` / ``ID data/photos, OOD far=/data/far, ...``: what a run evaluates, with the user's names."""
+    parts = [benchmark] if benchmark is not None else [f"ID {id_dataset}"]
+    if extra_ood:
+        parts.append("OOD " + ", ".join(f"{name}={spec}" for name, spec in extra_ood))
+    return ", ".join(parts)
+
+
+__all__ = ["check_process_count", "data_description", "run_header"]
