@@ -187,6 +187,28 @@ def fpr_at_tpr(id_scores: ScoresLike, ood_scores: ScoresLike, tpr: float = 0.95)
     return float(np.count_nonzero(ood >= threshold) / ood.size)
 
 
+def fpr_at_tpr_ood_positive(id_scores: ScoresLike, ood_scores: ScoresLike, tpr: float = 0.95) -> float:
+    """OpenOOD's FPR@``tpr``: the fraction of **ID** samples flagged as OOD when ``tpr`` of the OOD samples are.
+
+    OOD is the positive class and ``-ood_score`` the detection score (OpenOOD v1.5's
+    ``roc_curve(is_ood, -conf)``, FPR at the first point with TPR >= ``tpr``). It is
+    :func:`fpr_at_tpr` with the two classes swapped and the scores negated, so it follows the same
+    threshold and tie rules: the threshold keeps at least ``tpr`` of the OOD samples, and an ID sample
+    tied with it counts as a false positive.
+
+    Args:
+        id_scores: 1-D scores of in-distribution samples, higher = more ID.
+        ood_scores: 1-D scores of out-of-distribution samples, same convention.
+        tpr: target fraction of OOD samples detected, in ``(0, 1]``.
+
+    Returns:
+        The fraction of ID samples rejected, in ``[0, 1]``, as a Python float.
+    """
+    ids = _as_scores(id_scores, "id_scores")
+    ood = _as_scores(ood_scores, "ood_scores")
+    return fpr_at_tpr(-ood, -ids, tpr)
+
+
 def auroc(id_scores: ScoresLike, ood_scores: ScoresLike) -> float:
     """Area under the ROC curve with ID as the positive class (``roc_auc_score``).
 
