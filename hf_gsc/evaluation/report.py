@@ -222,7 +222,7 @@ def markdown_table(
         f"ID test accuracy: {100 * results['id_accuracy']:.2f}%. "
         f"Cells: {metric_label} in %. FPR95 (ID+): OOD accepted at 95% ID kept (ID = positive class, the paper's); "
         "FPR95 (OOD+): ID rejected at 95% OOD caught (OOD = positive class, OpenOOD's). "
-        f"{rule.capitalize()} calibrated on ID {results.get('calibration_split', 'validation')} only.",
+        f"{rule[:1].upper() + rule[1:]} calibrated on ID {results.get('calibration_split', 'validation')} only.",
         "",
         *table_lines(["Method", *map(title, columns)], map(cells, methods)),
         "",

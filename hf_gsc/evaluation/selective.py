@@ -10,10 +10,12 @@ the base model's prediction of sample ``i`` is right:
 * the **risk-coverage curve** has one point per distinct score: accepting every sample whose score is at least
   that score. Samples with tied scores are accepted or rejected together, so the curve does not depend on the
   order of tied samples;
-* **AURC** (area under the risk-coverage curve, Geifman et al., 2019) is the area under that step curve,
-  ``sum_j risk_j * (coverage_j - coverage_{j-1})`` with ``coverage_0 = 0``. Without ties it equals the usual
-  ``mean_k risk(top k)`` over ``k = 1..n``. Lower is better; a perfect ranking (all errors last) gives the
-  smallest value for that error rate, a random ranking about the error rate itself.
+* **AURC** (area under the risk-coverage curve, Geifman et al., 2019) is ``mean_k risk(top k)`` over
+  ``k = 1..n``, the risk of the ``k`` highest-scoring samples. Where scores tie, the order inside a tie is
+  arbitrary, so ``risk(top k)`` is its expectation over the orders of the tied samples (the tie's error rate
+  fills the places taken from it); without ties this is the usual value, and it never depends on how tied
+  samples happen to be ordered. Lower is better; a perfect ranking (all errors last) gives the smallest value
+  for that error rate, a random ranking about the error rate itself.
 
 OOD inputs play no part here: these numbers say how well ``ood_score`` ranks the model's own ID mistakes.
 """
@@ -62,8 +64,20 @@ def risk_coverage_curve(scores: ScoresLike, correct: Any) -> tuple[np.ndarray, n
 
 def aurc(scores: ScoresLike, correct: Any) -> float:
     """Area under the risk-coverage curve (see the module docstring); a fraction in ``[0, 1]``, lower is better."""
-    coverage, risk, _ = risk_coverage_curve(scores, correct)
-    return float(np.sum(risk * np.diff(coverage, prepend=0.0)))
+    values = _as_scores(scores, "scores")
+    wrong = ~_as_correct(correct, values.size)
+    order = np.argsort(-values, kind="stable")
+    sorted_scores, sorted_wrong = values[order], wrong[order].astype(np.float64)
+    # Runs of equal scores: start (samples before the run), size and error count of the run of each position.
+    starts_mask = np.append(True, sorted_scores[1:] != sorted_scores[:-1])
+    run = np.cumsum(starts_mask) - 1
+    run_start = np.flatnonzero(starts_mask)
+    run_size = np.diff(np.append(run_start, values.size))
+    run_errors = np.add.reduceat(sorted_wrong, run_start)
+    errors_before = np.cumsum(run_errors) - run_errors
+    k = np.arange(1, values.size + 1)
+    expected_errors = errors_before[run] + (k - run_start[run]) * run_errors[run] / run_size[run]
+    return float(np.mean(expected_errors / k))
 
 
 def selective_accuracy(scores: ScoresLike, correct: Any, threshold: float) -> dict[str, float]:
