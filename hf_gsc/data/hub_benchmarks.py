@@ -95,6 +95,8 @@ class HubSplit:
         image_list: keep only the rows whose image file is listed in this member of OpenOOD's image lists
             (:func:`openood_image_list`); for archives of image files, whose rows keep their file path.
         env: an environment variable that, when set, replaces ``dataset_id`` (a Hub id or a local folder).
+        archive: the repo is an archive of image files (read by ``datasets``' image-folder loader); its folder
+            names are not classes, so no label column is inferred from them.
     """
 
     dataset_id: str
@@ -105,6 +107,7 @@ class HubSplit:
     part: Part = "all"
     image_list: str | None = None
     env: str | None = None
+    archive: bool = False
 
     @property
     def source(self) -> str:
@@ -119,7 +122,10 @@ class HubSplit:
     def __call__(self, streaming: bool = False) -> Any:
         """Load it: a ``Dataset`` (``IterableDataset`` when ``streaming``) with columns ``image`` and ``label``."""
         try:
-            dataset = load_hub_split(self.source, self.config, self.split, streaming=streaming)
+            # A streamed archive gives each image's bytes but not its file name, which an image list selects by:
+            # such a split is downloaded (the OpenOOD archives are at most a few hundred MB) and then streamed.
+            dataset = load_hub_split(self.source, self.config, self.split, streaming=streaming and not self.image_list,
+                                     **({"drop_labels": True} if self.archive else {}))
         except ScriptDatasetError as error:
             if self.env is None:
                 raise
@@ -139,7 +145,8 @@ class HubSplit:
             # Image(decode=False) and back, leaves a streamed dataset decoding its images afterwards).
             dataset = dataset.with_format("arrow").filter(keep, batched=True).with_format(None)
         dataset = to_benchmark_columns(dataset, self.image_column, self.label_column, dataset_name=self.spec)
-        return dataset if self.label_column is not None else with_ood_labels(dataset)
+        dataset = dataset if self.label_column is not None else with_ood_labels(dataset)
+        return dataset.to_iterable_dataset() if streaming and isinstance(dataset, datasets.Dataset) else dataset
 
     def _keep_listed(self, dataset: Any) -> Any:
         listed = openood_image_list(self.image_list)
@@ -193,7 +200,7 @@ _TEXTURES = HubSplit("tanganke/dtd", "train+test")
 def _openood(repo: str, image_list: str) -> HubSplit:
     """An OpenOOD set stored as one archive of image files (read by ``datasets``' image-folder loader), restricted
     to the images of one of OpenOOD's lists."""
-    return HubSplit(repo, "train", image_list=image_list)
+    return HubSplit(repo, "train", image_list=image_list, archive=True)
 
 
 def _cifar_ood(id_name: str, other_cifar: str) -> Mapping[str, HubSplit]:
@@ -254,7 +261,7 @@ HUB_BENCHMARKS: Mapping[str, HubBenchmarkSpec] = MappingProxyType(
                 {
                     "ssb_hard": _openood("torch-uncertainty/SSB_hard", "imagenet1k/test_ssb_hard.txt"),
                     "ninco": _openood("torch-uncertainty/Ninco", "imagenet1k/test_ninco.txt"),
-                    "inaturalist": HubSplit("torch-uncertainty/inaturalist", "train"),
+                    "inaturalist": HubSplit("torch-uncertainty/inaturalist", "train", archive=True),
                     "textures": _TEXTURES,
                     "openimage_o": _openood("torch-uncertainty/Openimage-O", "imagenet1k/test_openimage_o.txt"),
                 }

@@ -102,15 +102,17 @@ def _is_gated_refusal(error: BaseException) -> bool:
     return False
 
 
-def load_hub_split(dataset_id: str, config: str | None, split: str, streaming: bool = False) -> Any:
-    """``datasets.load_dataset(dataset_id, config, split=...)``; ``"a+b"`` concatenates splits (also streamed).
+def load_hub_split(dataset_id: str, config: str | None, split: str, streaming: bool = False, **load_kwargs: Any) -> Any:
+    """``datasets.load_dataset(dataset_id, config, split=..., **load_kwargs)``; ``"a+b"`` concatenates splits (also
+    streamed).
 
     Raises:
         GatedDatasetError: when the dataset is gated and this user has no access, saying how to get it.
         ScriptDatasetError: when the dataset is a loading script (refused by ``datasets`` 4).
     """
     try:
-        parts = [datasets.load_dataset(dataset_id, config, split=part, streaming=streaming) for part in split.split("+")]
+        parts = [datasets.load_dataset(dataset_id, config, split=part, streaming=streaming, **load_kwargs)
+                 for part in split.split("+")]
     except Exception as error:
         if _is_gated_refusal(error):
             raise GatedDatasetError(
