@@ -299,3 +299,49 @@ except GatedDatasetError as error:
     assert sorted(out["ood"]["openimage_o"]) == sorted(openimage[f"openimage_o/{p}"]
                                                        for p in OPENOOD_LISTS["imagenet1k/test_openimage_o.txt"])
     assert {label for rows in out["ood"].values() for _, label in rows} == {-1}
+
+
+def test_imagenet_from_a_script_repo_says_what_to_do_and_reads_a_copy_named_by_the_environment(hub, tmp_path):
+    """A Hub repo that is a loading script (as ``ILSVRC/imagenet-1k`` is reported to be) is refused by ``datasets``
+    4; the error names what to do, and ``HF_GSC_IMAGENET`` then points the benchmark at a copy of data files."""
+    script_repo = tmp_path / "script_repo"
+    script_repo.mkdir()
+    (script_repo / "imagenet-script.py").write_text("import datasets\n")
+    (script_repo / "README.md").write_text("---\nlicense: other\n---\n")
+    with hub.patch_client(token="hf_owner"):
+        from huggingface_hub import HfApi
+
+        HfApi().create_repo("owner/imagenet-script", repo_type="dataset")
+        HfApi().upload_folder(folder_path=str(script_repo), repo_id="owner/imagenet-script", repo_type="dataset")
+    script = """
+import json, os
+from hf_gsc.data import load_benchmark
+from hf_gsc.data.splits import ScriptDatasetError
+try:
+    load_benchmark("imagenet-ood", ood_splits=[])
+except ScriptDatasetError as error:
+    print(json.dumps({"error": str(error)}))
+"""
+    hub_env = hub.client_env(hf_home=tmp_path / "hf")
+    env = {**hub_env, "HF_GSC_IMAGENET": "owner/imagenet-script"}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                            timeout=600, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    message = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert "\n" not in message
+    assert message.startswith("the Hub dataset 'owner/imagenet-script' is stored as a loading script")
+    assert "point HF_GSC_IMAGENET at it" in message and "'label' as a ClassLabel" in message
+
+    # A local folder of parquet files with the ImageNet layout, named by HF_GSC_IMAGENET, is read instead.
+    local = tmp_path / "imagenet_copy"
+    _classified(local, {"train": SIZES["train"], "validation": SIZES["validation"]}, "image",
+                {"label": datasets.ClassLabel(names=[f"n{i:08d}" for i in range(1000)])}, seed=90)
+    env = {**hub_env, "HF_GSC_IMAGENET": str(local / "data")}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(_SUMMARY + """
+bench = load_benchmark("imagenet-ood", ood_splits=[])
+print(json.dumps({"num_labels": bench.num_labels, "test": rows(bench.id_splits["test"])}))
+""")], env=env, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = datasets.Dataset.from_parquet(str(local / "data" / "validation-00000-of-00001.parquet"))
+    assert out["num_labels"] == 1000 and [label for _, label in out["test"]] == expected["label"]
