@@ -45,7 +45,8 @@ of the *OOD* samples are detected. Its "FPR@95" is therefore the fraction of
 **ID** samples rejected when 95% of OOD samples are caught. Ours (and the
 paper's) is the fraction of **OOD** samples accepted when 95% of ID samples are
 kept. The two numbers are different quantities and in general differ; do not
-compare them across the two code bases. AUROC is the same under both
+compare them across the two code bases; :func:`fpr_at_tpr_ood_positive` computes OpenOOD's, and the evaluation
+reports both (``fpr95`` and ``fpr95_ood_positive``). AUROC is the same under both
 conventions (swapping the positive class and negating the scores leaves it
 unchanged). OpenOOD also computes AUPR as the trapezoidal area under the
 precision-recall curve (``metrics.auc``), whereas we use average precision
