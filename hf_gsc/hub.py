@@ -35,6 +35,10 @@ class HubError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- model card
+#: Model-index names of the metrics whose key alone does not say the convention.
+_METRIC_NAMES = {"fpr95": "FPR@95%TPR (ID positive)", "fpr95_ood_positive": "FPR@95%TPR (OOD positive, OpenOOD)"}
+
+
 def eval_results_from(results: dict[str, Any], method: str = "gsc") -> list[EvalResult]:
     """One model-index entry per OOD split and metric; the split goes in ``dataset_config`` so entries do not merge."""
     method_results = results.get("methods", {}).get(method)
@@ -43,7 +47,7 @@ def eval_results_from(results: dict[str, Any], method: str = "gsc") -> list[Eval
     benchmark = results.get("benchmark") or "custom"
     entries = []
     for split, metrics in sorted(method_results.get("ood", {}).items()):
-        for metric in ("auroc", "fpr95", "aupr_in", "aupr_out"):
+        for metric in ("auroc", "fpr95", "fpr95_ood_positive", "aupr_in", "aupr_out"):
             if metric in metrics:
                 entries.append(
                     EvalResult(
@@ -54,7 +58,7 @@ def eval_results_from(results: dict[str, Any], method: str = "gsc") -> list[Eval
                         dataset_config=split,
                         dataset_split="test",
                         metric_type=metric,
-                        metric_name=metric.upper() if metric != "fpr95" else "FPR@95%TPR (ID positive)",
+                        metric_name=_METRIC_NAMES.get(metric, metric.upper()),
                         metric_value=float(metrics[metric]),
                     )
                 )

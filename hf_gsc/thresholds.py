@@ -2,14 +2,16 @@
 
 A detector accepts an input as in-distribution iff ``ood_score >= threshold``. :func:`threshold_at_tpr` keeps a
 fraction ``tpr`` of the given ID scores; the evaluation's FPR@95 uses the same rule, so a calibrated threshold and
-the reported FPR agree. Pure functions of arrays: the detectors (``calibrate``) and the evaluation both use them.
+the reported FPR agree. :func:`conformal_threshold` picks a lower order statistic that keeps at least ``tpr``
+of new ID data with probability at least ``1 - delta`` (split-conformal; the derivation and its assumption are in
+:mod:`hf_gsc.evaluation.calibration`). Pure functions of arrays: the detectors (``calibrate``) and the evaluation both use them.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import numpy as np
 
@@ -103,9 +105,92 @@ def threshold_at_tpr(id_scores: ScoresLike, tpr: float = 0.95) -> float:
 
 
 
-def calibration_record(split: str, num_samples: int, tpr: float, **extra: Any) -> dict[str, Any]:
-    """What a threshold was calibrated on, in the shape stored in a detector config's ``calibration``."""
-    return {"split": split, "num_samples": int(num_samples), "tpr": float(tpr), **extra}
+def conformal_order(n: int, tpr: float, delta: float) -> int:
+    """The rank ``k`` (1 = smallest) of the split-conformal threshold among ``n`` calibration scores.
+
+    ``k = 1 + max{j : P(Binomial(n, 1 - tpr) <= j) <= delta}`` (see the module docstring).
+
+    Raises:
+        ValueError: ``n < 1``, ``tpr`` outside ``(0, 1)``, ``delta`` outside ``(0, 1)``, or ``n`` too small for
+            the guarantee (fewer than ``log(delta) / log(tpr)`` samples).
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a positive integer (the number of calibration scores); got {n!r}")
+    if not 0.0 < float(tpr) < 1.0:
+        raise ValueError(f"tpr must be in (0, 1) for a conformal threshold; got {tpr!r}")
+    if not 0.0 < float(delta) < 1.0:
+        raise ValueError(f"delta must be in (0, 1); got {delta!r}")
+    alpha = 1.0 - float(tpr)
+    j = np.arange(n + 1)
+    # Binomial pmf in log space: n is up to about 10^5 here, where the direct product under/overflows.
+    log_pmf = (math.lgamma(n + 1) - _lgamma(j + 1) - _lgamma(n - j + 1)
+               + j * math.log(alpha) + (n - j) * math.log1p(-alpha))
+    cdf = np.cumsum(np.exp(log_pmf))
+    below = np.flatnonzero(cdf <= float(delta))
+    if below.size == 0:
+        needed = math.ceil(math.log(float(delta)) / math.log(float(tpr)))
+        raise ValueError(
+            f"{n} calibration scores cannot guarantee TPR >= {tpr} with probability >= 1 - {delta}: "
+            f"at least {needed} are needed (or a larger delta / lower tpr)"
+        )
+    return int(below[-1]) + 1
 
 
-__all__ = ["MIN_CALIBRATION_SAMPLES", "ScoresLike", "as_scores", "calibration_record", "check_tpr", "threshold_at_tpr"]
+def _lgamma(values: np.ndarray) -> np.ndarray:
+    return np.array([math.lgamma(v) for v in values.tolist()])
+
+
+def conformal_threshold(id_scores: ScoresLike, tpr: float = 0.95, delta: float = 0.05) -> float:
+    """Split-conformal threshold: TPR >= ``tpr`` on new ID data with probability >= ``1 - delta``.
+
+    Args:
+        id_scores: 1-D ``ood_score`` values (higher = more ID) of ID *validation* samples.
+        tpr: guaranteed true-positive rate, in ``(0, 1)``.
+        delta: allowed probability (over the calibration draw) that the TPR falls below ``tpr``, in ``(0, 1)``.
+
+    Returns:
+        The ``k``-th smallest score as a Python float, ``k`` from :func:`conformal_order`.
+
+    Raises:
+        ValueError: bad ``id_scores`` (empty, not 1-D, non-finite), ``tpr`` or ``delta``, or too few scores.
+    """
+    scores = as_scores(id_scores, "id_scores")
+    k = conformal_order(scores.size, tpr, delta)
+    return float(np.partition(scores, k - 1)[k - 1])
+
+
+#: How a threshold was chosen: the plain ``tpr`` quantile of the calibration scores, or the split-conformal
+#: order statistic (:func:`conformal_threshold`).
+CalibrationMethod = Literal["quantile", "conformal"]
+
+
+def threshold_for(id_scores: ScoresLike, tpr: float = 0.95, delta: float | None = None) -> float:
+    """:func:`threshold_at_tpr` when ``delta`` is ``None``, else :func:`conformal_threshold` with that ``delta``."""
+    return threshold_at_tpr(id_scores, tpr) if delta is None else conformal_threshold(id_scores, tpr, delta)
+
+
+def calibration_record(
+    split: str, num_samples: int, tpr: float, delta: float | None = None, **extra: Any
+) -> dict[str, Any]:
+    """What a threshold was calibrated on, in the shape stored in ``GSCConfig.calibration``.
+
+    ``method`` is ``"quantile"`` (``delta`` ``None``) or ``"conformal"`` (``delta``: the allowed probability
+    that the TPR on new ID data falls below ``tpr``).
+    """
+    method: CalibrationMethod = "quantile" if delta is None else "conformal"
+    return {"split": split, "num_samples": int(num_samples), "tpr": float(tpr), "method": method,
+            "delta": None if delta is None else float(delta), **extra}
+
+
+__all__ = [
+    "MIN_CALIBRATION_SAMPLES",
+    "CalibrationMethod",
+    "ScoresLike",
+    "as_scores",
+    "calibration_record",
+    "check_tpr",
+    "conformal_order",
+    "conformal_threshold",
+    "threshold_at_tpr",
+    "threshold_for",
+]

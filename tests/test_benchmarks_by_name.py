@@ -86,13 +86,57 @@ def _stand_ins(root: Path) -> dict[str, Path]:
     _classified(imagenet, {"train": SIZES["train"], "validation": SIZES["validation"]}, "image",
                 {"label": datasets.ClassLabel(names=[f"n{i:08d}" for i in range(1000)])}, seed=50)
     inaturalist = repos["torch-uncertainty/inaturalist"] = root / "inaturalist"
-    inaturalist.mkdir()
-    with zipfile.ZipFile(inaturalist / "inaturalist.zip", "w") as archive:
-        for i, image in enumerate(_images(3, 60, size=16)):
-            jpeg = io.BytesIO()
-            image.save(jpeg, format="JPEG")
-            archive.writestr(f"inaturalist/images/{i}.jpg", jpeg.getvalue())
+    _zip_of_images(inaturalist / "inaturalist.zip", [f"inaturalist/images/{i}.jpg" for i in range(3)], seed=60)
+    mnist = repos["ylecun/mnist"] = root / "mnist"
+    _classified(mnist, {"train": 3, "test": 2}, "image", {"label": datasets.ClassLabel(names=[str(d) for d in range(10)])},
+                seed=70)
+    (mnist / "data").rename(mnist / "mnist")  # ylecun/mnist: mnist/{train,test}-00000-of-00001.parquet, config "mnist"
+    (mnist / "README.md").write_text(
+        "---\nconfigs:\n- config_name: mnist\n  data_files:\n  - split: train\n    path: mnist/train-*\n"
+        "  - split: test\n    path: mnist/test-*\n---\n")
+    # OpenOOD's sets stored as one archive of image files each (torch-uncertainty/*), read through OpenOOD's image
+    # lists; every archive also holds images the lists leave out, which must not be loaded.
+    for repo_id, archive, members, seed in (
+        ("torch-uncertainty/tiny-imagenet-200", "tin.zip",
+         [f"val/images/val_{i}.JPEG" for i in range(4)] + ["train/n01443537/images/n01443537_0.JPEG"], 80),
+        ("torch-uncertainty/Places365", "places365.zip",
+         [f"{c}/Places365_val_{i:08d}.jpg" for c, i in (("airfield", 1), ("bakery", 2), ("canyon", 3))], 81),
+        ("torch-uncertainty/SSB_hard", "ssb_hard.zip",
+         [f"n11622368/n11622368_{i}.JPEG" for i in (1063, 1120, 1250)], 82),
+        ("torch-uncertainty/Ninco", "ninco.zip",
+         [f"NINCO_OOD_classes/mbira/mbira_00{i}_1{i}.png" for i in range(3)]
+         + ["NINCO_OOD_unit_tests/noise/noise_0.png"], 83),
+        ("torch-uncertainty/Openimage-O", "openimage_o.zip", [f"openimage_o/{i:016x}.jpg" for i in (7, 8, 9)], 84),
+    ):
+        folder = repos[repo_id] = root / repo_id.replace("/", "_")
+        _zip_of_images(folder / archive, members, seed)
+    lists = repos["torch-uncertainty/ood-datasets-splits"] = root / "splits"
+    lists.mkdir()
+    with zipfile.ZipFile(lists / "splits.zip", "w") as archive:
+        for member, listed in OPENOOD_LISTS.items():
+            archive.writestr(f"splits/{member}", "".join(f"{path} -1\n" for path in listed))
     return repos
+
+
+#: The OpenOOD image lists of the stand-in ``splits.zip``: a subset of each archive's images.
+OPENOOD_LISTS = {
+    "cifar10/test_tin.txt": ["val/images/val_0.JPEG", "val/images/val_1.JPEG", "val/images/val_3.JPEG"],
+    "cifar100/test_tin.txt": ["val/images/val_0.JPEG", "val/images/val_2.JPEG"],
+    "cifar10/test_places365.txt": ["airfield/Places365_val_00000001.jpg", "canyon/Places365_val_00000003.jpg"],
+    "cifar100/test_places365.txt": ["bakery/Places365_val_00000002.jpg"],
+    "imagenet1k/test_ssb_hard.txt": ["n11622368/n11622368_1063.JPEG", "n11622368/n11622368_1250.JPEG"],
+    "imagenet1k/test_ninco.txt": [f"NINCO_OOD_classes/mbira/mbira_00{i}_1{i}.png" for i in range(3)],
+    "imagenet1k/test_openimage_o.txt": [f"{i:016x}.jpg" for i in (7, 9)],
+}
+
+
+def _zip_of_images(path: Path, members: list[str], seed: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, image in zip(members, _images(len(members), seed, size=16)):
+            encoded = io.BytesIO()
+            image.save(encoded, format="PNG" if member.endswith(".png") else "JPEG")
+            archive.writestr(member, encoded.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +199,13 @@ def _hub_rows(hub: LoopbackHub, repo_id: str, split_file: str, image: str, label
     return out
 
 
+def _zip_rows(hub: LoopbackHub, repo_id: str, archive: str) -> dict[str, list]:
+    """Member path -> (sha256 prefix of the pixels, -1) of every image in an uploaded archive."""
+    with zipfile.ZipFile(io.BytesIO(hub.read_file(repo_id, archive, repo_type="dataset"))) as opened:
+        return {name: [hashlib.sha256(np.asarray(Image.open(io.BytesIO(opened.read(name))).convert("RGB"))
+                                      .tobytes()).hexdigest()[:16], -1] for name in opened.namelist()}
+
+
 def test_cifar_benchmarks_by_name_downloaded_and_streamed(hub, tmp_path):
     out = _run(hub, tmp_path, _SUMMARY + """
 from datasets.distributed import split_dataset_by_node
@@ -187,8 +238,24 @@ print(json.dumps({"cifar10": summary("cifar10-ood", False), "cifar10_streamed": 
     dtd = [_hub_rows(hub, "tanganke/dtd", f"data/{s}-00000-of-00001.parquet", "image", None) for s in ("train", "test")]
     assert cifar10["ood"]["textures"] == dtd[0] + dtd[1]
     assert {name: len(rows) for name, rows in cifar10["ood"].items()} == {
-        "svhn": 4, "textures": 5, "lsun_crop": 4, "lsun_resize": 3, "isun": 2}
-    assert cifar100["ood"] == cifar10["ood"]
+        "cifar100": 6, "tin": 3, "mnist": 5, "svhn": 4, "textures": 5, "places365": 2,
+        "lsun_crop": 4, "lsun_resize": 3, "isun": 2}
+    # Near-OOD: the other CIFAR's test split (labels dropped) and OpenOOD's TinyImageNet subset.
+    assert cifar10["ood"]["cifar100"] == [[digest, -1] for digest, _ in fine]
+    assert cifar100["ood"]["cifar10"] == [[digest, -1] for digest, _ in test]
+    assert {name: len(rows) for name, rows in cifar100["ood"].items()} == {
+        "cifar10": 6, "tin": 2, "mnist": 5, "svhn": 4, "textures": 5, "places365": 1,
+        "lsun_crop": 4, "lsun_resize": 3, "isun": 2}
+    mnist = [_hub_rows(hub, "ylecun/mnist", f"mnist/{s}-00000-of-00001.parquet", "image", None) for s in ("train", "test")]
+    assert cifar10["ood"]["mnist"] == mnist[0] + mnist[1]
+    # The OpenOOD archive sets keep exactly the listed images (the archive holds others).
+    tin = _zip_rows(hub, "torch-uncertainty/tiny-imagenet-200", "tin.zip")
+    assert sorted(cifar10["ood"]["tin"]) == sorted(tin[p] for p in OPENOOD_LISTS["cifar10/test_tin.txt"])
+    assert sorted(cifar100["ood"]["tin"]) == sorted(tin[p] for p in OPENOOD_LISTS["cifar100/test_tin.txt"])
+    places = _zip_rows(hub, "torch-uncertainty/Places365", "places365.zip")
+    assert sorted(cifar10["ood"]["places365"]) == sorted(places[p] for p in OPENOOD_LISTS["cifar10/test_places365.txt"])
+    for name in ("svhn", "textures", "mnist", "lsun_crop"):
+        assert cifar100["ood"][name] == cifar10["ood"][name]
 
     # Streaming gives the same rows in the same order, and the same hold-out; split over two processes
     # (datasets.distributed.split_dataset_by_node), the streams cover each split once.
@@ -222,5 +289,59 @@ except GatedDatasetError as error:
     validation = _hub_rows(hub, "ILSVRC/imagenet-1k", "data/validation-00000-of-00001.parquet", "image", "label")
     assert out["id"]["test"] == validation  # the paper's ID test set is ImageNet's validation split
     assert len(out["id"]["train"]) + len(out["id"]["validation"]) == SIZES["train"]
-    assert [len(out["ood"]["inaturalist"]), len(out["ood"]["textures"])] == [3, 5]
+    assert {name: len(rows) for name, rows in out["ood"].items()} == {
+        "ssb_hard": 2, "ninco": 3, "inaturalist": 3, "textures": 5, "openimage_o": 2}
+    for name, repo_id, archive in (("ssb_hard", "torch-uncertainty/SSB_hard", "ssb_hard.zip"),
+                                   ("ninco", "torch-uncertainty/Ninco", "ninco.zip")):
+        rows = _zip_rows(hub, repo_id, archive)
+        assert sorted(out["ood"][name]) == sorted(rows[p] for p in OPENOOD_LISTS[f"imagenet1k/test_{name}.txt"])
+    openimage = _zip_rows(hub, "torch-uncertainty/Openimage-O", "openimage_o.zip")
+    assert sorted(out["ood"]["openimage_o"]) == sorted(openimage[f"openimage_o/{p}"]
+                                                       for p in OPENOOD_LISTS["imagenet1k/test_openimage_o.txt"])
     assert {label for rows in out["ood"].values() for _, label in rows} == {-1}
+
+
+def test_imagenet_from_a_script_repo_says_what_to_do_and_reads_a_copy_named_by_the_environment(hub, tmp_path):
+    """A Hub repo that is a loading script (as ``ILSVRC/imagenet-1k`` is reported to be) is refused by ``datasets``
+    4; the error names what to do, and ``HF_GSC_IMAGENET`` then points the benchmark at a copy of data files."""
+    script_repo = tmp_path / "script_repo"
+    script_repo.mkdir()
+    (script_repo / "imagenet-script.py").write_text("import datasets\n")
+    (script_repo / "README.md").write_text("---\nlicense: other\n---\n")
+    with hub.patch_client(token="hf_owner"):
+        from huggingface_hub import HfApi
+
+        HfApi().create_repo("owner/imagenet-script", repo_type="dataset")
+        HfApi().upload_folder(folder_path=str(script_repo), repo_id="owner/imagenet-script", repo_type="dataset")
+    script = """
+import json, os
+from hf_gsc.data import load_benchmark
+from hf_gsc.data.splits import ScriptDatasetError
+try:
+    load_benchmark("imagenet-ood", ood_splits=[])
+except ScriptDatasetError as error:
+    print(json.dumps({"error": str(error)}))
+"""
+    hub_env = hub.client_env(hf_home=tmp_path / "hf")
+    env = {**hub_env, "HF_GSC_IMAGENET": "owner/imagenet-script"}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], env=env, capture_output=True, text=True,
+                            timeout=600, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    message = json.loads(result.stdout.strip().splitlines()[-1])["error"]
+    assert "\n" not in message
+    assert message.startswith("the Hub dataset 'owner/imagenet-script' is stored as a loading script")
+    assert "point HF_GSC_IMAGENET at it" in message and "'label' as a ClassLabel" in message
+
+    # A local folder of parquet files with the ImageNet layout, named by HF_GSC_IMAGENET, is read instead.
+    local = tmp_path / "imagenet_copy"
+    _classified(local, {"train": SIZES["train"], "validation": SIZES["validation"]}, "image",
+                {"label": datasets.ClassLabel(names=[f"n{i:08d}" for i in range(1000)])}, seed=90)
+    env = {**hub_env, "HF_GSC_IMAGENET": str(local / "data")}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(_SUMMARY + """
+bench = load_benchmark("imagenet-ood", ood_splits=[])
+print(json.dumps({"num_labels": bench.num_labels, "test": rows(bench.id_splits["test"])}))
+""")], env=env, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = datasets.Dataset.from_parquet(str(local / "data" / "validation-00000-of-00001.parquet"))
+    assert out["num_labels"] == 1000 and [label for _, label in out["test"]] == expected["label"]

@@ -146,11 +146,13 @@ def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
                                             for m in _methods().split(",") if options.registered_methods()[m].needs_fit}}
     assert 0.0 <= saved["id_accuracy"] <= 1.0
     for name, entry in saved["methods"].items():
-        assert entry["calibration"] == {"split": "validation", "num_samples": 13, "tpr": 0.95}
+        assert entry["calibration"] == {"split": "validation", "num_samples": 13, "tpr": 0.95, "method": "quantile",
+                                        "delta": None}
+        assert set(entry["selective"]) == {"accuracy", "aurc"}
         assert 0.0 <= entry["id_tpr_at_threshold"] <= 1.0
         assert set(entry["ood"]) == set(OOD_SIZES)
         for metrics in [*entry["ood"].values(), entry["average"]]:
-            assert set(metrics) == set(METRIC_NAMES)
+            assert set(metrics) == {*METRIC_NAMES, "fpr95_ood_positive"}
             assert all(0.0 <= value <= 1.0 for value in metrics.values())
         for split in ("id_test", "id_validation", "ood_noise", "ood_flat"):
             assert (output_dir / "scores" / name / f"{split}.safetensors").is_file()
@@ -158,7 +160,7 @@ def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
     assert saved["config"]["batch_size"] == 4
     assert saved["config"]["gsc"]["mask_ratio"] == saved["methods"]["gsc"]["hyperparameters"]["mask_ratio"]
     table = (output_dir / "results.md").read_text()
-    assert "| Method | noise | flat | Average |" in table and "FPR95" in table
+    assert "| Method | noise | flat | Average |" in table and "FPR95 (ID+)↓ / FPR95 (OOD+)↓ / AUROC↑" in table
 
 
 def test_threshold_comes_from_validation_scores(single_run: tuple[Path, dict]) -> None:
@@ -177,7 +179,7 @@ def test_plots_written(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_
     shutil.copytree(single_run[0], output_dir)  # all scores cached: only the report and plots are made
     argv = [arg for arg in _argv(tiny, output_dir) if arg != "--no-plots"]
     runner.run_evaluation(argv)
-    for name in ("densities.png", "roc.png"):
+    for name in ("densities.png", "roc.png", "risk_coverage.png"):
         assert (output_dir / "plots" / name).stat().st_size > 1000
 
 
@@ -359,6 +361,8 @@ def test_model_without_known_split_point(tmp_path, tiny, monkeypatch) -> None:
     [("--max-samples", "0", "--max-samples must be a positive integer"),
      ("--batch-size", "-1", "--batch-size must be a positive integer"),
      ("--tpr", "1.5", r"--tpr must be in \(0, 1\]"),
+     ("--conformal-delta", "1.5", r"--conformal-delta must be in \(0, 1\), got 1.5"),
+     ("--conformal-delta", "0.01", "--conformal-delta 0.01 with --tpr 0.95: 13 calibration scores cannot guarantee"),
      ("--mask-ratio", "2", "GSC options: GSCConfig.mask_ratio"),
      ("--hyperparameter", "odin", "expected METHOD.NAME=VALUE")],
 )

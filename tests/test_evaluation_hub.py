@@ -60,3 +60,34 @@ def test_hub_benchmark_streamed_matches_downloaded(hub: LoopbackHub, cifar_model
             got = got if split == "average" else got[split]
             assert got == pytest.approx(metrics, rel=1e-9, abs=1e-12), (name, split)
     assert not hub.unhandled_requests()
+
+
+def test_hf_gsc_evaluate_resolves_every_set_and_reports_near_and_far(
+    hub: LoopbackHub, cifar_model: str, tmp_path: Path
+) -> None:
+    """``hf-gsc evaluate --benchmark cifar10-ood`` with every OOD split of the benchmark (no ``--ood-splits``):
+    each resolves on the loopback Hub and results.json / results.md report OpenOOD's near- and far-OOD averages,
+    both FPR@95 conventions, selective classification and the split-conformal calibration."""
+    output_dir = tmp_path / "all_sets"
+    command = [sys.executable, "-m", "hf_gsc", "evaluate", "--model", cifar_model, "--benchmark", "cifar10-ood",
+               "--methods", "msp,energy", "--batch-size", "4", "--conformal-delta", "0.5", "--tpr", "0.5",
+               "--output-dir", str(output_dir)]
+    env = {**hub.client_env(hf_home=tmp_path / "hf"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO) + ":" + str(REPO / "tests")}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["split_sizes"]["ood"] == {"cifar100": 6, "tin": 3, "mnist": 5, "svhn": 4, "textures": 5,
+                                             "places365": 2, "lsun_crop": 4, "lsun_resize": 3, "isun": 2}
+    assert results["ood_groups"] == {"near": ["cifar100", "tin"], "far": ["mnist", "svhn", "textures", "places365"]}
+    for entry in results["methods"].values():
+        for group, splits in results["ood_groups"].items():
+            for metric in ("fpr95", "fpr95_ood_positive", "auroc"):
+                expected = sum(entry["ood"][s][metric] for s in splits) / len(splits)
+                assert entry["average_by_group"][group][metric] == pytest.approx(expected)
+        assert entry["calibration"]["method"] == "conformal" and entry["calibration"]["delta"] == 0.5
+        assert set(entry["selective"]) == {"accuracy", "aurc"}
+    table = (output_dir / "results.md").read_text()
+    assert "| cifar100 (near) | tin (near) | mnist (far) |" in table
+    assert "Near-OOD avg. | Far-OOD avg. | Average |" in table
+    assert (output_dir / "plots" / "risk_coverage.png").stat().st_size > 1000

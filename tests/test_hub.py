@@ -137,7 +137,7 @@ def test_push_then_load_by_repo_id_end_to_end(base_dir, tmp_path):
         assert loaded.returncode == 0, loaded.stderr
         from_ref, from_full, calibration = json.loads(loaded.stdout.strip().splitlines()[-1])
         assert from_ref == expected and from_full == expected
-        assert calibration == {"split": "validation", "num_samples": 3, "tpr": 0.9}
+        assert calibration == {"split": "validation", "num_samples": 3, "tpr": 0.9, "method": "quantile", "delta": None}
         # Loaded once, the detectors (and the referenced base) load again from the cache with HF_HUB_OFFLINE=1.
         offline = _run(load_script, {**env, "HF_HUB_OFFLINE": "1"})
         assert offline.returncode == 0, offline.stderr

@@ -373,7 +373,8 @@ def test_calibrate_keeps_the_requested_fraction_of_id(pixel_values):
     # 36 of 40 = 90% accepted: the threshold is the 36th largest score.
     assert threshold == pytest.approx(scores.sort(descending=True).values[35].item(), abs=1e-12)
     assert (~detector(validation).is_ood).sum() == 36
-    assert detector.config.calibration == {"split": "validation", "num_samples": 40, "tpr": 0.9}
+    assert detector.config.calibration == {"split": "validation", "num_samples": 40, "tpr": 0.9, "method": "quantile",
+                                          "delta": None}
     with pytest.raises(ValueError, match="empty"):
         detector.calibrate([])
     with pytest.raises(TypeError, match="batch 0 must be a tensor"):

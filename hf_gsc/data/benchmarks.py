@@ -63,6 +63,8 @@ class BenchmarkSpec:
     label_names: tuple[str, ...]
     id_arrays: Callable[[], dict[str, ArraySplit]]
     ood_builders: Mapping[str, Callable[[], datasets.Dataset]] = field(default_factory=dict)
+    near_ood: tuple[str, ...] = ()
+    far_ood: tuple[str, ...] = ()
 
 
 #: Fashion-MNIST classes kept in-distribution by ``fmnist-openset``. The other four (Pullover,
@@ -103,6 +105,7 @@ GENERATED_BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(
                 "textures": build_textures,
                 "noise": build_noise,
             },
+            far_ood=("mnist", "notmnist", "textures", "noise"),
         ),
         "fmnist-openset": BenchmarkSpec(
             name="fmnist-openset",
@@ -110,6 +113,7 @@ GENERATED_BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(
             label_names=tuple(fashion_mnist.LABEL_NAMES[c] for c in OPENSET_ID_CLASSES),
             id_arrays=_openset_id_arrays,
             ood_builders={"heldout_classes": _openset_ood},
+            near_ood=("heldout_classes",),
         ),
     }
 )
@@ -117,6 +121,18 @@ GENERATED_BENCHMARKS: Mapping[str, BenchmarkSpec] = MappingProxyType(
 #: Every benchmark by name: the generated ones and the paper's Hub ones. Both kinds of spec have ``name``,
 #: ``description`` and ``ood_builders`` (OOD split name -> builder).
 BENCHMARKS: Mapping[str, BenchmarkSpec | HubBenchmarkSpec] = MappingProxyType({**GENERATED_BENCHMARKS, **HUB_BENCHMARKS})
+
+
+def ood_groups(name: str) -> dict[str, list[str]]:
+    """The OOD splits of benchmark ``name`` in each group of OpenOOD v1.5: ``{"near": [...], "far": [...]}``.
+
+    Near-OOD sets share the ID data's style and differ by semantics (other classes of similar images); far-OOD
+    sets differ by style or domain as well (digits, textures, scenes for natural-object ID data).
+    """
+    if name not in BENCHMARKS:
+        raise KeyError(f"unknown benchmark {name!r}; registered: {sorted(BENCHMARKS)}")
+    spec = BENCHMARKS[name]
+    return {"near": list(spec.near_ood), "far": list(spec.far_ood)}
 
 
 @functools.lru_cache(maxsize=4)

@@ -54,6 +54,17 @@ def _file_of(value: Any) -> str:
     return f"a {type(value).__name__} value"
 
 
+def _open_path(path: Any) -> Image.Image:
+    """Open an image file; a chained URL such as ``zip://member::/path/archive.zip`` (a file inside an archive, as
+    ``datasets``' image-folder loader records it) is read through ``fsspec``."""
+    if isinstance(path, str) and "::" in path:
+        import fsspec
+
+        with fsspec.open(path, "rb") as handle:
+            return Image.open(io.BytesIO(handle.read()))
+    return Image.open(path)
+
+
 def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnError = "raise") -> Image.Image | None:
     """A PIL image from what a ``datasets.Image(decode=False)`` column holds (``{"bytes", "path"}``), a file path,
     or an already decoded PIL image.
@@ -74,11 +85,11 @@ def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnErro
             if value.get("bytes") is not None:
                 image = Image.open(io.BytesIO(value["bytes"]))
             elif value.get("path"):
-                image = Image.open(value["path"])
+                image = _open_path(value["path"])
             else:
                 raise ValueError("the row holds neither image bytes nor a path")
         else:
-            image = Image.open(value)
+            image = _open_path(value)
         check_image_size(image, limit)  # from the header: an oversized image is refused before its pixels exist
         image.load()  # decode now, inside the try, rather than lazily in the image processor
         return image

@@ -44,6 +44,19 @@ class GatedDatasetError(PermissionError):
     """A gated Hub dataset refused access; the message says how to get it."""
 
 
+class ScriptDatasetError(ValueError):
+    """A Hub dataset stored as a loading script, which ``datasets`` 4 refuses; the message says what to use."""
+
+
+def _is_script_refusal(error: BaseException | None) -> bool:
+    while error is not None:
+        text = str(error)
+        if "scripts are no longer supported" in text or "trust_remote_code" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def parse_spec(spec: str) -> tuple[str, str | None, str | None]:
     """``"id[:config]:split"`` -> (id, config, split); a bare ``"id"`` gives (id, None, None)."""
     parts = spec.split(":")
@@ -117,20 +130,29 @@ def _is_gated_refusal(error: BaseException) -> bool:
     return False
 
 
-def load_hub_split(dataset_id: str, config: str | None, split: str, streaming: bool = False) -> Any:
-    """``datasets.load_dataset(dataset_id, config, split=...)``; ``"a+b"`` concatenates splits (also streamed).
+def load_hub_split(dataset_id: str, config: str | None, split: str, streaming: bool = False, **load_kwargs: Any) -> Any:
+    """``datasets.load_dataset(dataset_id, config, split=..., **load_kwargs)``; ``"a+b"`` concatenates splits (also
+    streamed).
 
     Raises:
         GatedDatasetError: when the dataset is gated and this user has no access, saying how to get it.
+        ScriptDatasetError: when the dataset is a loading script (refused by ``datasets`` 4).
     """
     try:
-        parts = [datasets.load_dataset(dataset_id, config, split=part, streaming=streaming) for part in split.split("+")]
+        parts = [datasets.load_dataset(dataset_id, config, split=part, streaming=streaming, **load_kwargs)
+                 for part in split.split("+")]
     except Exception as error:
         if _is_gated_refusal(error):
             raise GatedDatasetError(
                 f"the Hub dataset {dataset_id!r} is gated and refused access: accept its terms on "
                 f"https://huggingface.co/datasets/{dataset_id} while logged in, then authenticate here with "
                 "`huggingface-cli login` (or set HF_TOKEN to a token of that account)"
+            ) from error
+        if _is_script_refusal(error):
+            raise ScriptDatasetError(
+                f"the Hub dataset {dataset_id!r} is stored as a loading script, which datasets "
+                f"{datasets.__version__} does not run: use a copy of it stored as data files (parquet, or an image "
+                "folder) with the same splits and columns, from the Hub or a local folder"
             ) from error
         raise
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

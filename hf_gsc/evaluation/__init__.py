@@ -19,6 +19,8 @@ from typing import Any
 # serving install has none of the evaluation extras (datasets, accelerate, scikit-learn) the rest imports.
 _EXPORTS = {
     "calibrate_threshold": "calibration", "calibration_record": "calibration", "true_positive_rate": "calibration",
+    "conformal_threshold": "calibration", "fpr_at_tpr_ood_positive": "metrics", "aurc": "selective",
+    "risk_coverage_curve": "selective", "selective_accuracy": "selective",
     "main": "cli",
     "ScoreCache": "loop", "make_dataloader": "loop", "score_split": "loop",
     "METRIC_NAMES": "metrics", "fpr_at_tpr": "metrics", "load_ood_metric": "metrics", "ood_metrics": "metrics",
@@ -43,6 +45,11 @@ __all__ = [
     "build_parser",
     "calibrate_threshold",
     "calibration_record",
+    "conformal_threshold",
+    "fpr_at_tpr_ood_positive",
+    "aurc",
+    "risk_coverage_curve",
+    "selective_accuracy",
     "fpr_at_tpr",
     "load_ood_metric",
     "main",

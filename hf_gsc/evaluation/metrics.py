@@ -45,7 +45,8 @@ of the *OOD* samples are detected. Its "FPR@95" is therefore the fraction of
 **ID** samples rejected when 95% of OOD samples are caught. Ours (and the
 paper's) is the fraction of **OOD** samples accepted when 95% of ID samples are
 kept. The two numbers are different quantities and in general differ; do not
-compare them across the two code bases. AUROC is the same under both
+compare them across the two code bases; :func:`fpr_at_tpr_ood_positive` computes OpenOOD's, and the evaluation
+reports both (``fpr95`` and ``fpr95_ood_positive``). AUROC is the same under both
 conventions (swapping the positive class and negating the scores leaves it
 unchanged). OpenOOD also computes AUPR as the trapezoidal area under the
 precision-recall curve (``metrics.auc``), whereas we use average precision
@@ -136,6 +137,28 @@ def fpr_at_tpr(id_scores: ScoresLike, ood_scores: ScoresLike, tpr: float = 0.95)
     ood = _as_scores(ood_scores, "ood_scores")
     threshold = threshold_at_tpr(id_scores, tpr)
     return float(np.count_nonzero(ood >= threshold) / ood.size)
+
+
+def fpr_at_tpr_ood_positive(id_scores: ScoresLike, ood_scores: ScoresLike, tpr: float = 0.95) -> float:
+    """OpenOOD's FPR@``tpr``: the fraction of **ID** samples flagged as OOD when ``tpr`` of the OOD samples are.
+
+    OOD is the positive class and ``-ood_score`` the detection score (OpenOOD v1.5's
+    ``roc_curve(is_ood, -conf)``, FPR at the first point with TPR >= ``tpr``). It is
+    :func:`fpr_at_tpr` with the two classes swapped and the scores negated, so it follows the same
+    threshold and tie rules: the threshold keeps at least ``tpr`` of the OOD samples, and an ID sample
+    tied with it counts as a false positive.
+
+    Args:
+        id_scores: 1-D scores of in-distribution samples, higher = more ID.
+        ood_scores: 1-D scores of out-of-distribution samples, same convention.
+        tpr: target fraction of OOD samples detected, in ``(0, 1]``.
+
+    Returns:
+        The fraction of ID samples rejected, in ``[0, 1]``, as a Python float.
+    """
+    ids = _as_scores(id_scores, "id_scores")
+    ood = _as_scores(ood_scores, "ood_scores")
+    return fpr_at_tpr(-ood, -ids, tpr)
 
 
 def auroc(id_scores: ScoresLike, ood_scores: ScoresLike) -> float:

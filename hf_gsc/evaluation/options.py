@@ -114,6 +114,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--tpr", type=float, default=0.95, help="ID TPR the threshold is calibrated to (on ID validation)")
     run.add_argument(
+        "--conformal-delta", type=float, default=None, metavar="DELTA",
+        help="split-conformal thresholds: keep ID TPR >= --tpr on new ID data with probability >= 1 - DELTA "
+        "(default: the plain --tpr quantile of the ID validation scores)",
+    )
+    run.add_argument(
         "--hyperparameter", action="append", default=[], metavar="METHOD.NAME=VALUE",
         help="a method hyperparameter, repeatable, e.g. odin.temperature=1000 (VALUE parsed as JSON if it can be)",
     )
@@ -320,6 +325,12 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
         max_image_pixels()  # the image size limit, read by every decoding process
     except ValueError as error:
         raise InputError(str(error)) from None
+    delta = getattr(args, "conformal_delta", None)
+    if delta is not None:
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
+            raise InputError(f"--conformal-delta must be in (0, 1), got {delta!r}")
+        if args.tpr >= 1.0:
+            raise InputError(f"--conformal-delta needs --tpr below 1 (no finite sample guarantees TPR 1), got {args.tpr!r}")
     if (args.benchmark is None) == (args.id_dataset is None):
         raise InputError("give exactly one of --benchmark and --id-dataset")
     _check_id_dataset(args.id_dataset)

@@ -1,8 +1,10 @@
-"""Figures (PNG, matplotlib ``Agg``): ID vs OOD ``ood_score`` densities and ROC curves per method.
+"""Figures (PNG, matplotlib ``Agg``): ID vs OOD ``ood_score`` densities, ROC curves and risk-coverage curves.
 
 The density figure is the paper's: one panel per method, the ID test scores against each OOD
 split, with the calibrated threshold as a vertical line. ROC curves use ID as the positive class
-(``sklearn.metrics.roc_curve(is_id, score)``), one curve per OOD split.
+(``sklearn.metrics.roc_curve(is_id, score)``), one curve per OOD split. The risk-coverage figure has one curve
+per method: the base model's error rate on the ID test samples accepted when only the highest-``ood_score``
+fraction (the coverage) is kept (:mod:`hf_gsc.evaluation.selective`), with each method's calibrated operating point.
 """
 
 from __future__ import annotations
@@ -127,22 +129,64 @@ def plot_roc(
     return _finish(plt, fig, axes, len(id_scores), Path(path))
 
 
+def plot_risk_coverage(
+    id_scores: Mapping[str, Any],
+    correct: Any,
+    path: str | os.PathLike,
+    thresholds: Mapping[str, float] | None = None,
+) -> Path:
+    """One axis, one risk-coverage curve per method (ID test samples ranked by that method's ``ood_score``).
+
+    Args:
+        id_scores: method -> ID test scores.
+        correct: per ID test sample, whether the base model's prediction is right (same order as the scores).
+        path: the PNG to write.
+        thresholds: method -> calibrated threshold, drawn as a marker at its (coverage, risk).
+    """
+    from .selective import aurc, risk_coverage_curve
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 1, figsize=(5.2, 4.0), squeeze=False)
+    ax = axes[0, 0]
+    correct = correct.detach().cpu().numpy() if hasattr(correct, "detach") else np.asarray(correct)
+    for method, scores in id_scores.items():
+        coverage, risk, _ = risk_coverage_curve(_as_numpy(scores), correct)
+        (line,) = ax.step(coverage, risk, where="post", linewidth=1.3,
+                          label=f"{method} (AURC {100 * aurc(_as_numpy(scores), correct):.2f})")
+        if thresholds and method in thresholds:
+            accepted = _as_numpy(scores) >= thresholds[method]
+            if accepted.any():
+                ax.plot(accepted.mean(), 1.0 - correct[accepted].mean(), "o", color=line.get_color(), markersize=5)
+    ax.axhline(1.0 - correct.mean(), color="grey", linestyle=":", linewidth=0.8, label="error rate, no abstention")
+    ax.set_title("risk-coverage on ID test (dots: calibrated threshold)")
+    ax.set_xlabel("coverage (fraction of ID test accepted)")
+    ax.set_ylabel("risk (error rate of accepted)")
+    ax.set_xlim(0, 1)
+    ax.legend(fontsize=7)
+    return _finish(plt, fig, axes, 1, Path(path))
+
+
 def write_plots(
     output_dir: str | os.PathLike,
     id_scores: Mapping[str, Any],
     ood_scores: Mapping[str, Mapping[str, Any]],
     results: Mapping[str, Any],
+    id_test_correct: Any | None = None,
 ) -> list[Path]:
-    """``plots/densities.png`` and ``plots/roc.png``: one panel per method."""
+    """``plots/densities.png`` and ``plots/roc.png`` (one panel per method) and, given ``id_test_correct``,
+    ``plots/risk_coverage.png``."""
     folder = make_dirs(output_dir, PLOTS_DIR)  # refuses a plots/ link leading out of output_dir
     methods = results["methods"]
     thresholds = {m: methods[m]["threshold"] for m in id_scores}
     aurocs = {m: {s: v["auroc"] for s, v in methods[m]["ood"].items()} for m in id_scores}
     density_input = {m: {"ID test": id_scores[m], **ood_scores[m]} for m in id_scores}
-    return [
+    paths = [
         plot_densities(density_input, folder / "densities.png", thresholds),
         plot_roc(id_scores, ood_scores, folder / "roc.png", aurocs),
     ]
+    if id_test_correct is not None:
+        paths.append(plot_risk_coverage(id_scores, id_test_correct, folder / "risk_coverage.png", thresholds))
+    return paths
 
 
-__all__ = ["PLOTS_DIR", "plot_densities", "plot_roc", "write_plots"]
+__all__ = ["PLOTS_DIR", "plot_densities", "plot_risk_coverage", "plot_roc", "write_plots"]

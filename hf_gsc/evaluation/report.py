@@ -1,7 +1,16 @@
 """Metrics per method and OOD split, ``results.json`` and the ``results.md`` table.
 
 ``results.json`` holds fractions in ``[0, 1]``; ``results.md`` shows percentages, in the shape of
-the paper's tables (one row per method, FPR95 and AUROC per OOD split, then their average).
+the paper's tables (one row per method; per OOD split FPR@95 under both conventions and AUROC; then the near-OOD,
+far-OOD and overall averages), then per method the calibrated threshold, the ID TPR it reaches on ID test, and the
+selective-classification numbers (base-model accuracy on the accepted ID test samples, AURC).
+
+Two FPR@95 conventions are reported, each under its own key:
+
+* ``fpr95``: the paper's, ID = positive class: the fraction of OOD samples accepted when 95% of ID test samples
+  are (:func:`~hf_gsc.evaluation.metrics.fpr_at_tpr`);
+* ``fpr95_ood_positive``: OpenOOD v1.5's, OOD = positive class: the fraction of ID test samples rejected when 95%
+  of OOD samples are (:func:`~hf_gsc.evaluation.metrics.fpr_at_tpr_ood_positive`).
 """
 
 from __future__ import annotations
@@ -16,14 +25,28 @@ from typing import Any
 import numpy as np
 
 from ..safe_files import atomic_write_text
-from .calibration import calibrate_threshold, calibration_record, true_positive_rate
+from .calibration import calibration_record, threshold_for, true_positive_rate
 from .labels import label_warning
-from .metrics import METRIC_NAMES, check_finite_scores, ood_metrics
+from .metrics import METRIC_NAMES, check_finite_scores, fpr_at_tpr_ood_positive, ood_metrics
+from .selective import aurc, selective_accuracy
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
+#: Keys of each OOD split's entry in ``results.json``: the four metrics of ``ood_metrics`` and OpenOOD's FPR@95.
+REPORTED_METRICS: tuple[str, ...] = (*METRIC_NAMES, "fpr95_ood_positive")
 #: Metrics where lower is better (the rest: higher is better).
-LOWER_IS_BETTER = frozenset({"fpr95"})
+LOWER_IS_BETTER = frozenset({"fpr95", "fpr95_ood_positive", "aurc"})
+#: How ``results.md`` names each metric: the FPR@95 conventions say which class is positive.
+METRIC_LABELS = {"fpr95": "FPR95 (ID+)", "fpr95_ood_positive": "FPR95 (OOD+)", "auroc": "AUROC",
+                 "aupr_in": "AUPR-In", "aupr_out": "AUPR-Out"}
+#: The OOD groups of OpenOOD v1.5, in the order they are reported.
+GROUPS: tuple[str, ...] = ("near", "far")
+
+
+def split_metrics(id_test_scores: Any, ood_scores: Any) -> dict[str, float]:
+    """The ``results.json`` metrics of ID test vs one OOD split: :func:`ood_metrics` plus ``fpr95_ood_positive``."""
+    return {**ood_metrics(id_test_scores, ood_scores),
+            "fpr95_ood_positive": fpr_at_tpr_ood_positive(id_test_scores, ood_scores, 0.95)}
 
 
 def method_results(
@@ -33,35 +56,68 @@ def method_results(
     tpr: float = 0.95,
     validation_split: str = "validation",
     method: str = "scores",
+    id_test_correct: Any | None = None,
+    delta: float | None = None,
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Calibrate on ID validation, then evaluate on ID test vs each OOD split.
 
-    Non-finite scores are refused (:class:`~hf_gsc.evaluation.metrics.NonFiniteScoreError` naming ``method`` and
-    the split), never counted on either side of the threshold.
+    Args:
+        id_test_scores, id_validation_scores: ``ood_score`` of the ID test / validation samples.
+        ood_scores: OOD split name -> its scores.
+        tpr: target TPR of the threshold.
+        validation_split: the name recorded as the calibration split.
+        method: named when non-finite scores are refused (:class:`~hf_gsc.evaluation.metrics.NonFiniteScoreError`,
+            naming the method and the split; they are never counted on either side of the threshold).
+        id_test_correct: per ID test sample, whether the base model's prediction is right (same order as
+            ``id_test_scores``); gives the ``selective`` entry.
+        delta: ``None`` for the plain ``tpr`` quantile threshold, else the split-conformal threshold that keeps
+            TPR >= ``tpr`` on new ID data with probability >= ``1 - delta``.
+        groups: group name (``near``, ``far``) -> its OOD splits; gives ``average_by_group``.
 
-    Returns the ``results.json`` entry of one method: ``threshold`` (from ``id_validation_scores``
-    only), ``calibration`` (split, num_samples, tpr), ``id_tpr_at_threshold`` (reached on ID test),
-    ``ood`` (split -> the four metrics) and ``average`` (their mean over the OOD splits).
+    Returns:
+        The ``results.json`` entry of one method: ``threshold`` (from ``id_validation_scores`` only),
+        ``calibration`` (split, num_samples, tpr, method, delta), ``id_tpr_at_threshold`` (reached on ID test:
+        also the coverage of the selective classifier), ``ood`` (split -> the metrics of :func:`split_metrics`),
+        ``average`` (their mean over all OOD splits), ``average_by_group`` (the mean over each non-empty group)
+        and ``selective`` (``accuracy``: base-model accuracy on the ID test samples accepted at the threshold;
+        ``aurc``: area under the risk-coverage curve).
     """
     for split, scores in [("id_test", id_test_scores), ("id_validation", id_validation_scores),
                           *((f"ood_{name}", values) for name, values in ood_scores.items())]:
         check_finite_scores(scores, method, split)
-    threshold = calibrate_threshold(id_validation_scores, tpr)
-    ood = {name: ood_metrics(id_test_scores, scores) for name, scores in ood_scores.items()}
-    average = average_over_splits(ood)
-    return {
+    threshold = threshold_for(id_validation_scores, tpr, delta)
+    ood = {name: split_metrics(id_test_scores, scores) for name, scores in ood_scores.items()}
+    entry = {
         "threshold": threshold,
-        "calibration": calibration_record(validation_split, len(id_validation_scores), tpr),
+        "calibration": calibration_record(validation_split, len(id_validation_scores), tpr, delta),
         "id_tpr_at_threshold": true_positive_rate(id_test_scores, threshold),
         "ood": ood,
-        "average": average,
+        "average": average_over_splits(ood),
     }
+    if groups:
+        entry["average_by_group"] = {
+            group: average_over_splits({name: ood[name] for name in splits if name in ood})
+            for group, splits in groups.items() if any(name in ood for name in splits)
+        }
+    if id_test_correct is not None:
+        entry["selective"] = {
+            "accuracy": selective_accuracy(id_test_scores, id_test_correct, threshold)["accuracy"],
+            "aurc": aurc(id_test_scores, id_test_correct),
+        }
+    return entry
 
 
 def average_over_splits(
-    per_split: Mapping[str, Mapping[str, float]], metrics: Sequence[str] = METRIC_NAMES
+    per_split: Mapping[str, Mapping[str, float]], metrics: Sequence[str] | None = None
 ) -> dict[str, float]:
-    """The mean of each metric over the OOD splits (``{split: {metric: value}}``); NaN when there is no split."""
+    """The mean of each metric over the OOD splits (``{split: {metric: value}}``); NaN when there is no split.
+
+    ``metrics`` defaults to the metrics every split has (in the order of the first split).
+    """
+    if metrics is None:
+        first = next(iter(per_split.values()), {name: None for name in METRIC_NAMES})
+        metrics = [name for name in first if all(name in values for values in per_split.values())]
     return {
         metric: float(np.mean([values[metric] for values in per_split.values()])) if per_split else math.nan
         for metric in metrics
@@ -103,25 +159,42 @@ def _best(values: Sequence[float], metric: str) -> float:
     return min(values) if metric in LOWER_IS_BETTER else max(values)
 
 
-def markdown_table(results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95", "auroc")) -> str:
-    """The paper-style table: methods x (OOD splits + Average), each cell ``FPR95 / AUROC`` in %.
+def markdown_table(
+    results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95", "fpr95_ood_positive", "auroc")
+) -> str:
+    """The paper-style table: methods x (OOD splits, near / far averages, overall average), each cell the
+    ``metrics`` in % (by default ``FPR95 (ID+) / FPR95 (OOD+) / AUROC``).
 
-    The best value of each column and metric is in bold. A second table lists, per method, the
-    calibrated ``threshold`` and the ID TPR it reaches on the ID test split.
+    Near-OOD splits come first, then far-OOD ones, then any other split. The best value of each column and
+    metric is in bold. A second table lists, per method, the calibrated ``threshold``, the ID TPR it reaches
+    on the ID test split and, when recorded, the selective-classification numbers.
     """
     methods: Mapping[str, Any] = results["methods"]
     if not methods:
         return "(no methods)\n"
-    splits = list(next(iter(methods.values()))["ood"])
-    columns = [*splits, "average"]
+    first = next(iter(methods.values()))
+    groups = {g: [s for s in results.get("ood_groups", {}).get(g, ()) if s in first["ood"]] for g in GROUPS}
+    grouped = [s for g in GROUPS for s in groups[g]]
+    splits = grouped + [s for s in first["ood"] if s not in grouped]
+    columns = [*splits, *(f"average_{g}" for g in GROUPS if groups[g]), "average"]
+    titles = {"average": "Average", **{f"average_{g}": f"{g.capitalize()}-OOD avg." for g in GROUPS}}
+    group_of = {s: g for g in GROUPS for s in groups[g]}
     arrows = {m: ("↓" if m in LOWER_IS_BETTER else "↑") for m in metrics}
-    metric_label = " / ".join(f"{m.upper()}{arrows[m]}" for m in metrics)
+    metric_label = " / ".join(f"{METRIC_LABELS.get(m, m)}{arrows[m]}" for m in metrics)
 
     def cell(method: str, column: str, metric: str) -> float:
         entry = methods[method]
-        return entry["average"][metric] if column == "average" else entry["ood"][column][metric]
+        if column == "average":
+            return entry["average"].get(metric, math.nan)
+        if column.startswith("average_"):
+            return entry.get("average_by_group", {}).get(column[len("average_"):], {}).get(metric, math.nan)
+        return entry["ood"][column].get(metric, math.nan)
 
-    best = {(c, m): _best([cell(name, c, m) for name in methods], m) for c in columns for m in metrics}
+    def best(column: str, metric: str) -> float:
+        values = [v for v in (cell(name, column, metric) for name in methods) if math.isfinite(v)]
+        return _best(values, metric) if values else math.nan
+
+    best_values = {(c, m): best(c, m) for c in columns for m in metrics}
 
     def cells(name: str) -> list[str]:
         row = [name]
@@ -129,27 +202,51 @@ def markdown_table(results: Mapping[str, Any], metrics: Sequence[str] = ("fpr95"
             parts = []
             for metric in metrics:
                 value = cell(name, column, metric)
-                text = f"{100 * value:.2f}"
-                parts.append(f"**{text}**" if np.isclose(value, best[(column, metric)], rtol=0, atol=1e-12) else text)
+                text = f"{100 * value:.2f}" if math.isfinite(value) else "–"
+                is_best = math.isfinite(value) and np.isclose(value, best_values[(column, metric)], rtol=0, atol=1e-12)
+                parts.append(f"**{text}**" if is_best else text)
             row.append(" / ".join(parts))
         return row
 
     data = results.get("benchmark") or (f"ID {results['id_dataset']}" if results.get("id_dataset") else None)
+    def title(column: str) -> str:
+        if column in titles:
+            return titles[column]
+        return f"{column} ({group_of[column]})" if column in group_of else column
+
+    calibration = first.get("calibration", {})
+    if calibration.get("method") == "conformal":
+        rule = (f"split-conformal thresholds (TPR >= {100 * _target_tpr(methods):.0f}% on new ID data with probability "
+                f">= 1 - {calibration.get('delta')})")
+    else:
+        rule = "thresholds"
     lines = [
         f"## OOD detection: {results.get('model')} on {data}",
         "",
         f"ID test accuracy: {100 * results['id_accuracy']:.2f}%. "
-        f"Cells: {metric_label} in %, ID = positive class; thresholds calibrated on ID "
-        f"{results.get('calibration_split', 'validation')} only.",
+        f"Cells: {metric_label} in %. FPR95 (ID+): OOD accepted at 95% ID kept (ID = positive class, the paper's); "
+        "FPR95 (OOD+): ID rejected at 95% OOD caught (OOD = positive class, OpenOOD's). "
+        f"{rule[:1].upper() + rule[1:]} calibrated on ID {results.get('calibration_split', 'validation')} only.",
         "",
-        *table_lines(["Method", *("Average" if c == "average" else c for c in columns)], map(cells, methods)),
+        *table_lines(["Method", *map(title, columns)], map(cells, methods)),
         "",
-        *table_lines(
-            ["Method", "threshold", f"ID TPR at threshold (test, target {100 * _target_tpr(methods):.0f}%)"],
-            ([name, f"{entry['threshold']:.6g}", f"{100 * entry['id_tpr_at_threshold']:.2f}"]
-             for name, entry in methods.items()),
-        ),
     ]
+    selective = all("selective" in entry for entry in methods.values())
+    header = ["Method", "threshold", f"ID TPR at threshold (test, target {100 * _target_tpr(methods):.0f}%)"]
+    if selective:
+        header += ["accuracy on accepted ID test↑", "AURC↓"]
+
+    def threshold_row(name: str, entry: Mapping[str, Any]) -> list[str]:
+        row = [name, f"{entry['threshold']:.6g}", f"{100 * entry['id_tpr_at_threshold']:.2f}"]
+        if selective:
+            row += [f"{100 * entry['selective']['accuracy']:.2f}", f"{100 * entry['selective']['aurc']:.2f}"]
+        return row
+
+    lines += table_lines(header, (threshold_row(name, entry) for name, entry in methods.items()))
+    if selective:
+        lines += ["", "Selective classification: the base model answers only on the ID test samples the threshold "
+                      "accepts (coverage = the ID TPR column); AURC = area under its risk-coverage curve (risk = "
+                      "error rate of the accepted samples, ranked by ood_score), in %."]
     sizes = results.get("split_sizes")
     if sizes:
         ood_sizes = ", ".join(f"{k} {v}" for k, v in sizes.get("ood", {}).items())
@@ -189,12 +286,16 @@ def write_report(output_dir: str | os.PathLike, results: Mapping[str, Any]) -> t
 
 
 __all__ = [
+    "GROUPS",
+    "METRIC_LABELS",
+    "REPORTED_METRICS",
     "RESULTS_JSON",
     "RESULTS_MD",
     "average_over_splits",
     "jsonable",
     "markdown_table",
     "method_results",
+    "split_metrics",
     "table_lines",
     "write_json",
     "write_report",

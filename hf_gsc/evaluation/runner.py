@@ -99,9 +99,10 @@ def collect_results(
     plan: EvaluationPlan,
     cache: ScoreCache,
     detectors: Mapping[str, Any],
-) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], torch.Tensor]:
     """Calibrate on ID validation, evaluate on ID test vs OOD; returns ``(results without run
-    metadata, ID test scores, OOD scores)`` from the score files."""
+    metadata, ID test scores, OOD scores, per ID test sample whether the base model is right)`` from the score
+    files."""
 
     def load(name: str, split: str) -> dict[str, torch.Tensor]:
         data = cache.load(name, split, plan.score_fingerprints[(name, split)], num_rows(plan.splits[split]))
@@ -111,13 +112,19 @@ def collect_results(
         return data
 
     base = load(BASE_MODEL, ID_TEST)
+    correct = base[PREDICTIONS_KEY] == base["labels"]  # per ID test sample, in dataset order like every score file
+    groups = ood_groups_of(args.benchmark, plan.ood_names)
     fits = {name: _fit_record(Path(args.output_dir), name, dataset) for name, dataset in plan.fit_data.items()}
     id_scores, ood_scores, entries = {}, {}, {}
     for name, detector in detectors.items():
-        id_scores[name] = load(name, ID_TEST)[SCORE_KEY]
+        id_test = load(name, ID_TEST)
+        if not torch.equal(id_test["labels"], base["labels"]):
+            raise RuntimeError(f"score files of {name!r} and of the base model list the ID test samples differently")
+        id_scores[name] = id_test[SCORE_KEY]
         ood_scores[name] = {ood: load(name, OOD_PREFIX + ood)[SCORE_KEY] for ood in plan.ood_names}
         validation = load(name, ID_VALIDATION)[SCORE_KEY]
-        entry = method_results(id_scores[name], validation, ood_scores[name], args.tpr, "validation", method=name)
+        entry = method_results(id_scores[name], validation, ood_scores[name], args.tpr, "validation", method=name,
+                               id_test_correct=correct, delta=getattr(args, "conformal_delta", None), groups=groups)
         entry["hyperparameters"] = effective_hyperparameters(detector)
         if name in plan.fit_data:
             entry["fit"] = {"split": detector.fit_split, **fits[name]}
@@ -147,8 +154,19 @@ def collect_results(
             "fit": {name: fit[NUM_SKIPPED_KEY] for name, fit in fits.items()},
         },
         "calibration_split": "validation",
+        "ood_groups": groups,
     }
-    return results, id_scores, ood_scores
+    return results, id_scores, ood_scores, correct
+
+
+def ood_groups_of(benchmark: str | None, ood_names: Sequence[str]) -> dict[str, list[str]]:
+    """``{"near": [...], "far": [...]}``: the evaluated OOD splits in each OpenOOD v1.5 group of ``benchmark``
+    (empty without a benchmark; ``--ood-dataset`` splits belong to no group)."""
+    if benchmark is None:
+        return {}
+    from ..data.benchmarks import ood_groups
+
+    return {group: [name for name in names if name in ood_names] for group, names in ood_groups(benchmark).items()}
 
 
 def _fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
@@ -205,6 +223,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     if accelerator.is_main_process and label_warning(label_check):
         warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
     plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits)
+    _check_conformal_size(args, num_rows(plan.splits[ID_VALIDATION]))
 
     transform = image_transform(processor, model)
 
@@ -238,7 +257,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     if not accelerator.is_main_process:
         return None
 
-    results, id_scores, ood_scores = collect_results(args, plan, cache, detectors)
+    results, id_scores, ood_scores, correct = collect_results(args, plan, cache, detectors)
     results["ood_datasets"] = dict(parsed["extra_ood"])  # NAME -> SPEC of each --ood-dataset
     results["label_check"] = label_check
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -269,7 +288,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     if not args.no_plots:
         from .plots import write_plots
 
-        write_plots(output_dir, id_scores, ood_scores, results)
+        write_plots(output_dir, id_scores, ood_scores, results, correct)
         results["seconds"]["total"] = round(time.perf_counter() - start, 2)
         write_report(output_dir, results)
     if getattr(args, "save_detectors", False):
@@ -296,6 +315,20 @@ def _split_label(split: str) -> str:
     if split.startswith(OOD_PREFIX):
         return f"OOD {split[len(OOD_PREFIX):]}"
     return {ID_TEST: "ID test", ID_VALIDATION: "ID validation"}.get(split, split)
+
+
+def _check_conformal_size(args: argparse.Namespace, num_validation: int | None) -> None:
+    """Refuse ``--conformal-delta`` before any scoring when the ID validation split is too small for it
+    (a streamed split's size is known only after scoring; the report raises then)."""
+    delta = getattr(args, "conformal_delta", None)
+    if delta is None or num_validation is None:
+        return
+    from .calibration import conformal_order
+
+    try:
+        conformal_order(num_validation, args.tpr, delta)
+    except ValueError as error:
+        raise InputError(f"--conformal-delta {delta} with --tpr {args.tpr}: {error}") from None
 
 
 def _quiet_libraries() -> None:
