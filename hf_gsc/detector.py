@@ -31,7 +31,7 @@ from .backbone_pass import BackbonePass, run_backbone
 from .config import DetectorConfig, bind_config
 from .inputs import check_pixel_values, labelled_batches
 from .split_points import SplitPoint
-from .thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, threshold_at_tpr
+from .thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, threshold_for
 
 DETECTORS: dict[str, type["OODDetector"]] = {}
 
@@ -261,7 +261,12 @@ class OODDetector(nn.Module):
 
     # ------------------------------------------------------------------ calibration
     def calibrate(
-        self, id_validation_data: Any, tpr: float = 0.95, split: str = "validation", batch_size: int = 32
+        self,
+        id_validation_data: Any,
+        tpr: float = 0.95,
+        split: str = "validation",
+        batch_size: int = 32,
+        delta: float | None = None,
     ) -> float:
         """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID.
 
@@ -275,6 +280,10 @@ class OODDetector(nn.Module):
             tpr: fraction of ID samples to keep, in ``(0, 1]``.
             split: name of the data, recorded in the calibration record.
             batch_size: images per forward when images are given.
+            delta: ``None`` keeps the fraction ``tpr`` of these samples; a number in ``(0, 1)`` picks the
+                split-conformal order statistic instead, which keeps at least ``tpr`` of *new* ID data with
+                probability at least ``1 - delta`` (assuming those are drawn like the calibration samples;
+                :func:`hf_gsc.thresholds.conformal_threshold`). Recorded in ``config.calibration``.
         Returns:
             The threshold.
         """
@@ -298,8 +307,8 @@ class OODDetector(nn.Module):
                 UserWarning,
                 stacklevel=2,
             )
-        self.config.threshold = threshold_at_tpr(all_scores, tpr)
-        self.config.calibration = calibration_record(split, all_scores.numel(), tpr)
+        self.config.threshold = threshold_for(all_scores, tpr, delta)
+        self.config.calibration = calibration_record(split, all_scores.numel(), tpr, delta)
         return self.config.threshold
 
     # ------------------------------------------------------------------ saving, loading, sharing
