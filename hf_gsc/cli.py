@@ -16,7 +16,7 @@ from typing import Sequence
 
 COMMANDS = {
     "evaluate": "OOD evaluation of GSC and baselines on an image classifier (results.json, results.md, plots)",
-    "publish": "upload an evaluation's results with a model card to the Hub",
+    "publish": "upload a saved detector (any method) or an evaluation's results, with a model card, to the Hub",
 }
 PROG = "hf-gsc"
 #: Module -> the extra that installs it, for the modules of ``hf-gsc evaluate`` that a core install lacks.
@@ -35,27 +35,54 @@ def _usage() -> str:
 
 
 def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """Publish an evaluation's results (results.json, results.md, plots) with a model card to the Hub.
+    """Publish to the Hub either a saved detector (--detector-dir: any method, e.g. one that hf-gsc evaluate
+    --save-detectors wrote under OUTPUT_DIR/detectors/METHOD, with its results and model card) or an evaluation's
+    results alone (--results-dir: results.json, results.md, plots, with a model card).
 
     The token comes from HF_TOKEN (or the huggingface_hub login cache) and the endpoint from HF_ENDPOINT;
     it is never printed or written.
     """
-    from .hub import HubError, publish_results
+    from .hub import HubError, publish_results, upload_folder_to_hub
 
     parser = argparse.ArgumentParser(prog=prog, description=publish.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results-dir", required=True, help="an --output-dir of hf-gsc evaluate")
-    parser.add_argument("--repo-id", required=True, help="Hub repo id, e.g. user/gsc-fmnist-resnet")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--detector-dir", help="a saved detector folder (save_pretrained or --save-detectors)")
+    source.add_argument("--results-dir", help="an --output-dir of hf-gsc evaluate")
+    parser.add_argument("--repo-id", required=True, help="Hub repo id, e.g. user/knn-fmnist-resnet")
+    parser.add_argument("--save-base-model", action="store_true",
+                        help="with --detector-dir: upload the base model's weights too (needed when the detector "
+                             "refers to a local base model; the pushed detector then refers to the repo itself)")
     parser.add_argument("--private", action="store_true", help="create the repo as private")
     parser.add_argument("--revision", default=None, help="branch to push to (created if missing)")
     args = parser.parse_args(argv)
     try:
-        url = publish_results(args.results_dir, args.repo_id, private=args.private, revision=args.revision)
-    except (HubError, FileNotFoundError, ValueError) as error:
+        if args.detector_dir is not None:
+            url = _publish_detector(args)
+        else:
+            url = publish_results(args.results_dir, args.repo_id, private=args.private, revision=args.revision)
+    except (HubError, FileNotFoundError, ValueError, TypeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"published {args.results_dir} to {args.repo_id}: {url}")
+    print(f"published {args.detector_dir or args.results_dir} to {args.repo_id}: {url}")
     return 0
+
+
+def _publish_detector(args: argparse.Namespace) -> str:
+    """Load the saved detector (checked, as any load) and push it as ``push_to_hub`` does, with the results saved
+    beside it."""
+    from pathlib import Path
+
+    from .auto import AutoOODDetector
+    from .serialization import RESULT_FILES, is_detector_dir
+
+    folder = Path(args.detector_dir)
+    if not folder.is_dir() or not is_detector_dir(folder):
+        raise FileNotFoundError(f"--detector-dir {folder}: no saved detector there (no detector_config.json)")
+    detector = AutoOODDetector.from_pretrained(str(folder))
+    results_dir = folder if (folder / RESULT_FILES[0]).is_file() else None
+    return detector.push_to_hub(args.repo_id, private=args.private, revision=args.revision,
+                                save_base_model=args.save_base_model, results_dir=results_dir)
 
 
 def missing_extra_message(error: ModuleNotFoundError) -> str | None:

@@ -138,7 +138,7 @@ def test_ash_shapes_bf16_features_in_float32(method, arch, images) -> None:
     detector = get_detector(method, _float_model(arch))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         score = detector.score(images)
-        split = detector.split if method != "gsc_ash" else detector.detector.split_point
+        split = detector.split if method != "gsc_ash" else detector.backend.split_point
         features = split.features(images)
     assert score.dtype == torch.float32
     assert features.dtype == (torch.bfloat16 if arch == "resnet" else torch.float32)  # autocast runs LayerNorm in float32
@@ -146,10 +146,10 @@ def test_ash_shapes_bf16_features_in_float32(method, arch, images) -> None:
     percentile = detector.hyperparameters["percentile" if method != "gsc_ash" else "ash_percentile"]
     shaped = ash_shape(features.flatten(1).float(), variant, percentile).view(features.shape)
     if method == "gsc_ash":
-        expected = detector.detector.backend.inner.linearize(images, features=shaped)
+        expected = detector.backend.inner.linearize(images, features=shaped)
         from hf_gsc.gsc_step import gsc_step
 
-        reference = gsc_step(expected.head, expected.read_part, detector.detector.config).ood_score
+        reference = gsc_step(expected.head, expected.read_part, detector.gsc_config).ood_score
     else:
         with torch.no_grad():
             reference = energy_score(split.head(shaped, images))

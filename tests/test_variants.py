@@ -84,7 +84,7 @@ def test_protocol_reads_only_train_and_validation(vit_protocol):
     for name in V.VARIANT_NAMES:
         for values in result["validation"][name].values():
             assert 0 <= values["fpr95"] <= 1 and 0 <= values["auroc"] <= 1
-    assert detectors["gsc_multilayer"].detector.config.earlier_split_point == "vit.layers.-2"
+    assert detectors["gsc_multilayer"].config.earlier_split_point == "vit.layers.-2"
 
 
 def test_test_evaluation_and_report(vit_protocol):

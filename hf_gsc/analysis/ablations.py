@@ -166,10 +166,8 @@ class _Scorer:
         elif v.kind == "gsc":
             logits = gsc_logits(contexts(v.split_point), v.mask_ratio, v.selection, v.operation, v.approximation,
                                 v.alpha, v.clip_bound, v.beta, v.steps, self.generator)
-        elif v.kind == "multi_layer":
-            logits = self.detector(pixel_values).gsc_logits
-        elif v.kind == "gsc_ash":
-            logits = self.detector.detector(pixel_values).gsc_logits
+        elif v.kind in ("multi_layer", "gsc_ash"):  # both have GSC's step(backbone pass)
+            logits = self.detector.step(self.detector.backbone_pass(pixel_values))[1].gsc_logits
         else:  # ash_s: a score without new logits
             return self.detector.score(pixel_values).double().cpu(), None
         return scores_of(logits, v.score), logits.argmax(dim=-1).cpu()

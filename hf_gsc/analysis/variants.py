@@ -182,9 +182,11 @@ def score_dataset(
 ) -> dict[str, np.ndarray]:
     """Scores (higher = ID) of every detector on ``dataset`` through the evaluation's loop
     (:func:`hf_gsc.evaluation.loop.score_split`); images are preprocessed once per batch."""
-    outputs = score_split(make_accelerator(), make_dataloader(dataset, transform, batch_size),
-                          {name: detector.score for name, detector in detectors.items()})
-    return {name: outputs[name].numpy() for name in detectors}
+    from ..detectors import DetectorBundle
+
+    bundle = DetectorBundle(dict(detectors))  # one backbone pass per batch for every variant
+    outputs = score_split(make_accelerator(), make_dataloader(dataset, transform, batch_size), {"variants": bundle.scores})
+    return {name: outputs[("variants", name)].numpy() for name in detectors}
 
 
 def metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
@@ -217,18 +219,22 @@ def fit_variants(
 ) -> dict[str, dict[str, Any]]:
     """Fit the detectors that need it: ``fit_split="train"`` on at most ``max_fit_samples`` ID train
     rows, ``"validation"`` on ``fit_validation`` (the ``fit`` part of ID validation). Returns what was fitted."""
+    from ..detectors import fit_together
+
     info: dict[str, dict[str, Any]] = {}
-    for name, detector in detectors.items():
-        if not detector.needs_fit:
-            continue
-        data = subset(id_splits["train"], max_fit_samples, seed, "fit") if detector.fit_split == "train" else fit_validation
+    to_fit = {name: detector for name, detector in detectors.items() if detector.needs_fit}
+    for split in dict.fromkeys(detector.fit_split for detector in to_fit.values()):
+        group = {name: detector for name, detector in to_fit.items() if detector.fit_split == split}
+        data = subset(id_splits["train"], max_fit_samples, seed, "fit") if split == "train" else fit_validation
         start = time.perf_counter()
-        detector.fit(fit_batches(data, transform, batch_size, detector.model.device))
-        entry: dict[str, Any] = {"split": detector.fit_split, "num_samples": len(data), "seconds": time.perf_counter() - start}
-        gsc = getattr(detector, "detector", None)
-        if gsc is not None and gsc.config.gradient_mass is not None:
-            entry["gradient_mass"] = gsc.config.gradient_mass
-        info[name] = entry
+        # The evaluation's fit loop: one backbone pass per batch for every variant fitted on this split.
+        fit_together(list(group.values()), fit_batches(data, transform, batch_size, next(iter(group.values())).device))
+        seconds = time.perf_counter() - start
+        for name, detector in group.items():
+            entry: dict[str, Any] = {"split": split, "num_samples": len(data), "seconds": seconds}
+            if getattr(detector.config, "gradient_mass", None) is not None:
+                entry["gradient_mass"] = detector.config.gradient_mass
+            info[name] = entry
     return info
 
 

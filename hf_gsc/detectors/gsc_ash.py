@@ -11,7 +11,7 @@ from torch import nn
 from ..backbone_pass import BackbonePass
 from ..backends import Backend, Linearization, select_backend
 from ..config import DetectorConfig, GSCConfig
-from ..gsc_step import gsc_step
+from ..gsc_step import GSCStep, gsc_step
 from ..precision import full_precision, step_dtype
 from ..split_points import SplitPoint
 from .ash import ASH_VARIANTS, ash_shape, default_ash_percentile
@@ -98,11 +98,15 @@ class GSCASHDetector(BaselineDetector):
     def feature_splits(self) -> tuple[SplitPoint, ...]:
         return (self.backend.feature_split,)
 
-    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+    def step(self, batch: BackbonePass) -> tuple[Linearization, GSCStep]:
+        """The linearisation at ``F_ash`` and the GSC step there (as :meth:`GSCForImageClassification.step`)."""
         config = self.gsc_config
         linearization = self.backend.linearize(
             batch.pixel_values, features=self.backend.features_of(batch), whole_feature=config.selection == "random",
             keep_graph=config.approximation == "first_order",
         )
-        return gsc_step(linearization.head, linearization.read_part, config,
-                        layer_sizes=linearization.layer_sizes).ood_score
+        return linearization, gsc_step(linearization.head, linearization.read_part, config,
+                                       layer_sizes=linearization.layer_sizes)
+
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return self.step(batch)[1].ood_score

@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""The full comparison table at the cost of one backbone pass: the evaluation's wall time with every method
+except ODIN against one fitted method alone (KNN) and MSP alone, on a model whose backbone dominates.
+
+Each configuration is a whole ``hf-gsc evaluate`` run (``hf_gsc.evaluation.run_evaluation``) into a fresh output
+folder: fitting, scoring, metrics, no plots. The runs are interleaved in rounds (each round runs every configuration
+once, in a rotating order) because the machine's speed drifts over minutes; the JSON holds every round and the
+medians. It also checks that KNN's score files are byte-for-byte the same scores alone and within the full table.
+Nothing here asserts a speed.
+
+The model is a random-weight ViT at 224 px, patch 16, 12 layers (ViT-Ti widths: hidden 192, 3 heads), so the
+backbone dominates a pass while the feature methods' fits stay within the data (Mahalanobis needs
+hidden + classes fitting samples).
+
+Example::
+
+    python scripts/benchmark_shared_pass.py --output docs/results/shared_pass/cpu2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hf_gsc import __version__
+from hf_gsc.detectors import DETECTORS
+
+#: Every registered method except ODIN, which perturbs the input and runs its own passes.
+SHARED_METHODS = tuple(sorted(name for name in DETECTORS if name != "odin"))
+
+
+def save_model(folder: Path, head_samples: int = 500) -> Path:
+    """A random ViT at 224 px / 16, 12 layers, ViT-Ti widths, 10 classes, with its image processor.
+
+    The backbone keeps its random weights; the classifier is trained (cross-entropy, Adam, full batch) on the
+    penultimate features of ``head_samples`` Fashion-MNIST *train* images, so that the model classifies ID data far
+    above chance and every method can fit (SHE needs correctly classified samples of every class). The scored splits
+    never take part in it.
+    """
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    from hf_gsc.data import load_benchmark
+
+    torch.manual_seed(0)
+    config = ViTConfig(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
+                       intermediate_size=768, num_labels=10)
+    model = ViTForImageClassification(config).eval()
+    processor = ViTImageProcessor(size={"height": 224, "width": 224})
+    train = load_benchmark("fmnist-ood", ood_splits=["mnist"]).id_splits["train"].select(range(head_samples))
+    features, labels = [], []
+    with torch.no_grad():
+        for start in range(0, head_samples, 50):
+            rows = train[start:start + 50]
+            images = [image.convert("RGB") for image in rows["image"]]
+            hidden = model.vit(processor(images=images, return_tensors="pt")["pixel_values"]).last_hidden_state
+            features.append(hidden[:, 0])
+            labels += rows["label"]
+    features, labels = torch.cat(features), torch.tensor(labels)
+    head = model.classifier.requires_grad_(True)
+    optimizer = torch.optim.Adam(head.parameters(), lr=0.05)
+    for _ in range(300):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(head(features), labels).backward()
+        optimizer.step()
+    head.requires_grad_(False)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def run(model: Path, methods: str, output_dir: Path, args: argparse.Namespace) -> dict:
+    from hf_gsc.evaluation import run_evaluation
+
+    argv = ["--model", str(model), "--benchmark", "fmnist-ood", "--ood-splits", args.ood_splits,
+            "--methods", methods, "--max-samples", str(args.max_samples), "--max-fit-samples", str(args.max_fit_samples),
+            "--batch-size", str(args.batch_size), "--num-workers", "0", "--no-plots", "--output-dir", str(output_dir)]
+    begin = time.perf_counter()
+    results = run_evaluation(argv)
+    return {"wall_seconds": round(time.perf_counter() - begin, 3), "seconds_total": results["seconds"]["total"],
+            "splits_scored": results["seconds"]["splits_scored"],
+            "split_sizes": results["split_sizes"]}
+
+
+def same_scores(alone: Path, together: Path, method: str) -> bool:
+    """Whether ``method``'s score files are equal (every tensor) in the two output folders."""
+    from safetensors.torch import load_file
+
+    files = sorted((alone / "scores" / method).glob("*.safetensors"))
+    if not files:
+        return False
+    for path in files:
+        a, b = load_file(str(path)), load_file(str(together / "scores" / method / path.name))
+        if a.keys() != b.keys() or not all(torch.equal(a[key], b[key]) for key in a):
+            return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-samples", type=int, default=128, help="rows of each scored split")
+    parser.add_argument("--max-fit-samples", type=int, default=256, help="rows of each fitting split")
+    parser.add_argument("--ood-splits", default="mnist")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--output", required=True, help="JSON file to write")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    configurations = {"knn": "knn", "msp": "msp", "all_but_odin": ",".join(SHARED_METHODS)}
+    rounds: list[dict[str, dict]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model = save_model(Path(tmp) / "model")
+        names = list(configurations)
+        for index in range(args.rounds):
+            order = names[index % len(names):] + names[:index % len(names)]
+            measured = {}
+            for name in order:
+                measured[name] = run(model, configurations[name], Path(tmp) / f"round{index}" / name, args)
+                print(f"round {index}: {name}: {measured[name]['seconds_total']} s", file=sys.stderr)
+            measured["knn_scores_equal_alone_and_together"] = same_scores(
+                Path(tmp) / f"round{index}" / "knn", Path(tmp) / f"round{index}" / "all_but_odin", "knn")
+            rounds.append(measured)
+
+    def median(name: str) -> float:
+        return statistics.median(r[name]["seconds_total"] for r in rounds)
+
+    ratio_knn = [r["all_but_odin"]["seconds_total"] / r["knn"]["seconds_total"] for r in rounds]
+    ratio_msp = [r["all_but_odin"]["seconds_total"] / r["msp"]["seconds_total"] for r in rounds]
+    summary = {
+        "methods": list(SHARED_METHODS),
+        "num_methods": len(SHARED_METHODS),
+        "median_seconds": {name: median(name) for name in configurations},
+        "all_relative_to_knn": {"per_round": [round(r, 3) for r in ratio_knn], "median": round(statistics.median(ratio_knn), 3)},
+        "all_relative_to_msp": {"per_round": [round(r, 3) for r in ratio_msp], "median": round(statistics.median(ratio_msp), 3)},
+        "target": {"what": "all methods but ODIN <= 1.5x KNN alone (seconds.total)", "threshold": 1.5,
+                   "met": statistics.median(ratio_knn) <= 1.5},
+        "knn_scores_equal_alone_and_together": all(r["knn_scores_equal_alone_and_together"] for r in rounds),
+        "rounds": rounds,
+        "setup": {"model": "random ViT 224/16, 12 layers, hidden 192, 3 heads, 10 classes", "benchmark": "fmnist-ood",
+                  **{k: v for k, v in vars(args).items() if k != "output"}},
+        "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+                    "load_average_after": os.getloadavg()},
+        "versions": {"hf_gsc": __version__, "torch": torch.__version__, "python": platform.python_version()},
+        "command": " ".join(["python", "scripts/benchmark_shared_pass.py", *sys.argv[1:]]),
+    }
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: summary[k] for k in ("median_seconds", "all_relative_to_knn", "target")}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
