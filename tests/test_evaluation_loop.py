@@ -87,16 +87,21 @@ class _FitRecorder:
     def __init__(self) -> None:
         self.devices: list[tuple[str, str]] = []
 
-    def fit(self, batches) -> None:
-        self.devices += [(x.device.type, y.device.type) for x, y in batches]
-
-    def save(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+    def fitted_state(self) -> dict:
+        return {}
 
 
-def test_fitting_batches_reach_the_accelerator_device(tmp_path: Path) -> None:
+def test_fitting_batches_reach_the_accelerator_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fit DataLoader used to be neither prepared nor moved: on a GPU, ReAct failed at its first batch."""
+    import hf_gsc.detectors
+
     detector = _FitRecorder()
+
+    def fit_together(detectors, batches, name=""):  # the shared fit loop, recording what reaches it
+        for member in detectors:
+            member.devices += [(x.device.type, y.device.type) for x, y in batches]
+
+    monkeypatch.setattr(hf_gsc.detectors, "fit_together", fit_together)
     fitting.fit_detectors(MetaAccelerator(), {"recorder": detector}, ["recorder"], {"recorder": _dataset()},
                           {"recorder": "fp"}, _to_tensor, 4, tmp_path, seed=0, overwrite=False)
     assert detector.devices == [("meta", "meta")] * 2

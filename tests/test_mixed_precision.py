@@ -99,11 +99,13 @@ def test_entry_points_move_pixel_values_to_the_model_device(monkeypatch: pytest.
     class Reached(Exception):
         pass
 
-    def linearize(pixel_values, **options):
+    def run_backbone(model, pixel_values, *args, **options):
         seen.append(pixel_values.device)
         raise Reached
 
-    monkeypatch.setattr(detector.backend, "linearize", linearize)
+    import hf_gsc.detector
+
+    monkeypatch.setattr(hf_gsc.detector, "run_backbone", run_backbone)
     labels = torch.zeros(images.shape[0], dtype=torch.long)
     for call in (lambda: detector(images), lambda: detector.calibrate(images),
                  lambda: detector.fit_fisher([(images, labels)]), lambda: detector.calibrate_gradient_mass(images)):

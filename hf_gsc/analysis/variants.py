@@ -222,9 +222,11 @@ def fit_variants(
     from ..detectors import fit_together
 
     info: dict[str, dict[str, Any]] = {}
-    to_fit = {name: detector for name, detector in detectors.items() if detector.needs_fit}
-    for split in dict.fromkeys(detector.fit_split for detector in to_fit.values()):
-        group = {name: detector for name, detector in to_fit.items() if detector.fit_split == split}
+    groups: dict[str, dict[str, Any]] = {}  # fixed before fitting: a fit can change what a detector still needs
+    for name, detector in detectors.items():
+        if detector.needs_fit:
+            groups.setdefault(detector.fit_split, {})[name] = detector
+    for split, group in groups.items():
         data = subset(id_splits["train"], max_fit_samples, seed, "fit") if split == "train" else fit_validation
         start = time.perf_counter()
         # The evaluation's fit loop: one backbone pass per batch for every variant fitted on this split.
