@@ -99,9 +99,10 @@ def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     """
     from torch.utils.data import get_worker_info
 
-    if get_worker_info() is None:
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)  # what default_collate calls
+    if get_worker_info() is None or new_shared is None:
         return torch.empty(shape, dtype=torch.uint8)
-    storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
+    storage = new_shared(int(np.prod(shape)))
     return torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
 
 
