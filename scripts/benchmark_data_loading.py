@@ -1,34 +1,47 @@
 #!/usr/bin/env python
-"""Throughput of the evaluation's data pipeline: does scoring keep up with decoding and preprocessing?
+"""Throughput of the evaluation's data pipeline against the single-core floor of decoding and preprocessing.
 
 Makes ``--num-images`` 500x375 JPEGs (crops of the real photographs shipped by scikit-image and Debian's
 ``opencv-doc``, resized), preprocesses them to 224 px with the image processor the evaluation loads
 (``hf_gsc.evaluation.models.load_model``: transformers' default backend, torchvision-backed when installed,
 else PIL), scores them by MSP of a random-weight ViT (``--model``: ``cheap-vit``, one layer, so that the
-measurement is of the data pipeline; ``vit-b16-random``, ViT-B/16) on ``--device``, and measures (``--measure``
-picks a subset), writing JSON:
+measurement is of the data pipeline; ``vit-b16-random``, ViT-B/16) on ``--device``, and measures images/s
+(``--measure`` picks a subset), writing JSON:
 
-* ``decode_preprocess_single_core``: images/s of decoding + the whole image processor (rescale and normalize
-  included, float32 out) in one process, one thread, by the loop's own collate function (``IndexedImages``) in a
-  forked process, as a DataLoader worker runs it: one worker's work without the DataLoader. Outside
-  ``images_per_second``: ``..._without_normalization``, the same stopping before rescale + normalize (what a
-  worker does in the loop);
-* ``model_only``: images/s of the model alone on preprocessed batches already on its device;
-* ``workers_0``, ``workers_N``: images/s of the evaluation's loop as it runs (``image_transform`` +
-  ``make_dataloader`` + ``score_split``) with 0 and N DataLoader workers (``--workers``; default 2 on a CPU, the
-  evaluation's default on CUDA). The workers stop before rescale + normalize and send uint8 batches, which are
-  normalized on the model's device (``hf_gsc.data.normalization``); the model gets the baseline's pixel values
-  (``pixel_values_equal_to_baseline`` checks one batch);
-* for reference, outside ``images_per_second``: ``workers_N_normalization_in_workers``, the loop with N workers
-  that run the whole processor and send float32;
-* ``target``: on a CPU ``workers_N / decode_preprocess_single_core`` (at least 1.5 with 2 workers on 2 cores), on
-  CUDA ``workers_N / model_only`` (at least 0.8 for ViT-B/16): the best rates' ratio, and the ratio per round.
+* ``floor_single_core``: **the floor**, one process on one core doing the least the job needs with PIL + numpy:
+  ``Image.open`` + ``convert("RGB")``, ``Image.resize`` to the processor's output size with its filter (center
+  crop if it crops), the batch stacked into one uint8 array, then float32 ``(x * rescale_factor - mean) / std`` and
+  channels-first, as a torch tensor (:func:`floor_batch`). Its pixels differ from the processor's by float
+  rounding only (``floor_max_abs_difference_from_processor``);
+* ``processor_single_core``: decoding + the whole image processor (rescale and normalize included, float32 out)
+  by the loop's own collate function, the reference the loop used to be judged against;
+  ``processor_single_core_without_normalization``: the same stopping before rescale + normalize;
+* ``worker_single_core``: one DataLoader worker's work as the loop runs it (decoding + ``ImageTransform.prepare``:
+  uint8 out, normalization deferred to the model's device), without the DataLoader;
+* ``model_only``: the model alone on preprocessed batches already on its device;
+* ``workers_0``, ``workers_N``: the evaluation's loop as it runs (``image_transform`` + ``make_dataloader`` +
+  ``score_split``) with 0 and N DataLoader workers (``--workers``; default 2 on a CPU, the evaluation's default on
+  CUDA); ``pixel_values_equal_to_baseline`` checks that one batch reaches the model with the processor's values;
+  ``workers_N_normalization_in_workers``: the loop with N workers that run the whole processor and send float32.
 
-``--repeats`` rounds each measure everything once, in turn (the machine's speed drifts over minutes when other
-jobs run; interleaving gives every rate the same conditions); each rate is the best of its rounds. A run is a
-whole pass over the images, the workers' start included: ``workers_N_first_batch_seconds`` (median) is the time
-from a new loader to its first batch, a fixed cost per split that a real split (10^4 images or more) amortises and
-a short pass does not. The load average before and after is recorded with the numbers.
+Every single-core rate runs in a forked process with one torch thread, as a DataLoader worker does.
+
+Timings on a shared machine drift over minutes, so ``--repeats`` rounds each measure everything once, in an order
+rotated from round to round (no rate always runs first or after the same neighbour). The JSON lists every rate
+per round and its median (``images_per_second``), and each ratio per round (both rates of a ratio come from the
+same round, seconds apart) and the median of those. ``target``: on a CPU ``workers_N / floor_single_core`` at
+least 1.5 (2 workers on 2 cores), on CUDA ``workers_N / model_only`` at least 0.8 (ViT-B/16); ``met`` is
+judged on the median ratio, with the rounds at or above the threshold counted.
+
+Where the time goes, less sensitive to other jobs than wall time: ``cpu_ms_per_image``, the CPU time per image of
+each rate's processes (a single-core rate's process; a loop's main process and its workers, the main process's
+share under ``cpu_ms_per_image_main_process``), and on a CPU ``target.ceiling_from_cpu_time``, the ratio the loop
+would reach with all the cores it can use (workers + main process, at most the machine's) busy on its work alone:
+those cores times the floor's CPU time per image over the loop's. The load average at the start
+and at each round is recorded: figures meant for the docs come from a machine at rest (load average below 0.3).
+A run is a whole pass over the images, the workers' start included: ``workers_N_first_batch_seconds`` (median)
+is the time from a new loader to its first batch, a fixed cost per split that a real split (10^4 images or
+more) amortises.
 
     python scripts/benchmark_data_loading.py --output docs/results/data_loading/cpu2.json
     python scripts/benchmark_data_loading.py --model vit-b16-random --device cuda --batch-size 64 \\
@@ -41,6 +54,7 @@ import json
 import multiprocessing
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -112,6 +126,60 @@ def save_model(name: str, folder: Path) -> Path:
     return folder
 
 
+
+
+class Floor:
+    """The floor's settings, read off an image processor: what :func:`floor_batch` needs to do the processor's job.
+
+    Supports the sizes the benchmark's models use: ``{"height", "width"}``, or ``{"shortest_edge"}`` with the longer
+    side scaled as transformers does (``int(shortest_edge * long / short)``), then an optional center crop.
+    """
+
+    def __init__(self, processor) -> None:
+        settings = {name: getattr(processor, name, None) for name in processor._valid_kwargs_names}
+        settings = processor._standardize_kwargs(**settings)
+        size = settings["size"]
+        if not settings.get("do_resize") or not (size.shortest_edge or (size.height and size.width)) or (
+                size.longest_edge or size.max_height):
+            raise SystemExit(f"{type(processor).__name__}: the floor supports resizing to height x width or to a "
+                             f"shortest edge, got do_resize={settings.get('do_resize')} size={dict(size)}")
+        self.size, self.resample = size, int(settings["resample"] if settings["resample"] is not None else 2)
+        crop = settings["crop_size"] if settings.get("do_center_crop") else None
+        self.crop = (crop.height, crop.width) if crop is not None else None
+        self.scale = np.float32(settings["rescale_factor"] if settings.get("do_rescale") else 1.0)
+        mean, std = (settings["image_mean"], settings["image_std"]) if settings.get("do_normalize") else (0.0, 1.0)
+        self.mean = np.asarray(mean, dtype=np.float32).reshape(-1)
+        self.std = np.asarray(std, dtype=np.float32).reshape(-1)
+
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) after the resize."""
+        if self.size.height and self.size.width:
+            return self.size.width, self.size.height
+        short, long = sorted((width, height))
+        new_short, new_long = self.size.shortest_edge, int(self.size.shortest_edge * long / short)
+        return (new_short, new_long) if width <= height else (new_long, new_short)
+
+
+def floor_batch(paths: list[str], floor: Floor) -> torch.Tensor:
+    """The floor's work on one batch: decode, resize (and crop), stack, normalise: float32 ``(B, 3, H, W)``."""
+    from PIL import Image
+
+    arrays = []
+    for path in paths:
+        image = Image.open(path).convert("RGB")
+        image = image.resize(floor.output_size(*image.size), resample=floor.resample)
+        if floor.crop is not None:
+            height, width = floor.crop
+            left, top = (image.width - width) // 2, (image.height - height) // 2
+            image = image.crop((left, top, left + width, top + height))
+        arrays.append(np.asarray(image))
+    batch = np.stack(arrays).astype(np.float32)  # (B, H, W, C): normalised in place, channels last
+    batch *= floor.scale
+    batch -= floor.mean
+    batch /= floor.std
+    return torch.from_numpy(np.ascontiguousarray(batch.transpose(0, 3, 1, 2)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-images", type=int, default=2048)
@@ -122,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="DataLoader workers of the loop (default: 2 on cpu, the evaluation's default on cuda)")
     parser.add_argument("--measure", default=",".join(MEASUREMENTS),
                         help=f"comma list of what to measure (default: all): {','.join(MEASUREMENTS)}")
-    parser.add_argument("--repeats", type=int, default=5, help="rounds; each rate is the best of its rounds")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="rounds, each measuring everything once; the JSON reports each round and the median")
     parser.add_argument("--output", required=True, help="JSON file to write")
     args = parser.parse_args(argv)
     if args.num_images < args.batch_size or args.batch_size < 1 or args.repeats < 1:
@@ -132,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     measure = [name for name in args.measure.split(",") if name]
     if unknown := sorted(set(measure) - set(MEASUREMENTS)):
         parser.error(f"--measure: unknown {unknown}; choose from {','.join(MEASUREMENTS)}")
+    measure = [name for name in MEASUREMENTS if name in measure]  # each round's base order
     target = TARGETS[args.device]
     if not set(target[:2]) <= set(measure):
         parser.error(f"--measure must include {target[0]} and {target[1]} (the {args.device} target's ratio)")
@@ -160,33 +230,42 @@ def main(argv: list[str] | None = None) -> int:
         if transform.normalization is None:
             raise SystemExit(f"{type(processor).__name__}: normalization cannot be deferred; the benchmark measures "
                              "the loop with it deferred")
-        whole_processor = ImageTransform(processor, num_channels(model.config), defer_normalization=False)
+        channels = num_channels(model.config)
+        whole_processor = ImageTransform(processor, channels, defer_normalization=False)
+        processor_deferred = ImageTransform(processor, channels)
+        processor_deferred.pil_preparation = None  # the processor itself up to rescale + normalize
+        floor = Floor(processor)
         batches = [list(range(i, min(i + args.batch_size, len(paths)))) for i in range(0, len(paths), args.batch_size)]
-        collate = IndexedImages(dataset, whole_processor, "benchmark")
-        collate_deferred = IndexedImages(dataset, transform, "benchmark")
+        collates = {name: IndexedImages(dataset, how, "benchmark") for name, how in (
+            ("processor_single_core", whole_processor), ("worker_single_core", transform),
+            ("processor_single_core_without_normalization", processor_deferred))}
 
-        def decode_and_preprocess(deferred: bool = False) -> int:  # what a DataLoader worker does per batch
-            return sum((collate_deferred if deferred else collate)(batch)["pixel_values"].shape[0] for batch in batches)
+        def one_core_work(name: str) -> int:  # the work of one process; returns the number of images
+            if name == "floor_single_core":
+                return sum(floor_batch([paths[i] for i in batch], floor).shape[0] for batch in batches)
+            return sum(collates[name](batch)["pixel_values"].shape[0] for batch in batches)
 
-        def timed(run, on_gpu: bool = device.type == "cuda") -> float:
-            """images/s of one call of ``run`` (which returns the number of images), waiting for the GPU's work."""
-            begin = time.perf_counter()
+        def timed(run, on_gpu: bool = device.type == "cuda") -> dict[str, float]:
+            """One call of ``run`` (which returns the number of images), waiting for the GPU's work: images/s, and
+            CPU milliseconds per image of this process and of its children that ended meanwhile (a loop's workers)."""
+            begin, main, children = time.perf_counter(), cpu_seconds(), cpu_seconds(resource.RUSAGE_CHILDREN)
             count = run()
             if on_gpu:
                 torch.cuda.synchronize()
-            return count / (time.perf_counter() - begin)
+            return {"rate": count / (time.perf_counter() - begin), "main": (cpu_seconds() - main) * 1e3 / count,
+                    "workers": (cpu_seconds(resource.RUSAGE_CHILDREN) - children) * 1e3 / count}
 
-        def as_a_worker(queue, deferred: bool) -> None:  # in a forked process, as a DataLoader worker runs
-            queue.put(timed(lambda: decode_and_preprocess(deferred), on_gpu=False))  # a forked process can't use CUDA
+        def in_a_fork(queue, name: str) -> None:  # a forked process, one thread, as a DataLoader worker runs
+            queue.put(timed(lambda: one_core_work(name), on_gpu=False))  # a forked process can't use CUDA
 
-        def single_core_as_a_worker(deferred: bool = False) -> float:
+        def single_core(name: str) -> dict[str, float]:
             context = multiprocessing.get_context("fork")
             queue = context.Queue()
-            process = context.Process(target=as_a_worker, args=(queue, deferred))
+            process = context.Process(target=in_a_fork, args=(queue, name))
             process.start()
-            rate = queue.get()
+            measured = queue.get()
             process.join()
-            return rate
+            return measured
 
         # Preprocessed batches for the model alone, already on its device.
         pixel_batches = [whole_processor(dataset[batch]["image"]).to(device) for batch in batches]
@@ -207,36 +286,58 @@ def main(argv: list[str] | None = None) -> int:
 
         def first_batch_seconds() -> float:  # the fixed cost of a pass: workers start, first batch decoded
             begin = time.perf_counter()
-            next(iter(make_dataloader(dataset, transform, args.batch_size, workers, accelerator.device)))
-            return time.perf_counter() - begin
+            iterator = iter(make_dataloader(dataset, transform, args.batch_size, workers, accelerator.device))
+            next(iterator)
+            seconds = time.perf_counter() - begin
+            del iterator  # its workers end (and are reaped) now, not during a later measurement
+            return seconds
 
         run = {  # name -> a function measuring images/s once
-            "decode_preprocess_single_core": single_core_as_a_worker,
-            "decode_preprocess_single_core_without_normalization": lambda: single_core_as_a_worker(deferred=True),
+            **{name: (lambda name=name: single_core(name)) for name in SINGLE_CORE},
             "model_only": lambda: timed(model_alone),
             "workers_0": lambda: timed(lambda: scoring_loop(0)),
             "workers_N": lambda: timed(lambda: scoring_loop(workers)),
             "workers_N_normalization_in_workers": lambda: timed(lambda: scoring_loop(workers, defer=False)),
         }
         timed(model_alone)  # warm-up: CUDA context, kernels (and the allocator on a CPU)
-        # Rounds, each measuring everything once in turn: the machine's speed drifts over minutes (other jobs), so
-        # every rate sees the same conditions, and each round gives a ratio measured minutes apart at most.
         rates: dict[str, list[float]] = {name: [] for name in measure}
-        first_batch = []
-        for _ in range(args.repeats):
-            for name in measure:
-                rates[name].append(run[name]())
+        cpu: dict[str, list[dict[str, float]]] = {name: [] for name in measure}
+        first_batch, load_per_round = [], []
+        for round_index in range(args.repeats):
+            load_per_round.append(round(os.getloadavg()[0], 2))
+            shift = round_index % len(measure)
+            for name in measure[shift:] + measure[:shift]:  # rotated: no rate always first
+                measured = run[name]()
+                rates[name].append(measured.pop("rate"))
+                cpu[name].append(measured)
             first_batch.append(first_batch_seconds())
         # The loop's output is the baseline's: the same pixel values reach the model.
         first = next(iter(make_dataloader(dataset, transform, args.batch_size)))
         same_pixels = torch.equal(model_pixel_values(first, device), pixel_batches[0])
+        floor_difference = float((floor_batch([paths[i] for i in batches[0]], floor) - pixel_batches[0].cpu()).abs().max())
 
     def key(name: str) -> str:  # JSON name: workers_N -> workers_2 etc.
         return name.replace("workers_N", f"workers_{workers}")
 
-    best_rates = {key(name): round(max(values), 2) for name, values in rates.items()}
-    numerator, denominator, threshold = (key(name) if isinstance(name, str) else name for name in target)
-    ratio = best_rates[numerator] / best_rates[denominator]
+    def ratio(numerator: str, denominator: str) -> dict:
+        per_round = [a / b for a, b in zip(rates[numerator], rates[denominator])]
+        return {"per_round": [round(value, 2) for value in per_round], "median": round(median(per_round), 2)}
+
+    ratios = {f"{key('workers_N')} / {key(name)}": ratio("workers_N", name) for name in RATIO_DENOMINATORS
+              if name in rates and "workers_N" in rates}
+    numerator, denominator, threshold = target
+    target_ratio = ratios[f"{key(numerator)} / {key(denominator)}"]
+    # CPU time per image (median over rounds): a single-core rate's process; a loop's main process + its workers.
+    cpu_total = {name: median([part["main"] + part["workers"] for part in parts]) for name, parts in cpu.items()}
+    cpu_main = {name: median([part["main"] for part in parts]) for name, parts in cpu.items() if name.startswith("workers")}
+    target_result = {"ratio": f"{key(numerator)} / {key(denominator)}", "at_least": threshold,
+                     "median": target_ratio["median"], "met": target_ratio["median"] >= threshold,
+                     "rounds_at_least": sum(value >= threshold for value in target_ratio["per_round"])}
+    if args.device == "cpu":
+        # What the ratio would be with every core the loop can use (its workers and main process) busy all the time
+        # on its work alone: the floor's CPU time per image over the loop's, times those cores.
+        cores = min(os.cpu_count() or 1, workers + 1)
+        target_result["ceiling_from_cpu_time"] = round(cores * cpu_total[denominator] / cpu_total[numerator], 2)
     result = {
         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "images": {"count": args.num_images, "size": list(SIZE), "format": "JPEG quality 90",
@@ -247,15 +348,17 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "workers": workers,
         "repeats": args.repeats,
-        "images_per_second": {name: value for name, value in best_rates.items() if name in PRIMARY or
-                              name == key("workers_N")},
-        **{name: value for name, value in best_rates.items() if name not in PRIMARY and name != key("workers_N")},
-        f"workers_{workers}_first_batch_seconds": round(sorted(first_batch)[len(first_batch) // 2], 3),
+        "images_per_second": {key(name): round(median(values), 2) for name, values in rates.items()},
+        "images_per_second_per_round": {key(name): [round(v, 2) for v in values] for name, values in rates.items()},
+        "target": target_result,
+        "ratios": ratios,
+        "cpu_ms_per_image": {key(name): round(value, 3) for name, value in cpu_total.items()},
+        "cpu_ms_per_image_main_process": {key(name): round(value, 3) for name, value in cpu_main.items()},
+        f"workers_{workers}_first_batch_seconds": round(median(first_batch), 3),
         "pixel_values_equal_to_baseline": same_pixels,
-        "target": {"ratio": f"{numerator} / {denominator}", "value": round(ratio, 2), "at_least": threshold,
-                   "met": ratio >= threshold,
-                   "per_round": [round(a / b, 2) for a, b in zip(rates[target[0]], rates[target[1]])]},
+        "floor_max_abs_difference_from_processor": floor_difference,
         "machine": {"cpu_count": os.cpu_count(), "load_average_before": [round(v, 2) for v in load_before],
+                    "load_average_per_round": load_per_round,
                     "load_average_after": [round(v, 2) for v in os.getloadavg()], "torch_threads": 1,
                     "python": platform.python_version(), "torch": torch.__version__},
     }
@@ -265,13 +368,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-#: What can be measured (``--measure``), in the order each round runs them; ``workers_N`` is written with N.
-MEASUREMENTS = ("decode_preprocess_single_core", "decode_preprocess_single_core_without_normalization",
-                "model_only", "workers_0", "workers_N", "workers_N_normalization_in_workers")
-#: Rates listed under ``images_per_second`` (with ``workers_N``); the others are references.
-PRIMARY = ("decode_preprocess_single_core", "model_only", "workers_0")
-#: Per device: (numerator, denominator, at least): the issue's targets.
-TARGETS = {"cpu": ("workers_N", "decode_preprocess_single_core", 1.5), "cuda": ("workers_N", "model_only", 0.8)}
+def median(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+#: Rates measured by one process on one core (a forked process, as a DataLoader worker).
+SINGLE_CORE = ("floor_single_core", "processor_single_core", "processor_single_core_without_normalization",
+               "worker_single_core")
+#: What can be measured (``--measure``), in each round's base order; ``workers_N`` is written with N.
+MEASUREMENTS = (*SINGLE_CORE, "model_only", "workers_0", "workers_N", "workers_N_normalization_in_workers")
+#: The ratios reported, ``workers_N`` over each of these (those measured).
+RATIO_DENOMINATORS = ("floor_single_core", "processor_single_core", "model_only")
+#: Per device: (numerator, denominator, at least): the targets.
+TARGETS = {"cpu": ("workers_N", "floor_single_core", 1.5), "cuda": ("workers_N", "model_only", 0.8)}
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from transformers.image_processing_utils import BaseImageProcessor
 
 from .decoding import ON_ERROR_CHOICES, OnError, decode_image, decode_images, without_decoding
 from .normalization import PixelNormalization, deferred_normalization
+from .pil_preparation import PilPreparation, pil_preparation
 
 __all__ = [
     "ROW_COLUMN",
@@ -54,7 +55,9 @@ class ImageTransform:
     * :meth:`prepare` runs where the images are decoded (DataLoader workers): the channel conversion the model wants
       and the image processor, stopping before rescale + normalize when those can be deferred
       (:func:`~hf_gsc.data.normalization.deferred_normalization`); it returns ``(B, C, H, W)`` uint8 then, else the
-      processor's float32 output.
+      processor's float32 output. With a PIL-backend processor the uint8 batch is made by :attr:`pil_preparation`
+      (:mod:`hf_gsc.data.pil_preparation`: the same pixels, without the processor's array conversions) when it
+      applies.
     * :attr:`normalization` (``None`` when nothing is deferred) finishes a prepared batch on the model's device.
 
     Calling the transform runs both stages: float32 ``(B, C, H, W)``, equal to the processor's own output.
@@ -74,10 +77,16 @@ class ImageTransform:
         self.normalization: PixelNormalization | None = (
             deferred_normalization(image_processor, self.mode) if defer_normalization else None
         )
+        self.pil_preparation: PilPreparation | None = (
+            pil_preparation(image_processor, self.mode) if self.normalization is not None else None
+        )
 
     def prepare(self, images: Sequence[Any]) -> torch.Tensor:
         """PIL images -> ``(B, C, H, W)``: uint8 if :attr:`normalization` is set, else float32."""
-        images = [image.convert(self.mode) for image in images]
+        # convert() to the same mode is a copy of the whole image; the processor only reads it
+        images = [image if image.mode == self.mode else image.convert(self.mode) for image in images]
+        if self.pil_preparation is not None and (pixels := self.pil_preparation(images)) is not None:
+            return _check_channels(pixels, self.num_channels)
         if self.normalization is None:
             return _check_channels(self.image_processor(images, return_tensors="pt")["pixel_values"].float(),
                                    self.num_channels)

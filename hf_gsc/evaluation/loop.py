@@ -18,7 +18,8 @@
 * Unreadable images (``on_error`` as in :mod:`hf_gsc.data.decoding`): the collate function puts a blank
   placeholder in the place of an image it cannot decode and marks the row as not decoded, so every
   process keeps equal batches and the gathering above stays exact; the consumer then raises
-  :class:`~hf_gsc.data.decoding.UndecodableImageError` (``"raise"``, on every process at once) or drops the
+  :class:`~hf_gsc.data.decoding.UndecodableImageError` (``"raise"``; with several processes on every process at
+  once, after the split's last gathering) or drops the
   marked rows after gathering and counts them (``"skip"``).
 * :class:`ScoreCache`: ``scores/{method}/{split}.safetensors`` under the output dir, written
   atomically (temporary file, then ``os.replace``, never through a link) by the main process as soon as a
@@ -291,7 +292,7 @@ def score_split(
         description: progress bar label (the bar shows on the local main process only).
         on_error: an image that cannot be decoded raises :class:`UndecodableImageError` naming dataset, row
             and file on every process (``"raise"``; with one process before its batch is scored, with several
-            at the next gathering, so that no process waits for the others forever), or is left out (``"skip"``).
+            once the split is scored, so that no process waits for the others forever), or is left out (``"skip"``).
 
     Returns:
         name -> ``(N, ...)`` CPU tensor with one row per decoded sample of the split, on every process, plus
@@ -306,6 +307,9 @@ def score_split(
     outputs: dict[Any, list[torch.Tensor]] = {}
     bar = tqdm(loader, desc=description, disable=not accelerator.is_local_main_process, leave=False)
     errors: list[str] = []  # this process's unreadable images
+    # Several processes, "raise": whether every gathered image was read, kept on the device and checked once after
+    # the split, since a check per batch would wait for the device at every batch.
+    all_read: torch.Tensor | None = None
     for batch in bar:
         if batch.get("errors"):
             errors += batch["errors"]
@@ -313,7 +317,9 @@ def score_split(
                 _handle_unreadable(batch["errors"], on_error)
         pixel_values = model_pixel_values(batch, device)
         # A loader not made by make_dataloader has no decoded flags: all its images count as read.
-        decoded = batch.get("decoded", torch.ones(pixel_values.shape[0], dtype=torch.bool))
+        decoded = batch.get("decoded")
+        if decoded is None:
+            decoded = torch.ones(pixel_values.shape[0], dtype=torch.bool)
         results = {"labels": batch["labels"].to(device, non_blocking=True),
                    # int64, not bool: every collective backend gathers it
                    "decoded": decoded.to(device, dtype=torch.long, non_blocking=True)}
@@ -327,9 +333,12 @@ def score_split(
         if not streamed:
             results = accelerator.gather_for_metrics(results)
             if on_error == "raise" and accelerator.num_processes > 1:
-                _raise_if_any_unreadable(accelerator, results["decoded"], errors)
+                read = results["decoded"].bool().all()
+                all_read = read if all_read is None else all_read & read
         for name, value in results.items():
             outputs.setdefault(name, []).append(value)
+    if all_read is not None:  # every process holds the same gathered flags: all raise, or none
+        _raise_if_any_unreadable(accelerator, all_read, errors)
     if not outputs:  # this process got no batch
         outputs = {name: [] for name in (*scorers, "labels", "decoded")}
     local = {name: torch.cat(values) if values else torch.empty(0) for name, values in outputs.items()}
