@@ -47,7 +47,7 @@ def _number(low: float, high: float, low_open: bool = False, optional: bool = Fa
         if value < low or value > high or (low_open and value == low):
             bracket = "(" if low_open else "["
             raise ValueError(f"GSCConfig.{name} must be in {bracket}{low}, {high}], got {value!r}")
-        return value
+        return float(value)  # 1 and 1.0 are one setting (saved, compared and fingerprinted alike)
 
     return check
 

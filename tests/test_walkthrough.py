@@ -308,8 +308,9 @@ def test_build_push_then_load_and_serve_in_fresh_processes(walkthrough):
         assert second["ood_score"] == first["ood_score"], method
         assert second["is_ood"] == first["is_ood"], method
         assert second["served"] == first["served"], method
-        # The pipeline's per-image score is the detector's (up to the batch of one).
-        np.testing.assert_allclose([entry["ood_score"] for entry in second["served"]], first["ood_score"], rtol=1e-5)
+        # The pipeline's per-image score is the detector's, up to float32 rounding (batches of one against five).
+        np.testing.assert_allclose([entry["ood_score"] for entry in second["served"]], first["ood_score"], rtol=1e-4,
+                                   atol=1e-5, err_msg=method)
 
 
 def _score_files(run: Path) -> dict[tuple[str, str], "object"]:

@@ -48,6 +48,9 @@ class BaselineDetector(OODDetector):
                 f"unknown hyperparameters {unknown} for detector {self.method!r}{suggest_names(unknown, self.defaults)}; "
                 f"known: {sorted(self.defaults)}"
             )
+        # An int given where the default is a float is the same setting (90 and 90.0 save and fingerprint alike).
+        given = {k: float(v) if isinstance(self.defaults[k], float) and isinstance(v, int) and not isinstance(v, bool)
+                 else v for k, v in given.items()}
         config.hyperparameters = self.resolve_defaults(model, {**self.defaults, **given})
         super().__init__(model, config)
         self.validate()
