@@ -42,7 +42,7 @@ def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     The token comes from HF_TOKEN (or the huggingface_hub login cache) and the endpoint from HF_ENDPOINT;
     it is never printed or written.
     """
-    from .hub import HubError, publish_results, upload_folder_to_hub
+    from .hub import HubError, publish_results
 
     parser = argparse.ArgumentParser(prog=prog, description=publish.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

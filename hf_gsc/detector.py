@@ -18,7 +18,6 @@ pytorch-ood's ``predict_features``), so several detectors on one model share one
 from __future__ import annotations
 
 import difflib
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Sequence
@@ -29,39 +28,12 @@ from transformers.utils import ModelOutput
 
 from .backbone_pass import BackbonePass, run_backbone
 from .config import DetectorConfig, bind_config
+from .push import HubPush
 from .inputs import check_pixel_values, labelled_batches
+from .registry import DETECTORS, detector_class, get_detector, register_detector
+from .serialization import DetectorFiles
 from .split_points import SplitPoint
 from .thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, threshold_for
-
-DETECTORS: dict[str, type["OODDetector"]] = {}
-
-
-def register_detector(cls: type["OODDetector"]) -> type["OODDetector"]:
-    """Class decorator: make ``cls`` available by ``cls.method`` (the name used by the CLI, JSON and the Hub)."""
-    if cls.method in DETECTORS:
-        raise ValueError(f"detector method {cls.method!r} is registered twice")
-    DETECTORS[cls.method] = cls
-    return cls
-
-
-def detector_class(method: str) -> type["OODDetector"]:
-    """The registered class of ``method``; the error lists the registered methods and the nearest one."""
-    from . import detectors  # noqa: F401  (importing the package registers every method)
-
-    try:
-        return DETECTORS[method]
-    except KeyError:
-        close = difflib.get_close_matches(str(method), DETECTORS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(
-            f"unknown method {method!r}{hint}; registered methods: {', '.join(sorted(DETECTORS))}"
-        ) from None
-
-
-def get_detector(method: str, model: nn.Module, **hyperparameters: Any) -> "OODDetector":
-    """A new detector of the registered ``method`` on ``model``."""
-    return detector_class(method)(model, **hyperparameters)
-
 
 @dataclass
 class OODDetectorOutput(ModelOutput):
@@ -96,7 +68,7 @@ def classifier_loss(logits: torch.Tensor | None, labels: torch.Tensor | None) ->
     return nn.functional.cross_entropy(logits.detach().float(), labels.to(logits.device).long())
 
 
-class OODDetector(nn.Module):
+class OODDetector(DetectorFiles, HubPush, nn.Module):
     """A post-hoc OOD detector on a frozen image classifier (see the module docstring for the interface).
 
     Class attributes:
@@ -228,7 +200,7 @@ class OODDetector(nn.Module):
     def fit(self, id_train_batches: Iterable[Any]) -> "OODDetector":
         """Fit on ID data: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and ``labels``),
         streamed. A method that needs no fitting returns at once."""
-        from .detectors.bundle import fit_together
+        from .shared_pass import fit_together
 
         fit_together([self], id_train_batches)
         return self
@@ -310,48 +282,6 @@ class OODDetector(nn.Module):
         self.config.threshold = threshold_for(all_scores, tpr, delta)
         self.config.calibration = calibration_record(split, all_scores.numel(), tpr, delta)
         return self.config.threshold
-
-    # ------------------------------------------------------------------ saving, loading, sharing
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> "OODDetector":
-        """Load a saved detector of this method, or build one on an image classifier (Hub id, path or model);
-        see :meth:`hf_gsc.AutoOODDetector.from_pretrained` for the arguments."""
-        from .serialization import load_detector
-
-        return load_detector(pretrained_model_name_or_path, method=cls.method, expected_class=cls, *args, **kwargs)
-
-    def save_pretrained(
-        self,
-        save_directory: str | os.PathLike,
-        save_base_model: bool = False,
-        results_dir: str | os.PathLike | None = None,
-        license: str | None = None,
-    ) -> str:
-        """Write ``detector_config.json`` (method, hyperparameters, threshold, base-model reference), the fitted
-        state, a model card, and optionally the base weights and the method's evaluation results."""
-        from .serialization import save_detector
-
-        return str(save_detector(self, save_directory, save_base_model, results_dir, license=license))
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        private: bool = False,
-        revision: str | None = None,
-        token: str | bool | None = None,
-        save_base_model: bool = False,
-        results_dir: str | os.PathLike | None = None,
-        commit_message: str | None = None,
-        license: str = "apache-2.0",
-    ) -> str:
-        """Upload the detector (as :meth:`save_pretrained` writes it) to ``repo_id``; returns the commit URL.
-
-        A base model that is only a local folder is refused unless ``save_base_model=True``; with it, the pushed
-        config refers to the repo itself, never to a local path."""
-        from .hub import push_detector
-
-        return push_detector(self, repo_id, private, revision, token, save_base_model, results_dir,
-                             commit_message or f"Upload {self.method} detector", license)
 
     @property
     def device(self) -> torch.device:

@@ -7,7 +7,7 @@ A detector folder (local or a Hub repo) holds, for every method:
   (``base_model_name_or_path``, ``base_model_revision``, ``hf_gsc_version``);
 * ``detector_state.safetensors``: fitted tensors when there are any (KNN's bank, ViM's residual space, GSC's
   ``fisher_diagonal`` / ``gradient_mass``, ...), checked at load against the base model; never pickle;
-* ``README.md``: the model card (:func:`hf_gsc.hub.render_model_card`);
+* ``README.md``: the model card (:func:`hf_gsc.model_card.render_model_card`);
 * ``config.json``: the base model's transformers config (labels, architecture), so that tools reading a
   model folder (``transformers.pipeline``) recognise it;
 * optionally the base model's weights (``model.safetensors``) and image processor, and the method's evaluation
@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 
 from . import __version__, safe_files
+from .image_processors import load_image_processor
+from .repo_ids import is_hub_id
 from .config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, GSCConfig, read_json_object
 
 if TYPE_CHECKING:
@@ -41,21 +43,6 @@ BASE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 #: What a detector repo is recognised by, fetched before anything else.
 _DETECTOR_FILES = [CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, "config.json", *BASE_WEIGHTS]
 RESULT_FILES = ("results.json", "results.md")
-
-
-# ----------------------------------------------------------------------------- names
-def is_hub_id(name: str | None) -> bool:
-    """Whether ``name`` can only mean a Hub repo id: a valid ``[namespace/]name`` that is no local folder."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if not name or os.path.isdir(name):
-        return False
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
-
 
 
 # ----------------------------------------------------------------------------- the config file
@@ -92,7 +79,7 @@ def _is_newer(version: Any) -> bool:
 def config_from_values(values: Mapping[str, Any], source: str) -> GSCConfig | DetectorConfig:
     """The config a saved ``detector_config.json`` describes. Keys unknown to this version are an error, unless a
     newer hf_gsc wrote them: then they are dropped with a warning naming both versions (as PEFT does)."""
-    from .detector import detector_class
+    from .registry import detector_class
 
     method = values.get("method")
     if not isinstance(method, str):
@@ -234,7 +221,7 @@ def save_detector(
     Everything that can fail (the card template, results that do not belong to this detector) is checked
     before the first file is written, so a failed save leaves no half-written folder.
     """
-    from .hub import DEFAULT_LICENSE, render_model_card
+    from .model_card import DEFAULT_LICENSE, render_model_card
 
     results = table = None
     plots: list[Path] = []
@@ -389,7 +376,7 @@ def load_detector(
     """
     from transformers import AutoModelForImageClassification
 
-    from .detector import DETECTORS, detector_class
+    from .registry import DETECTORS, detector_class
 
     if isinstance(name_or_path, torch.nn.Module):
         if model is not None:
@@ -411,8 +398,6 @@ def load_detector(
     if method is None:
         method = getattr(expected_class, "method", None) if expected_class is not None and expected_class.__dict__.get("method") else None
     if method is None:
-        from . import detectors  # noqa: F401  (registers every method, for the message below)
-
         raise ValueError(
             f"{path or 'the model'} is an image classifier, not a saved detector: pass method=... to build one "
             f"(registered methods: {', '.join(sorted(DETECTORS))})"
@@ -437,7 +422,7 @@ def load_detector(
     if model is None:
         model = AutoModelForImageClassification.from_pretrained(base, **base_hub, **model_kwargs)
     detector = _build(cls, model, config, overrides, path if saved is None else None, hub)
-    detector.image_processor = None if base is None else _load_image_processor(base, base_hub)
+    detector.image_processor = None if base is None else load_image_processor(base, missing_ok=True, **base_hub)
     if detector_dir is not None:
         load_state_from_dir(detector, detector_dir)
         if is_hub_id(path) and has_base_weights(detector_dir) and not is_hub_id(detector.config.base_model_name_or_path):
@@ -506,16 +491,6 @@ def has_base_weights(directory: str | os.PathLike) -> bool:
     return any(os.path.isfile(os.path.join(directory, name)) for name in BASE_WEIGHTS)
 
 
-def _load_image_processor(name_or_path: str, hub: Mapping[str, Any]) -> Any:
-    """The base model's image processor when it has one (``None`` otherwise)."""
-    from transformers import AutoImageProcessor
-
-    try:
-        return AutoImageProcessor.from_pretrained(name_or_path, **hub)
-    except (OSError, ValueError):
-        return None
-
-
 def load_detector_or_classifier(
     name_or_path: str, **hub_kwargs: Any
 ) -> tuple[torch.nn.Module, Any, str, dict[str, Any]]:
@@ -535,3 +510,27 @@ def load_detector_or_classifier(
     if os.path.isfile(os.path.join(detector_dir, "preprocessor_config.json")):
         return detector.model, detector, name_or_path, hub
     return detector.model, detector, config.base_model_name_or_path, {**hub, "revision": config.base_model_revision}
+
+
+class DetectorFiles:
+    """``from_pretrained`` / ``save_pretrained`` of every detector (mixed into :class:`hf_gsc.OODDetector`)."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, **kwargs: Any) -> "OODDetector":
+        """Load a saved detector of this class's method, or build one on an image classifier (Hub id, path or loaded
+        model); see :meth:`hf_gsc.AutoOODDetector.from_pretrained` for the arguments."""
+        method = cls.__dict__.get("method")
+        return load_detector(pretrained_model_name_or_path, method=kwargs.pop("method", None) or method,
+                             expected_class=cls, **kwargs)
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        save_base_model: bool = False,
+        results_dir: str | os.PathLike | None = None,
+        license: str | None = None,
+    ) -> str:
+        """Write ``detector_config.json`` (method, hyperparameters, threshold, base-model reference), the fitted
+        state, a model card, and optionally the base weights and the method's evaluation results (``results_dir``:
+        an ``hf-gsc evaluate`` output of this detector's model and settings, checked)."""
+        return str(save_detector(self, save_directory, save_base_model, results_dir, license=license))

@@ -126,17 +126,6 @@ class SplitPoint:
             raise ValueError(f"split point {self.name!r} has no direct head: pass pixel_values to replay the model")
         return with_replaced_output(lambda: self.model(pixel_values=pixel_values), self.module, features).logits
 
-    def linearize(
-        self, features: torch.Tensor, pixel_values: torch.Tensor | None = None, keep_graph_for_jvp: bool = True
-    ) -> LinearizedHead:
-        """The head at all of ``F`` with its vector-Jacobian and Jacobian-vector products, by this split point's
-        backend (:func:`hf_gsc.backends.split_point_backend`: closed form where the head has a :class:`HeadSpec`,
-        autograd otherwise, whose graph ``keep_graph_for_jvp=False`` frees after the first ``vjp``)."""
-        from .backends import split_point_backend  # the backends build on this module
-
-        backend = split_point_backend(self)
-        return backend.linearize_at(features, pixel_values, whole_feature=True, keep_graph=keep_graph_for_jvp).head
-
     def linearize_read_part(self, read_part: torch.Tensor) -> LinearizedHead:
         """The head as a function of ``read_part = pool(F, self.read_pool)``, linearized there (closed form;
         only for split points with a :class:`HeadSpec`)."""

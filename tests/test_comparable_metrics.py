@@ -223,7 +223,7 @@ def test_results_md_labels_the_conventions_and_shows_near_and_far():
 
 
 def test_model_card_eval_results_name_both_conventions():
-    from hf_gsc.hub import eval_results_from
+    from hf_gsc.model_card import eval_results_from
 
     entry, *_ = _results()
     entries = eval_results_from({"benchmark": "b", "methods": {"gsc": entry}})

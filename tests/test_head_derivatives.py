@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_gsc.backends import linearize_head
+
 from hf_gsc.head_derivatives import POOLS, layer_norm_jacobian_product, layer_norm_statistics, pool, pool_adjoint
 from hf_gsc.backends.autograd import linearize_with_autograd
 from hf_gsc.split_points import HeadSpec, resolve_split_point
@@ -65,7 +67,7 @@ def test_closed_form_head_matches_autograd(arch, split_point, pixel_values):
     split = resolve_split_point(model, split_point)
     assert split.head_spec is not None
     features = split.features(pixel_values)
-    closed = split.linearize(features)
+    closed = linearize_head(split, features)
     reference = linearize_with_autograd(_module_head(model, split.head_spec), features, None)
     generator = torch.Generator().manual_seed(5)
     cotangent = torch.randn(closed.logits.shape, generator=generator, dtype=features.dtype)
@@ -91,7 +93,7 @@ def test_head_on_its_read_part_matches_the_full_head(arch, pixel_values):
     split = resolve_split_point(model, "final_encoder_output")
     assert split.read_pool == ("first_token" if arch in ("vit", "deit") else "identity")
     features = split.features(pixel_values)
-    full = split.linearize(features)
+    full = linearize_head(split, features)
     part = split.linearize_read_part(pool(features, split.read_pool))
     classes = full.logits.argmax(dim=-1)
     tangent = torch.randn(features.shape, generator=torch.Generator().manual_seed(4), dtype=features.dtype)
@@ -107,11 +109,11 @@ def test_folded_head_follows_parameter_changes(pixel_values):
     model = make_tiny_model("swin")
     split = resolve_split_point(model, "final_encoder_output")
     features = split.features(pixel_values)
-    split.linearize(features)
+    linearize_head(split, features)
     with torch.no_grad():
         model.swin.layernorm.weight.mul_(1.5)  # in place, as load_state_dict does
         model.swin.layernorm.bias.add_(0.25)
-    torch.testing.assert_close(split.linearize(features).logits, _module_head(model, split.head_spec)(features))
+    torch.testing.assert_close(linearize_head(split, features).logits, _module_head(model, split.head_spec)(features))
     model.classifier = torch.nn.Linear(model.classifier.in_features, 3).double()  # a replaced module
     torch.testing.assert_close(split.head(features), _module_head(model, split.head_spec)(features))
 
@@ -127,14 +129,14 @@ def test_autograd_head_frees_its_graph_unless_a_jvp_is_needed(pixel_values):
     model.set_attn_implementation("eager")  # J t through attention needs its double backward, which SDPA lacks
     split = resolve_split_point(model, "vit.layers.0")
     features = split.features(pixel_values)
-    kept = split.linearize(features, pixel_values)
+    kept = linearize_head(split, features, pixel_values)
     classes = kept.logits.argmax(dim=-1)
     gradient = kept.class_gradient(classes)
     tangent = torch.randn(features.shape, generator=torch.Generator().manual_seed(2), dtype=features.dtype)
     # Forward mode as the reference (a finite difference is too noisy here: eager attention runs softmax in float32).
     reference = torch.func.jvp(split.head, (features,), (tangent,))[1]
     torch.testing.assert_close(kept.jvp(tangent), reference)  # J t by two reverse passes, after the vjp
-    freed = split.linearize(features, pixel_values, keep_graph_for_jvp=False)
+    freed = linearize_head(split, features, pixel_values, keep_graph=False)
     torch.testing.assert_close(freed.class_gradient(classes), gradient)
     with pytest.raises(RuntimeError, match="keep_graph_for_jvp=False"):
         freed.jvp(tangent)

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
+
+from ..head_derivatives import LinearizedHead
 
 from ..split_points import SplitPoint, resolve_split_point
 from . import autograd, closed_form, multi_layer
@@ -41,4 +44,14 @@ def split_point_backend(split_point: SplitPoint) -> Backend:
     return autograd.AutogradHead(split_point)
 
 
-__all__ = ["Backend", "DISPATCHERS", "Linearization", "select_backend", "split_point_backend"]
+def linearize_head(
+    split_point: SplitPoint, features: torch.Tensor, pixel_values: torch.Tensor | None = None, keep_graph: bool = True
+) -> LinearizedHead:
+    """The head of ``split_point`` at all of ``F`` with its vector-Jacobian and Jacobian-vector products, by the split
+    point's backend (closed form where the head has a ``HeadSpec``, autograd otherwise, whose graph
+    ``keep_graph=False`` frees after the first ``vjp``)."""
+    return split_point_backend(split_point).linearize_at(features, pixel_values, whole_feature=True,
+                                                         keep_graph=keep_graph).head
+
+
+__all__ = ["Backend", "DISPATCHERS", "Linearization", "linearize_head", "select_backend", "split_point_backend"]

@@ -8,13 +8,15 @@ the processor into the part DataLoader workers run and the rescale + normalize t
 """
 from __future__ import annotations
 
+from ..image_processors import load_image_processor  # noqa: F401  (re-exported)
+
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
 import torch
-from transformers import AutoImageProcessor, PretrainedConfig
+from transformers import PretrainedConfig
 from transformers.image_processing_utils import BaseImageProcessor
 
 from .decoding import ON_ERROR_CHOICES, OnError, decode_image, decode_images, without_decoding
@@ -35,13 +37,6 @@ __all__ = [
 #: Column holding each row's index in the un-transformed dataset, added by ``prepare_dataset`` so
 #: that an error can name the row even inside a shuffled / batched DataLoader.
 ROW_COLUMN = "row"
-
-
-def load_image_processor(name_or_path: str | Path, **kwargs: Any) -> BaseImageProcessor:
-    """``AutoImageProcessor.from_pretrained`` with the PIL backend (torchvision is not a
-    dependency); works for Hub ids and for the reference model directories."""
-    kwargs.setdefault("backend", "pil")
-    return AutoImageProcessor.from_pretrained(str(name_or_path), **kwargs)
 
 
 def num_channels(config: PretrainedConfig) -> int:

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from ..backbone_pass import BackbonePass, run_backbone, split_union
-from ..inputs import labelled_batches
+from ..backbone_pass import BackbonePass
 from ..detector import OODDetector, classifier_loss
+from ..shared_pass import fit_together, shared_model, shared_pass
 
 
 @dataclass
@@ -41,28 +41,6 @@ class BundleOutput(ModelOutput):
     is_ood: dict[str, torch.Tensor | None] | None = None
 
 
-def _shared_model(detectors: Sequence[OODDetector]) -> nn.Module:
-    if not detectors:
-        raise ValueError("a detector bundle needs at least one detector")
-    model = detectors[0].model
-    for detector in detectors[1:]:
-        if detector.model is not model:
-            raise ValueError(
-                f"every detector of a bundle must wrap the same base model object; {detector.method!r} has another "
-                "(build them on one loaded model: AutoOODDetector.from_pretrained(model, method=...))"
-            )
-    return model
-
-
-def shared_pass(
-    detectors: Sequence[OODDetector], pixel_values: torch.Tensor, logits: bool = True
-) -> BackbonePass:
-    """One backbone pass with everything the ``detectors`` (on one base model) read."""
-    model = _shared_model(detectors)
-    splits = split_union([split for detector in detectors for split in detector.feature_splits()])
-    return run_backbone(model, pixel_values, splits, logits=logits or any(d.reads_logits for d in detectors))
-
-
 class DetectorBundle(nn.Module):
     """Detectors on one base model that score a batch from one forward (see the module docstring).
 
@@ -74,7 +52,7 @@ class DetectorBundle(nn.Module):
         super().__init__()
         if not isinstance(detectors, Mapping):
             detectors = {detector.method: detector for detector in detectors}
-        _shared_model(list(detectors.values()))
+        shared_model(list(detectors.values()))
         self.detectors = nn.ModuleDict(dict(detectors))
 
     @property
@@ -108,33 +86,6 @@ class DetectorBundle(nn.Module):
             ood_scores=scores,
             is_ood={name: self.detectors[name].decide(score) for name, score in scores.items()},
         )
-
-
-def fit_together(
-    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str = "id_train_batches"
-) -> list[OODDetector]:
-    """Fit every detector of ``detectors`` that needs it from one backbone pass per batch of ``id_batches``
-    (batches of ``(pixel_values, labels)``, mappings, or images as ``calibrate`` takes them). Returns the fitted ones.
-
-    All of them must fit on the same data (the same ``fit_split``) and wrap the same base model.
-    """
-    to_fit = [detector for detector in detectors if detector.needs_fit]
-    if not to_fit:
-        for detector in detectors:
-            detector.fitted = True
-        return []
-    _shared_model(to_fit)
-    first = to_fit[0]
-    for detector in to_fit:
-        detector.fit_begin()
-    for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor, allow_empty=True):
-        batch = shared_pass(to_fit, first._check_pixel_values(pixel_values), logits=False)
-        labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
-        for detector in to_fit:
-            detector.fit_update(batch, labels)
-    for detector in to_fit:
-        detector.fit_end()
-    return to_fit
 
 
 __all__ = ["BundleOutput", "DetectorBundle", "fit_together", "shared_pass"]

@@ -90,10 +90,10 @@ def batch_scorer(
 ) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
     """``pixel_values -> {method: ood_score, ...}`` (and the base model's predicted classes under
     :data:`~hf_gsc.evaluation.plan.BASE_MODEL` when ``predictions``), from one backbone pass that captures what every
-    detector reads (:func:`hf_gsc.detectors.bundle.shared_pass`). Adds each part's wall time to ``seconds[name][split]``
+    detector reads (:func:`hf_gsc.shared_pass.shared_pass`). Adds each part's wall time to ``seconds[name][split]``
     (host time: on CUDA, launch time unless the part itself waits for the device)."""
     from ..backbone_pass import run_backbone
-    from ..detectors.bundle import shared_pass
+    from ..shared_pass import shared_pass
     from ..precision import parameter_dtype
 
     members = list(detectors.values())

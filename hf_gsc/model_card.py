@@ -1,0 +1,125 @@
+"""The model card of a saved detector: metadata (library, licence, base model, tags, model-index) and a body naming
+the method, its hyperparameters, the threshold and, with an evaluation's results, its numbers.
+
+Rendered with ``huggingface_hub.ModelCard`` from ``model_cards/ood_detector.md`` (installed inside the package).
+Part of the saved format, so :mod:`hf_gsc.serialization` writes it without any Hub access.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .repo_ids import is_hub_id
+
+
+TEMPLATE_NAME = "ood_detector.md"
+#: Where the card template is: inside the installed package (setup.py maps the top-level ``model_cards/``
+#: there), or the top-level folder of a source checkout.
+TEMPLATE_CANDIDATES = (
+    Path(__file__).resolve().parent / "model_cards" / TEMPLATE_NAME,
+    Path(__file__).resolve().parent.parent / "model_cards" / TEMPLATE_NAME,
+)
+TASK_TYPE = "out-of-distribution-detection"
+#: Licence of what hf_gsc writes (config, fitted state, card); the base model's weights keep their own licence.
+DEFAULT_LICENSE = "apache-2.0"
+
+
+_METRIC_NAMES = {"fpr95": "FPR@95%TPR (ID positive)", "fpr95_ood_positive": "FPR@95%TPR (OOD positive, OpenOOD)"}
+
+
+def eval_results_from(results: dict[str, Any], method: str = "gsc") -> list[EvalResult]:
+    """One model-index entry per OOD split and metric; the split goes in ``dataset_config`` so entries do not merge."""
+    method_results = results.get("methods", {}).get(method)
+    if method_results is None:
+        return []
+    benchmark = results.get("benchmark") or "custom"
+    entries = []
+    for split, metrics in sorted(method_results.get("ood", {}).items()):
+        for metric in ("auroc", "fpr95", "fpr95_ood_positive", "aupr_in", "aupr_out"):
+            if metric in metrics:
+                entries.append(
+                    EvalResult(
+                        task_type=TASK_TYPE,
+                        task_name="Out-of-distribution detection",
+                        dataset_type=f"hf_gsc/{benchmark}",
+                        dataset_name=f"{benchmark} ({split})",
+                        dataset_config=split,
+                        dataset_split="test",
+                        metric_type=metric,
+                        metric_name=_METRIC_NAMES.get(metric, metric.upper()),
+                        metric_value=float(metrics[metric]),
+                    )
+                )
+    return entries
+
+
+def template_path() -> Path:
+    for path in TEMPLATE_CANDIDATES:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"model card template {TEMPLATE_NAME} not found at {' or '.join(map(str, TEMPLATE_CANDIDATES))}; "
+        "reinstall hf_gsc"
+    )
+
+
+def method_description(method: str) -> str:
+    """One line on what ``method`` computes: the first paragraph of its class docstring."""
+    from .registry import detector_class
+
+    doc = (detector_class(method).__doc__ or method).strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in doc.splitlines())
+
+
+def render_model_card(
+    values: Mapping[str, Any],
+    repo_id: str | None = None,
+    results: dict[str, Any] | None = None,
+    results_table: str | None = None,
+    plots: list[str] | tuple[str, ...] = (),
+    license: str = DEFAULT_LICENSE,
+) -> ModelCard:
+    """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.serialization.config_values`):
+    metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
+    the threshold and, with ``results``, its evaluation."""
+    template = template_path()
+    method = values["method"]
+    base_model = values.get("base_model_name_or_path")
+    base_name = (base_model or "classifier").rstrip("/").split("/")[-1]
+    name = repo_id or f"{method}-{base_name}"
+    eval_results = eval_results_from(results, method) if results else []
+    card_data = ModelCardData(
+        library_name="hf_gsc",
+        license=license,
+        # Only Hub ids belong in base_model metadata; the Hub rejects a local path.
+        base_model=base_model if is_hub_id(base_model) else None,
+        tags=["out-of-distribution-detection", f"ood-{method.replace('_', '-')}", "image-classification"]
+        + (["gradient-short-circuit"] if method.startswith("gsc") else []),
+        model_name=name,
+        eval_results=eval_results or None,
+    )
+    hyperparameters = dict(values.get("hyperparameters") or {})
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        model_name=name,
+        repo_id=repo_id,
+        method=method,
+        method_description=method_description(method),
+        base_model=base_model if is_hub_id(base_model) else None,
+        base_model_revision=values.get("base_model_revision"),
+        settings=sorted(hyperparameters.items()),
+        calibration=values.get("calibration"),
+        threshold=values.get("threshold"),
+        benchmark=(results or {}).get("benchmark"),
+        id_accuracy=(results or {}).get("id_accuracy"),
+        results_table=results_table,
+        plots=list(plots),
+        hf_gsc_version=values.get("hf_gsc_version"),
+        license=license,
+    )
+
+
