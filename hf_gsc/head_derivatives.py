@@ -13,8 +13,8 @@ Why not autograd: on these heads the arithmetic is a few microseconds, and GSC's
 backbone is bookkeeping: the number of ops. Measured on the ViT reference head at batch 16 (2 CPU threads):
 autograd's forward + backward 280 µs; ``torch.func.jvp`` 2.0 ms, because functorch runs LayerNorm through a
 Python decomposition and the classifier's constant weights get zero tangents that fall back to slow kernels.
-The closed forms below, with the LayerNorm's affine part folded into the classifier once per parameter
-version, take about 100 µs for ``y`` and ``g`` together and 20 µs for ``J t`` (on the first token only, see
+The closed forms below, with the LayerNorm's affine part folded into the classifier each time the head is bound
+(every call, so that they follow replaced or changed parameters), take about 100 µs for ``y`` and ``g`` together and 20 µs for ``J t`` (on the first token only, see
 :func:`read_pool`). Split points without such a head (earlier blocks, arbitrary module paths) use autograd
 (:func:`hf_gsc.backends.autograd.linearize_with_autograd`); the tests compare the closed forms with autograd through
 the model's own LayerNorm and Linear modules, and with a central difference, on every registered head.
@@ -124,9 +124,9 @@ class PoolNormLinearHead:
 
     and the LayerNorm's Jacobian ``J = rstd (I - 1 1^T / D - x̂ x̂^T / D)`` reaches the classes as
     ``W' J = rstd (W'_c - (W'_c x̂) x̂^T / D)``, with ``W'_c`` the rows of ``W'`` minus their means (``1^T x̂ = 0``).
-    The folded ``W'``, ``b'`` and ``W'_c`` are computed once per parameter version (see
-    :class:`hf_gsc.split_points.SplitPoint`); what remains per batch is a few small ops, which is what GSC's
-    overhead next to a small backbone consists of.
+    The folded ``W'``, ``b'`` and ``W'_c`` are computed each time the head is bound, on every call (see
+    :meth:`hf_gsc.split_points.SplitPoint.bound_head`), so they follow replaced or changed parameters; they and the
+    per-batch ops are a few small matrix operations, which is what GSC's overhead next to a small backbone consists of.
 
     Attributes:
         pool: how tokens or positions are reduced (linear, weights summing to one).

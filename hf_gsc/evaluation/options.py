@@ -105,7 +105,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument(
         "--methods", default=None,
-        help=f"comma list of registered methods (default: those registered of {','.join(DEFAULT_METHODS)}; "
+        help=f"comma list of registered methods, or 'all' (default: those registered of {','.join(DEFAULT_METHODS)}; "
         "--list-methods shows them all)",
     )
     run.add_argument("--list-methods", action=_ListMethods, help="list every registered method, one per line, and exit")
@@ -165,13 +165,16 @@ def registered_methods() -> dict[str, Any]:
 
 
 def parse_methods(text: str | None) -> list[str]:
-    """``"gsc, msp"`` -> ``["gsc", "msp"]``; ``None`` -> the registered :data:`DEFAULT_METHODS`.
+    """``"gsc, msp"`` -> ``["gsc", "msp"]``; ``"all"`` -> every registered method; ``None`` -> the registered
+    :data:`DEFAULT_METHODS`.
 
     Unknown or repeated names raise :class:`InputError`.
     """
     registered = registered_methods()
     if text is None:
         return [name for name in DEFAULT_METHODS if name in registered]
+    if text.strip() == "all":  # every registered method, the full comparison table
+        return sorted(registered)
     methods = [name.strip() for name in text.split(",") if name.strip()]
     if not methods:
         raise InputError(f"--methods is empty; registered methods: {', '.join(sorted(registered))}")
