@@ -147,7 +147,9 @@ class GSCConfig:
     beta: float = _field(0.5, SETTING, _number(0.0, 1.0))
     approximation: str = _field("first_order", SETTING, _choice(APPROXIMATIONS))
     score: str = _field("energy", SETTING, _choice(SCORES))
-    temperature: float = _field(1.0, SETTING, _number(0.0, math.inf, low_open=True))
+    # Tiny temperatures overflow logits / T in float32 (NaN scores from about T < 1e-37); 1e-3 is far from that and
+    # below any temperature in use (already a hard max for logits of ordinary size). hf_gsc.detectors.common too.
+    temperature: float = _field(1.0, SETTING, _number(1e-3, math.inf))
     threshold: float | None = _field(None, FITTED, _threshold)
     calibration: dict[str, Any] | None = _field(None, FITTED, _calibration)
     seed: int = _field(0, SETTING, _seed)

@@ -84,8 +84,8 @@ class BaselineDetector(OODDetector):
             return self.model(pixel_values=pixel_values).logits
 
 
-#: Below this, a temperature makes ``logits / T`` overflow to inf in float32 for logits of ordinary size (|y| ~ 10),
-#: and every score becomes NaN or infinite.
+#: The smallest temperature accepted: ``logits / T`` overflows float32 (NaN or infinite scores) from about
+#: ``T < 1e-37``; 1e-3 is far from that and below any temperature in use (already a hard max for ordinary logits).
 MIN_TEMPERATURE = 1e-3
 
 
