@@ -326,8 +326,9 @@ class DetectorConfig:
     ``peft_type``), its ``hyperparameters`` (every value, defaults filled in, checked by the method's class), the
     fitted threshold with its calibration record, and the same provenance as :class:`GSCConfig`.
 
-    ``hyperparameters`` is read-only: the detector was built from it. Assigning a new mapping on a detector's
-    config rebuilds the detector (fitted state is then refused, see :meth:`OODDetector._rebuild_for`).
+    ``hyperparameters`` is read-only: the detector was built (and fitted) from it. Assigning a new mapping, or a new
+    ``method``, on a detector's config raises ``AttributeError`` saying how to build a new detector
+    (:meth:`hf_gsc.OODDetector._rebuild_for`).
     """
 
     method: str = field(default="msp", metadata={"kind": SETTING, "check": _method})

@@ -13,7 +13,7 @@ from pathlib import Path
 from .model_card import render_model_card
 from .push import HubError, upload_folder_to_hub  # noqa: F401  (HubError: part of this module's interface)
 from .repo_ids import is_hub_id
-from .serialization import copy_results, read_results
+from .serialization import copy_results, public_results, read_results
 
 
 def publish_results(
@@ -31,6 +31,7 @@ def publish_results(
         hf_gsc.safe_files.LinkError: a file to upload is a link leading out of ``results_dir`` (nothing is uploaded).
     """
     results, table, plots = read_results(results_dir)
+    results, table = public_results(results, table)  # no local path leaves this machine
     methods = results.get("methods") or {}
     method = method or ("gsc" if "gsc" in methods else next(iter(methods), "gsc"))
     model = str(results.get("model"))
@@ -39,7 +40,7 @@ def publish_results(
                   "versions", {}).get("hf_gsc")}
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots])
     with tempfile.TemporaryDirectory() as folder:
-        copy_results(results_dir, Path(folder), plots)
+        copy_results(results_dir, Path(folder), plots, public=True)
         card.save(Path(folder) / "README.md")
         return upload_folder_to_hub(
             folder, repo_id, private, revision, token, "Upload hf_gsc evaluation results",

@@ -181,6 +181,9 @@ class GSCForImageClassification(OODDetector):
                     f"{expected} coordinates; it was fitted for another model or split point"
                 )
             self.fisher_diagonal = fisher.to(self.device)
+        if self.config.selection == "fisher" and fisher is None and self.fisher_diagonal is None:
+            raise ValueError(f"gsc: fitted tensor 'fisher_diagonal' is missing from {source}; selection='fisher' needs "
+                             "it: fit it with fit_fisher(id_train_batches) and save again")
         mass = state.get("gradient_mass")
         if mass is not None:
             if mass.numel() != 1:

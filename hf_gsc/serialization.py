@@ -160,6 +160,16 @@ def load_state_from_dir(detector: "OODDetector", directory: str | os.PathLike) -
 
 
 # ----------------------------------------------------------------------------- keyword arguments
+#: Keywords of ``AutoModelForImageClassification.from_pretrained`` (and config overrides) that look like a
+#: hyperparameter's name but are not mistakes: they go to the base model as they are.
+MODEL_LOADING_KWARGS = frozenset({
+    "dtype", "torch_dtype", "device_map", "attn_implementation", "trust_remote_code", "low_cpu_mem_usage",
+    "quantization_config", "ignore_mismatched_sizes", "num_labels", "id2label", "label2id", "subfolder",
+    "use_safetensors", "variant", "config", "state_dict", "max_memory", "offload_folder", "image_size",
+    "num_channels", "output_hidden_states", "output_attentions", "problem_type", "key_mapping", "weights_only",
+})
+
+
 def split_kwargs(
     kwargs: Mapping[str, Any], hyperparameter_names: set[str] | frozenset[str]
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -175,7 +185,11 @@ def split_kwargs(
     hub = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
     rest = {k: v for k, v in kwargs.items() if k not in hyperparameter_names and k not in HUB_KWARGS}
     for name in rest:
-        close = difflib.get_close_matches(name, sorted(hyperparameter_names), n=1, cutoff=0.8)
+        if name in MODEL_LOADING_KWARGS or name.startswith("_"):
+            continue
+        lowered = {known.lower(): known for known in hyperparameter_names}
+        close = [lowered[name.lower()]] if name.lower() in lowered else difflib.get_close_matches(
+            name, sorted(hyperparameter_names), n=1, cutoff=0.6)
         if close:
             raise TypeError(
                 f"from_pretrained got an unknown keyword argument {name!r}; did you mean the hyperparameter "
@@ -228,6 +242,8 @@ def save_detector(
     if results_dir is not None:
         results, table, plots = read_results(results_dir)
         check_results_match(results, detector, results_dir)
+        if repo_id is not None:  # pushed: no local path reaches the card or the copied results
+            results, table = public_results(results, table)
     values = config_values(detector, saved_base_reference(detector, save_base_model, repo_id))
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
                              license=license or DEFAULT_LICENSE)
@@ -249,7 +265,7 @@ def save_detector(
             if detector.image_processor is not None:
                 detector.image_processor.save_pretrained(staged)
     if results_dir is not None:
-        copy_results(results_dir, directory, plots)
+        copy_results(results_dir, directory, plots, public=repo_id is not None)
     safe_files.atomic_write_text(directory / "README.md", str(card))
     return directory
 
@@ -267,12 +283,47 @@ def read_results(results_dir: str | os.PathLike) -> tuple[dict[str, Any], str | 
     return results, table, plots
 
 
-def copy_results(results_dir: str | os.PathLike, directory: Path, plots: list[Path]) -> None:
+def copy_results(results_dir: str | os.PathLike, directory: Path, plots: list[Path], public: bool = False) -> None:
     """Copy the results files and ``plots`` into ``directory``, neither reading out of ``results_dir`` nor
-    writing out of ``directory`` through a link."""
+    writing out of ``directory`` through a link. ``public`` (a push): the local paths that ``results.json`` names
+    are replaced in ``results.json`` and ``results.md`` by :func:`public_results`."""
     source = Path(results_dir)
-    for relative in [*(name for name in RESULT_FILES if safe_files.is_file(source, name)), *plots]:
+    names = [name for name in RESULT_FILES if safe_files.is_file(source, name)]
+    if public and names:
+        results, table, _ = read_results(source)
+        results, table = public_results(results, table)
+        safe_files.atomic_write_text(Path(directory) / RESULT_FILES[0], json.dumps(results, indent=2) + "\n")
+        if table is not None:
+            safe_files.atomic_write_text(Path(directory) / RESULT_FILES[1], table)
+        names = []
+    for relative in [*names, *plots]:
         safe_files.copy_file(source, relative, directory)
+
+
+def _local_paths(value: Any) -> set[str]:
+    """Every string in a results record that names a path on this machine (absolute, or an existing file or folder)."""
+    if isinstance(value, Mapping):
+        return set().union(*(_local_paths(item) for item in value.values())) if value else set()
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_local_paths(item) for item in value)) if value else set()
+    if isinstance(value, str) and value and not is_hub_id(value):
+        if os.path.isabs(value) or (os.sep in value and os.path.exists(value)):
+            return {value}
+    return set()
+
+
+def public_results(results: Mapping[str, Any], table: str | None) -> tuple[dict[str, Any], str | None]:
+    """``results.json`` and ``results.md`` as they may leave this machine: each local path they name (the model
+    folder, an image folder, the output dir) becomes ``local:NAME`` (its last component), so that nothing pushed
+    reveals where files lie on the publisher's machine."""
+    paths = sorted(_local_paths(results), key=len, reverse=True)
+
+    def public(text: str) -> str:
+        for path in paths:
+            text = text.replace(path, f"local:{Path(path.rstrip(os.sep)).name}")
+        return text
+
+    return json.loads(public(json.dumps(results))), None if table is None else public(table)
 
 
 def check_results_match(results: Mapping[str, Any], detector: "OODDetector", results_dir: str | os.PathLike) -> None:
@@ -424,7 +475,12 @@ def load_detector(
     detector = _build(cls, model, config, overrides, path if saved is None else None, hub)
     detector.image_processor = None if base is None else load_image_processor(base, missing_ok=True, **base_hub)
     if detector_dir is not None:
-        load_state_from_dir(detector, detector_dir)
+        if not load_state_from_dir(detector, detector_dir) and detector.needs_fit:
+            needed = ", ".join(repr(name) for name in (detector.expected_state() or detector.state_names))
+            raise ValueError(
+                f"{path} holds a {method!r} detector without its fitted state: {STATE_FILE} with {needed} is missing, "
+                "so it cannot score. Fit it (.fit(id_train_batches)) and save it again"
+            )
         if is_hub_id(path) and has_base_weights(detector_dir) and not is_hub_id(detector.config.base_model_name_or_path):
             # Its base weights are in the repo it came from: that repo is its base (it can be pushed on).
             detector.config.base_model_name_or_path = path

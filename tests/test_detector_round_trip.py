@@ -120,13 +120,7 @@ def test_save_load_and_hub_round_trip_is_identical(world, method, tmp_path):
     _same_output(from_hub, detector, world.x_test)
 
 
-#: Known defects, each a strict xfail: the test passes (and so fails as XPASS) once the library is fixed.
-VIM_DTYPE = pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="hf_gsc/detectors/vim.py vim_residual_norm: float64 features @ float32 residual_space after .to(float32)")
-
-
-@pytest.mark.parametrize("method", [pytest.param(m, marks=VIM_DTYPE) if m == "vim" else m for m in ALL_METHODS])
+@pytest.mark.parametrize("method", ALL_METHODS)
 def test_to_moves_fitted_buffers(world, method, tmp_path):
     """Fitted tensors are buffers: ``.to(dtype)`` converts them with the base model, and the moved detector
     still scores (float32 against the float64 original)."""
@@ -274,15 +268,7 @@ def test_wrong_shape_fitted_tensor_fails_at_load(world, method, tmp_path):
     assert str(tuple(shape)) in str(caught.value)
 
 
-MISSING_FISHER = pytest.mark.xfail(
-    strict=True, raises=pytest.fail.Exception, reason="hf_gsc/modeling.py GSCForImageClassification.load_fitted_state: a selection='fisher' "
-    "detector without fisher_diagonal loads; the error comes at the first forward (RuntimeError)")
-NO_STATE_FILE = pytest.mark.xfail(
-    strict=True, raises=pytest.fail.Exception, reason="hf_gsc/serialization.py load_state_from_dir: a fitted method's folder without "
-    "detector_state.safetensors loads as an unfitted detector; the error comes at the first forward (RuntimeError)")
-
-
-@pytest.mark.parametrize("method", [pytest.param(m, marks=MISSING_FISHER) if m == "gsc" else m
+@pytest.mark.parametrize("method", [m
                                     for m in sorted(WRONG_SHAPES)])
 def test_missing_fitted_tensor_fails_at_load(world, method, tmp_path):
     name, _ = WRONG_SHAPES[method]
@@ -293,7 +279,6 @@ def test_missing_fitted_tensor_fails_at_load(world, method, tmp_path):
         AutoOODDetector.from_pretrained(tmp_path, model=world.model)
 
 
-@NO_STATE_FILE
 @pytest.mark.parametrize("method", sorted(WRONG_SHAPES))
 def test_missing_state_file_fails_at_load(world, method, tmp_path):
     """A saved fitted detector (its config says which method; knn's threshold was calibrated on its bank) whose
@@ -372,12 +357,10 @@ def test_mistyped_keyword_names_the_nearest_hyperparameter(world, tmp_path):
     world.build("gsc").save_pretrained(tmp_path / "gsc")
     with pytest.raises(TypeError, match="did you mean the hyperparameter 'mask_ratio'"):
         AutoOODDetector.from_pretrained(tmp_path / "gsc", mask_ration=0.1)
-    with pytest.raises(TypeError, match="knn takes k"):
+    with pytest.raises(TypeError, match="did you mean the hyperparameter 'k'"):
         AutoOODDetector.from_pretrained(world.model, method="knn", kk=3)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="hf_gsc/serialization.py split_kwargs: difflib cutoff=0.8 finds no match for "
-                   "'kk' (ratio 0.67 to 'k'), so kk=3 reaches ViTForImageClassification.__init__")
 @pytest.mark.parametrize("source", ["classifier", "saved"])
 def test_mistyped_short_keyword_names_the_nearest_hyperparameter(world, tmp_path, source):
     folder = world.base_dir

@@ -38,7 +38,7 @@ def vim_residual_space(features: torch.Tensor, origin: torch.Tensor, principal_d
 
 def vim_residual_norm(features: torch.Tensor, origin: torch.Tensor, residual_space: torch.Tensor) -> torch.Tensor:
     """``||(F - u) R||_2``: norm of the feature's component outside the principal space, ``(B,)``."""
-    return ((features.double() - origin) @ residual_space).norm(dim=-1)
+    return ((features.double() - origin.double()) @ residual_space.double()).norm(dim=-1)
 
 
 def vim_score(
