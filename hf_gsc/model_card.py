@@ -70,8 +70,12 @@ def method_description(method: str) -> str:
     """One line on what ``method`` computes: the first paragraph of its class docstring."""
     from .registry import detector_class
 
+    import re
+
     doc = (detector_class(method).__doc__ or method).strip().split("\n\n")[0]
-    return " ".join(line.strip() for line in doc.splitlines())
+    text = " ".join(line.strip() for line in doc.splitlines())
+    # reStructuredText to Markdown: :func:`name` and ``code`` become `name` and `code`.
+    return re.sub(r"``([^`]+)``", r"`\1`", re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text))
 
 
 def render_model_card(
@@ -81,6 +85,7 @@ def render_model_card(
     results_table: str | None = None,
     plots: list[str] | tuple[str, ...] = (),
     license: str = DEFAULT_LICENSE,
+    base_in_repo: bool = False,
 ) -> ModelCard:
     """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.serialization.config_values`):
     metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
@@ -111,6 +116,7 @@ def render_model_card(
         method_description=method_description(method),
         base_model=base_model if is_hub_id(base_model) else None,
         base_model_revision=values.get("base_model_revision"),
+        base_in_repo=base_in_repo,
         settings=sorted(hyperparameters.items()),
         calibration=values.get("calibration"),
         threshold=values.get("threshold"),

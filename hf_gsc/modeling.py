@@ -77,7 +77,11 @@ class _PerInstance:
 
 @register_detector
 class GSCForImageClassification(OODDetector):
-    """Wraps (and owns) a base image classifier; adds GSC logits and OOD scores to its forward.
+    """Gradient Short-Circuit (ICCV 2025, Algorithm 1): at the feature ``F`` of the split point, the coordinates with
+    the largest ``|d y_c / dF|`` (a fraction ``mask_ratio`` of those the head reads) are short-circuited, the logits
+    updated to first order and scored (energy by default).
+
+    Wraps (and owns) a base image classifier; adds GSC logits and OOD scores to its forward.
 
     The base model is kept in eval mode, its parameters are frozen (``requires_grad=False``) and never
     receive ``.grad``; gradients are taken with respect to ``F`` only, through the head only. One detector may

@@ -246,7 +246,7 @@ def save_detector(
             results, table = public_results(results, table)
     values = config_values(detector, saved_base_reference(detector, save_base_model, repo_id))
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
-                             license=license or DEFAULT_LICENSE)
+                             license=license or DEFAULT_LICENSE, base_in_repo=save_base_model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_config(values, directory)
