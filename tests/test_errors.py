@@ -49,7 +49,7 @@ def test_calibrate_none_names_the_argument(base_dir):  # error 1
     [
         ("mask_ratio", 1.5, r"GSCConfig.mask_ratio must be in \[0.0, 1.0\], got 1.5"),
         ("mask_ratio", math.nan, "GSCConfig.mask_ratio must be a finite number, got nan"),
-        ("temperature", 0.0, r"GSCConfig.temperature must be in \(0.0, inf\], got 0.0"),
+        ("temperature", 0.0, r"GSCConfig.temperature must be in \[0.001, inf\], got 0.0"),
         ("operation", "erase", "GSCConfig.operation must be one of"),
         ("split_point", 3, "split_point"),
     ],
