@@ -106,11 +106,17 @@ def _image_rows(data: Any, name: str) -> tuple[list[Any], list[Any] | None] | No
 
 
 def _open_image(item: Any) -> Any:
+    """A PIL image or a file, checked against the pixel limit from its header before it is decoded
+    (:mod:`hf_gsc.image_limits`), as RGB (or L)."""
     from PIL import Image
 
+    from .image_limits import check_image_size
+
     if isinstance(item, Image.Image):
+        check_image_size(item)
         return item.convert("RGB") if item.mode not in ("RGB", "L") else item
     with Image.open(item) as image:
+        check_image_size(image)
         return image.convert("RGB")
 
 

@@ -376,3 +376,16 @@ def test_outputs_land_under_a_relative_output_dir(tiny, tmp_path, monkeypatch): 
                        *(f"run/scores/react/{s}.safetensors" for s in ("id_test", "id_validation", "ood_noise")),
                        "run/scores/timings.json"]
     assert not (tmp_path / "run" / "run").exists()  # folders are created under the output dir, not under it twice
+
+
+def test_calibrating_from_an_oversized_image_file_is_refused_before_decoding(tmp_path, monkeypatch):
+    """Images given to calibrate / fit by path go through the same pixel limit as the pipeline and the evaluation."""
+    from transformers import ViTImageProcessor
+
+    monkeypatch.setenv(MAX_IMAGE_PIXELS_ENV, "100")
+    path = tmp_path / "big.png"
+    Image.new("RGB", (20, 20)).save(path)
+    detector = GSCForImageClassification(make_tiny_model("vit").float())
+    detector.image_processor = ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    with pytest.raises(ImageTooLargeError, match="400 pixels exceeds the limit of 100"):
+        detector.calibrate([str(path)])
