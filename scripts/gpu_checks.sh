@@ -26,6 +26,8 @@
 #      peak memory (torch.cuda.max_memory_allocated).
 #   4. data_loading: scripts/benchmark_data_loading.py --model vit-b16-random --device cuda. Target: ViT-B/16
 #      end-to-end images/s through the evaluation's data loop at least 0.8x its model-only images/s.
+#   5. shared_pass: scripts/benchmark_shared_pass.py on the GPU (the evaluation with every method but ODIN against
+#      KNN alone and MSP alone, one round; its JSON holds the ratios). Target: at most 1.5x KNN alone.
 #
 # Output (at most 8 files, as the device tool returns them): summary.json (each step's command, exit status,
 # seconds and limit; the findings above against their targets), progress.log, cost_tables.md (the cost JSONs'
@@ -209,6 +211,9 @@ done
 
 # 4. ViT-B/16 through the evaluation's data loop against the model alone.
 step data_loading 90 "$PYTHON" scripts/benchmark_data_loading.py "${DATA_LOADING[@]}" --output "$DETAILS/data_loading.json"
+
+# 5. The full comparison table against one method, on the GPU.
+step shared_pass 90 "$PYTHON" scripts/benchmark_shared_pass.py --rounds 1 --output "$DETAILS/shared_pass.json"
 
 step eval_cpu_fp32 90 env CUDA_VISIBLE_DEVICES= ACCELERATE_USE_CPU=1 "${EVALUATE[@]}" --mixed-precision no \
     --output-dir "$DETAILS/eval_cpu_fp32"

@@ -106,6 +106,10 @@ def summarize(directory: Path, mode: str, seconds: int) -> dict:
     findings["data_loading"] = None if loading is None else {
         key: loading[key] for key in ("model", "device", "workers", "batch_size", "images_per_second", "target")
         if key in loading}
+    shared = _json(details / "shared_pass.json")
+    findings["shared_pass"] = None if shared is None else {
+        key: shared[key] for key in ("median_seconds", "all_relative_to_knn", "all_relative_to_msp", "target",
+                                     "knn_scores_equal_alone_and_together") if key in shared}
     return {
         "mode": mode, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_seconds": seconds,
         "targets": TARGETS, "steps": steps(details), "findings": findings,
@@ -135,6 +139,8 @@ def report(summary: dict) -> str:
                 lines.append(f"  cost {precision} {model} ({cell}, MSP {row['msp']['median_ms']:.1f} ms): {gsc}")
     if findings["data_loading"] and "target" in findings["data_loading"]:
         lines.append(f"  data loading: {findings['data_loading']['target']}")
+    if findings.get("shared_pass"):
+        lines.append(f"  every method but ODIN vs KNN alone: {findings['shared_pass'].get('all_relative_to_knn')}")
     return "\n".join(lines)
 
 
