@@ -122,6 +122,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--hyperparameter", action="append", default=[], metavar="METHOD.NAME=VALUE",
         help="a method hyperparameter, repeatable, e.g. odin.temperature=1000 (VALUE parsed as JSON if it can be)",
     )
+    run.add_argument(
+        "--tune", action="store_true",
+        help="choose each method's hyperparameters on validation data only before evaluating: a small grid per "
+        "method, ID validation vs OOD sets generated from it (never a test split); costs about one extra pass over "
+        "the ID validation data per generated set, plus fits (see docs/evaluation.md)",
+    )
     run.add_argument("--overwrite", action="store_true", help="recompute cached scores and fits")
     run.add_argument("--no-plots", action="store_true",
                      help="skip the PNG figures (they need matplotlib: pip install 'hf_gsc[plots]')")
@@ -357,6 +363,9 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError("--id-dataset needs at least one --ood-dataset")
     extra_ood = [_parse_ood_dataset(item) for item in args.ood_dataset]
     _check_streaming(args, extra_ood)
+    if getattr(args, "tune", False) and args.streaming:
+        raise InputError("--tune splits the ID validation split in two at random, which a stream cannot do: "
+                         "drop --streaming (or --tune)")
     names = [name for name, _ in extra_ood] + (ood_splits or [])
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
