@@ -362,10 +362,10 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
         if not args.ood_dataset:
             raise InputError("--id-dataset needs at least one --ood-dataset")
     extra_ood = [_parse_ood_dataset(item) for item in args.ood_dataset]
-    _check_streaming(args, extra_ood)
     if getattr(args, "tune", False) and args.streaming:
         raise InputError("--tune splits the ID validation split in two at random, which a stream cannot do: "
                          "drop --streaming (or --tune)")
+    _check_streaming(args, extra_ood)
     names = [name for name, _ in extra_ood] + (ood_splits or [])
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
