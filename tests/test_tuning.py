@@ -205,3 +205,21 @@ def test_without_tune_nothing_changes(tiny, tmp_path, monkeypatch) -> None:
     assert results["methods"]["msp"]["hyperparameters"]["temperature"] == 1.0
     assert results["methods"]["gsc"]["hyperparameters"]["mask_ratio"] == 0.05
     assert "chosen on validation" not in (tmp_path / "results.md").read_text()
+
+
+def test_two_processes_choose_as_one(tiny, tmp_path) -> None:
+    """Under ``accelerate launch`` (2 CPU processes, sharded scoring) the search measures and chooses as one process."""
+    import json
+
+    from test_evaluation import _assert_close, _launch_two_processes
+
+    one = runner.run_evaluation(_argv(tiny, tmp_path / "one", "--tune"))
+    result = _launch_two_processes(tmp_path, _argv(tiny, tmp_path / "two", "--tune"), streaming=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert two["num_processes"] == 2
+    strip = lambda record: {key: value for key, value in record.items() if key != "seconds"}
+    _assert_close(strip(two["tuning"]), strip(one["tuning"]))
+    for method, entry in two["tuning"]["methods"].items():
+        assert {k: two["methods"][method]["hyperparameters"][k] for k in entry["chosen"]} == entry["chosen"]
+    assert result.stdout.count("tuning:") == 1  # printed by the main process only
