@@ -6,7 +6,6 @@ evaluation must then run with the chosen values; without ``--tune`` nothing chan
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -85,8 +84,8 @@ def test_split_halves_disjoint_and_seeded() -> None:
     assert tuning.split_halves(13, seed=1) != (fit, select)
 
 
-def test_tune_with_streaming_is_refused(tiny) -> None:
-    args = options.parse_args(_argv(tiny, Path("/tmp/unused"), "--tune", "--streaming"))
+def test_tune_with_streaming_is_refused(tiny, tmp_path) -> None:
+    args = options.parse_args(_argv(tiny, tmp_path, "--tune", "--streaming"))
     with pytest.raises(options.InputError, match="--tune"):
         options.validate_args(args)
 
