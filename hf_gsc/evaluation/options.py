@@ -125,8 +125,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     run.add_argument(
         "--tune", action="store_true",
         help="choose each method's hyperparameters on validation data only before evaluating: a small grid per "
-        "method, ID validation vs OOD sets generated from it (never a test split); costs about one extra pass over "
-        "the ID validation data per generated set, plus fits (see docs/evaluation.md)",
+        "method, half of ID validation vs OOD sets generated from the other half (never a test split); costs one "
+        "backbone pass over 1.5x the ID validation rows for all grid points together, plus fit passes and ODIN's "
+        "own passes (see docs/evaluation.md)",
     )
     run.add_argument("--overwrite", action="store_true", help="recompute cached scores and fits")
     run.add_argument("--no-plots", action="store_true",
