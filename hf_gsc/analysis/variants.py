@@ -47,14 +47,13 @@ from ..evaluation.fingerprints import file_sha256
 from ..evaluation.loop import device_batches, make_accelerator, make_dataloader, score_split
 from ..evaluation.plan import subset
 from ..evaluation.report import average_over_splits, jsonable, table_lines
+from ..evaluation.tuning import VALIDATION_SEED, heldout_classes_validation
 from ..safe_files import atomic_write_text
 
 #: Every method compared, in report order.
 VARIANT_NAMES: tuple[str, ...] = ("energy", "gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
 #: The GSC configurations the protocol chooses between; the default first (it wins ties).
 GSC_VARIANTS: tuple[str, ...] = ("gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
-#: Seed of everything generated for the validation OOD sets (the test OOD splits use seed 0).
-VALIDATION_SEED = 1001
 BENCHMARK_NAMES: tuple[str, ...] = ("fmnist-ood", "fmnist-openset")
 ARCHS: tuple[str, ...] = ("resnet", "vit", "swin")
 
@@ -159,15 +158,7 @@ def build_validation_ood(
             sets["val_jigsaw"] = to_dataset(shuffled, [-1] * len(shuffled))
         return sets
     if benchmark == "fmnist-openset":
-        from ..data import fashion_mnist
-        from ..data.benchmarks import OPENSET_OOD_CLASSES
-
-        validation = fashion_mnist.load_arrays()["validation"]
-        rows = np.flatnonzero(np.isin(validation.labels, OPENSET_OOD_CLASSES))
-        rows = rows[: num_samples] if len(rows) <= num_samples else np.sort(
-            np.random.default_rng(seed).choice(rows, size=num_samples, replace=False)
-        )
-        return {"val_heldout_classes": to_dataset(validation.images[rows], [-1] * len(rows))}
+        return {"val_heldout_classes": heldout_classes_validation(num_samples, seed)}
     raise ValueError(f"no validation OOD sets defined for benchmark {benchmark!r}; known: {BENCHMARK_NAMES}")
 
 

@@ -122,6 +122,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--hyperparameter", action="append", default=[], metavar="METHOD.NAME=VALUE",
         help="a method hyperparameter, repeatable, e.g. odin.temperature=1000 (VALUE parsed as JSON if it can be)",
     )
+    run.add_argument(
+        "--tune", action="store_true",
+        help="choose each method's hyperparameters on validation data only before evaluating: a small grid per "
+        "method, half of ID validation vs OOD sets generated from the other half (never a test split); costs one "
+        "backbone pass over 1.5x the ID validation rows for all grid points together, plus fit passes and ODIN's "
+        "own passes (see docs/evaluation.md)",
+    )
     run.add_argument("--overwrite", action="store_true", help="recompute cached scores and fits")
     run.add_argument("--no-plots", action="store_true",
                      help="skip the PNG figures (they need matplotlib: pip install 'hf_gsc[plots]')")
@@ -356,6 +363,9 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
         if not args.ood_dataset:
             raise InputError("--id-dataset needs at least one --ood-dataset")
     extra_ood = [_parse_ood_dataset(item) for item in args.ood_dataset]
+    if getattr(args, "tune", False) and args.streaming:
+        raise InputError("--tune splits the ID validation split in two at random, which a stream cannot do: "
+                         "drop --streaming (or --tune)")
     _check_streaming(args, extra_ood)
     names = [name for name, _ in extra_ood] + (ood_splits or [])
     repeated = sorted({name for name in names if names.count(name) > 1})

@@ -254,6 +254,10 @@ def markdown_table(
             "",
             f"Samples: ID test {sizes.get('id_test')}, ID validation {sizes.get('id_validation')}; OOD: {ood_sizes}.",
         ]
+    if results.get("tuning"):
+        from .tuning import markdown_lines
+
+        lines += markdown_lines(results["tuning"])
     mismatch = label_warning(results.get("label_check") or {"status": None})
     if mismatch:
         lines += ["", f"**Warning:** {mismatch}."]

@@ -169,6 +169,40 @@ def ood_groups_of(benchmark: str | None, ood_names: Sequence[str]) -> dict[str, 
     return {group: [name for name in names if name in ood_names] for group, names in ood_groups(benchmark).items()}
 
 
+def _tune(
+    accelerator: Any,
+    args: argparse.Namespace,
+    parsed: Mapping[str, Any],
+    model: torch.nn.Module,
+    methods: Sequence[str],
+    hyperparameters: dict[str, dict[str, Any]],
+    id_splits: Mapping[str, Any],
+    transform: Any,
+    num_workers: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--tune``: search the grids on validation data (:mod:`.tuning`), put the chosen values into
+    ``hyperparameters`` and rebuild the detectors with them; returns ``(the search's record, the detectors)``.
+    Every process searches (scoring is sharded); the main process's choice is used by all."""
+    from .tuning import chosen_hyperparameters, tune_hyperparameters
+
+    # Names set on the command line are the user's choice: not searched.
+    fixed = {name: sorted(parsed["hyperparameters"].get(name, {})) for name in methods}
+    if "gsc" in methods:
+        fixed["gsc"] = sorted({*fixed["gsc"], *parsed["gsc_overrides"]})
+    record = tune_hyperparameters(
+        accelerator, model, methods, hyperparameters, fixed, id_splits, transform, benchmark=args.benchmark,
+        max_samples=args.max_samples, max_fit_samples=args.max_fit_samples, seed=args.seed,
+        batch_size=args.batch_size, num_workers=num_workers,
+        on_error="skip" if args.skip_unreadable_images else "raise")
+    record = _broadcast(accelerator, jsonable(record))
+    for name, values in chosen_hyperparameters(record).items():
+        hyperparameters[name] = {**hyperparameters[name], **values}
+    if accelerator.is_main_process:
+        print(f"tuning: {record['num_grid_points']} grid points on validation data in {record['seconds']:.1f} s; "
+              + "; ".join(f"{name}: {values}" for name, values in chosen_hyperparameters(record).items()), flush=True)
+    return record, build_detectors(model, methods, hyperparameters)
+
+
 def _fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
     """``num_samples`` (images the fit used) and ``num_skipped`` (unreadable ones left out) of a method's fit."""
     saved = saved_fit_info(output_dir, method)
@@ -219,13 +253,16 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     detectors = build_detectors(model, methods, hyperparameters)
     with accelerator.main_process_first():
         id_splits, ood_splits = load_data(args, parsed, needed_id_splits(detectors))
+    transform = image_transform(processor, model)
+    tuning = None
+    if getattr(args, "tune", False):  # choose hyperparameters on validation data, then evaluate with them
+        tuning, detectors = _tune(accelerator, args, parsed, model, methods, hyperparameters, id_splits, transform,
+                                  num_workers)
     label_check = compare_labels(class_names_of(id_splits["test"]), model_class_names(model.config))
     if accelerator.is_main_process and label_warning(label_check):
         warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
     plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits)
     _check_conformal_size(args, num_rows(plan.splits[ID_VALIDATION]))
-
-    transform = image_transform(processor, model)
 
     # Fit (main process) only the detectors that still have scores to compute, then score.
     cache = ScoreCache(output_dir)
@@ -259,6 +296,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
 
     results, id_scores, ood_scores, correct = collect_results(args, plan, cache, detectors)
     results["ood_datasets"] = dict(parsed["extra_ood"])  # NAME -> SPEC of each --ood-dataset
+    if tuning is not None:
+        results["tuning"] = tuning
     results["label_check"] = label_check
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     # Timings of the passes that computed the scores used, this run's or an earlier one's (cached splits).

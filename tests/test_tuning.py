@@ -1,0 +1,224 @@
+"""Hyperparameter selection on validation only (``hf-gsc evaluate --tune``, :mod:`hf_gsc.evaluation.tuning`).
+
+The search must never read the ID test split or an OOD split, must pick the grid point the rule says, and the
+evaluation must then run with the chosen values; without ``--tune`` nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hf_gsc.evaluation import loop, options, runner, tuning
+from test_evaluation import _argv, tiny  # noqa: F401  (the tiny model and data fixture)
+
+#: A small grid for the tiny runs, none of whose values is a default, so that "the chosen values are used" can fail.
+TEST_GRIDS = {"msp": {"temperature": (3.0, 7.0)}, "react": {"percentile": (80.0, 97.0)},
+              "gsc": {"mask_ratio": (0.1, 0.2)}, "knn": {"k": (2, 4)}, "dice": {"sparsity": (50.0, 70.0)}}
+#: The tiny runs' methods plus DICE, fitted on ID train (knn's k is fixed by the tiny runs' --hyperparameter).
+TUNED_METHODS = ("--methods", "gsc,msp,energy,react,knn,dice")
+
+
+# ------------------------------------------------------------------------------------------------- pure parts
+def test_select_point_highest_auroc_then_fpr_then_order() -> None:
+    assert tuning.select_point([{"auroc": 0.7, "fpr95": 0.2}, {"auroc": 0.9, "fpr95": 0.9},
+                                {"auroc": 0.8, "fpr95": 0.1}]) == 1
+    assert tuning.select_point([{"auroc": 0.9, "fpr95": 0.5}, {"auroc": 0.9, "fpr95": 0.3}]) == 1  # tie: lower FPR95
+    assert tuning.select_point([{"auroc": 0.9, "fpr95": 0.3}, {"auroc": 0.9, "fpr95": 0.3}]) == 0  # tie: grid order
+    assert tuning.select_point([None, {"auroc": 0.1, "fpr95": 1.0}]) == 1  # unusable points are never chosen
+    assert tuning.select_point([None, None]) is None
+
+
+def test_grid_points_product_and_fixed_names() -> None:
+    grids = {"odin": {"temperature": (1.0, 10.0), "epsilon": (0.0, 0.1)}}
+    assert tuning.grid_points("odin", grids=grids) == [
+        {"temperature": 1.0, "epsilon": 0.0}, {"temperature": 1.0, "epsilon": 0.1},
+        {"temperature": 10.0, "epsilon": 0.0}, {"temperature": 10.0, "epsilon": 0.1}]
+    assert tuning.grid_points("odin", fixed=["temperature"], grids=grids) == [{"epsilon": 0.0}, {"epsilon": 0.1}]
+    assert tuning.grid_points("odin", fixed=["temperature", "epsilon"], grids=grids) == []
+    assert tuning.grid_points("max_logit") == []
+    from hf_gsc.detectors import DETECTORS
+
+    for method in DETECTORS:  # every registered method has a grid or a stated reason
+        assert method in tuning.GRIDS or method in tuning.NOT_TUNED, method
+    for method, grid in tuning.GRIDS.items():  # every grid point builds on a model (names and values valid)
+        assert method in DETECTORS and grid
+
+
+def test_generated_images_jigsaw_and_noise() -> None:
+    import datasets
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 256, (18, 17, 3), dtype=np.uint8), rng.integers(0, 256, (16, 16), dtype=np.uint8)]
+    source = datasets.Dataset.from_dict({"image": [Image.fromarray(a) for a in arrays], "label": [0, 1]},
+                                        features=datasets.Features({"image": datasets.Image(),
+                                                                    "label": datasets.Value("int64")}))
+    jigsaw = tuning.GeneratedImages(source, "jigsaw")
+    noise = tuning.GeneratedImages(source, "noise")
+    assert len(jigsaw) == len(noise) == 2
+    batch = jigsaw[[0, 1]]
+    assert batch["label"] == [-1, -1]
+    for array, image in zip(arrays, batch["image"]):
+        cropped = array[:16, :16]  # 4x4 patches of 4x4 pixels
+        shuffled = np.asarray(image)
+        assert shuffled.shape == cropped.shape and not np.array_equal(shuffled, cropped)
+        patches = lambda a: sorted(a[i:i + 4, j:j + 4].tobytes() for i in range(0, 16, 4) for j in range(0, 16, 4))
+        assert patches(shuffled) == patches(cropped)  # the same patches, moved
+    # An image depends on its row and the seed only, not on the batch it is read in.
+    assert np.array_equal(np.asarray(jigsaw[1]["image"][0]), np.asarray(batch["image"][1]))
+    made = noise[[0, 1]]["image"]
+    assert [(im.mode, im.size) for im in made] == [("RGB", (17, 18)), ("L", (16, 16))]
+    assert np.array_equal(np.asarray(noise[[0]]["image"][0]), np.asarray(made[0]))
+    other = tuning.GeneratedImages(source, "noise", seed=tuning.VALIDATION_SEED + 1)
+    assert not np.array_equal(np.asarray(other[[0]]["image"][0]), np.asarray(made[0]))
+
+
+def test_split_halves_disjoint_and_seeded() -> None:
+    fit, select = tuning.split_halves(13, seed=0)
+    assert len(fit) == 6 and len(select) == 7 and sorted(fit + select) == list(range(13))
+    assert tuning.split_halves(13, seed=0) == (fit, select)
+    assert tuning.split_halves(13, seed=1) != (fit, select)
+
+
+def test_tune_with_streaming_is_refused(tiny, tmp_path) -> None:
+    args = options.parse_args(_argv(tiny, tmp_path, "--tune", "--streaming"))
+    with pytest.raises(options.InputError, match="--tune"):
+        options.validate_args(args)
+
+
+# ----------------------------------------------------------------------------------------------- whole runs
+class NoTestSplits(Mapping):
+    """ID splits that refuse the test split and record which ones the search read."""
+
+    def __init__(self, splits: Mapping) -> None:
+        self._splits, self.read = splits, set()
+
+    def __getitem__(self, key):
+        if key == "test":
+            raise AssertionError("the search read the ID test split")
+        self.read.add(key)
+        return self._splits[key]
+
+    def __iter__(self):
+        return iter(k for k in self._splits if k != "test")
+
+    def __len__(self):
+        return len(self._splits) - ("test" in self._splits)
+
+
+def _raw_images(dataset) -> set[bytes]:
+    """The encoded bytes of every image of a dataset (of its source, for a generated set)."""
+    from hf_gsc.data.decoding import without_decoding
+
+    if isinstance(dataset, tuning.GeneratedImages):
+        dataset = dataset.source
+    return {value["bytes"] for value in without_decoding(dataset)["image"]}
+
+
+@pytest.fixture(scope="module")
+def tuned_run(tiny, tmp_path_factory):
+    """One ``--tune`` run on the tiny data with :data:`TEST_GRIDS`, recording what the search read."""
+    output_dir = tmp_path_factory.mktemp("tuned")
+    seen = {"splits": None, "datasets": []}
+    search = tuning.tune_hyperparameters
+    make_dataloader = loop.make_dataloader
+
+    def spy_search(accelerator, model, methods, hyperparameters, fixed, id_splits, *args, **kwargs):
+        seen["splits"] = NoTestSplits(id_splits)
+        seen["fixed"] = fixed
+        return search(accelerator, model, methods, hyperparameters, fixed, seen["splits"], *args, **kwargs)
+
+    def spy_loader(dataset, *args, **kwargs):
+        seen["datasets"].append(dataset)
+        return make_dataloader(dataset, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tuning, "GRIDS", TEST_GRIDS)
+        patch.setattr(tuning, "tune_hyperparameters", spy_search)
+        patch.setattr(loop, "make_dataloader", spy_loader)  # the search imports it from loop when it runs
+        results = runner.run_evaluation(_argv(tiny, output_dir, "--tune", *TUNED_METHODS))
+    return output_dir, results, seen
+
+
+def test_search_reads_validation_and_train_only(tuned_run, tiny) -> None:
+    import datasets
+
+    _, _, seen = tuned_run
+    assert seen["splits"].read == {"validation", "train"}  # train: DICE's fit data; never test
+    ids = datasets.load_from_disk(tiny["id"])
+    forbidden = _raw_images(ids["test"]) | _raw_images(datasets.load_from_disk(tiny["noise"])) \
+        | _raw_images(datasets.load_from_disk(tiny["flat"]))
+    allowed = _raw_images(ids["validation"]) | _raw_images(ids["train"])
+    assert seen["datasets"], "the search loaded no data through the evaluation's loader"
+    kinds = set()
+    for dataset in seen["datasets"]:
+        images = _raw_images(dataset)
+        assert images and images <= allowed and not images & forbidden
+        kinds.add(type(dataset).__name__)
+    assert "GeneratedImages" in kinds  # the OOD side is generated from ID validation
+    validation = _raw_images(ids["validation"])
+    read_validation = [_raw_images(d) for d in seen["datasets"] if _raw_images(d) <= validation]
+    # tune_fit (react's fit, the generated sets' source) and tune_select are disjoint halves of ID validation
+    halves = {frozenset(images) for images in read_validation}
+    assert len(halves) == 2 and not set.intersection(*map(set, halves))
+    assert set.union(*map(set, halves)) == validation
+
+
+def test_chosen_values_are_recorded_and_used(tuned_run) -> None:
+    output_dir, results, seen = tuned_run
+    record = results["tuning"]
+    assert record["seconds"] > 0 and record["num_grid_points"] == 8
+    assert record["num_samples"]["tune_fit"] + record["num_samples"]["tune_select"] == results["split_sizes"]["id_validation"]
+    assert set(record["num_samples"]["ood"]) == {"val_noise", "val_jigsaw"}
+    assert set(record["methods"]) == {"msp", "react", "gsc", "dice"}
+    assert record["num_samples"]["fit"] == {"tune_fit": record["num_samples"]["tune_fit"], "train": 23}
+    assert record["not_tuned"] == {"knn": "fixed by the command line (k)", "energy": "no grid defined"}
+    for method, entry in record["methods"].items():
+        metrics = [None if "error" in point else point for point in entry["grid"]]
+        best = entry["grid"][tuning.select_point(metrics)]
+        assert entry["chosen"] == best["hyperparameters"]  # the rule's choice
+        for point in entry["grid"]:
+            assert 0 <= point["auroc"] <= 1 and set(point["ood"]) == {"val_noise", "val_jigsaw"}
+            assert point["auroc"] == pytest.approx(np.mean([m["auroc"] for m in point["ood"].values()]))
+        used = results["methods"][method]["hyperparameters"]
+        assert {name: used[name] for name in entry["chosen"]} == entry["chosen"]  # evaluated with the chosen values
+    assert results["methods"]["knn"]["hyperparameters"]["k"] == 3  # --hyperparameter knn.k=3 wins
+    assert results["methods"]["energy"]["hyperparameters"]["temperature"] == 1.0
+    assert results["config"]["tune"] is True
+    text = (output_dir / "results.md").read_text()
+    assert "Hyperparameters chosen on validation only" in text
+    assert f"temperature={record['methods']['msp']['chosen']['temperature']}" in text
+
+
+def test_without_tune_nothing_changes(tiny, tmp_path, monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("the search ran without --tune")
+
+    monkeypatch.setattr(tuning, "tune_hyperparameters", refuse)
+    results = runner.run_evaluation(_argv(tiny, tmp_path))
+    assert "tuning" not in results and results["config"]["tune"] is False
+    assert results["methods"]["msp"]["hyperparameters"]["temperature"] == 1.0
+    assert results["methods"]["gsc"]["hyperparameters"]["mask_ratio"] == 0.05
+    assert "chosen on validation" not in (tmp_path / "results.md").read_text()
+
+
+def test_two_processes_choose_as_one(tiny, tmp_path) -> None:
+    """Under ``accelerate launch`` (2 CPU processes, sharded scoring) the search measures and chooses as one process."""
+    import json
+
+    from test_evaluation import _assert_close, _launch_two_processes
+
+    one = runner.run_evaluation(_argv(tiny, tmp_path / "one", "--tune"))
+    result = _launch_two_processes(tmp_path, _argv(tiny, tmp_path / "two", "--tune"), streaming=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert two["num_processes"] == 2
+    strip = lambda record: {key: value for key, value in record.items() if key != "seconds"}
+    _assert_close(strip(two["tuning"]), strip(one["tuning"]))
+    for method, entry in two["tuning"]["methods"].items():
+        assert {k: two["methods"][method]["hyperparameters"][k] for k in entry["chosen"]} == entry["chosen"]
+    assert result.stdout.count("tuning:") == 1  # printed by the main process only
