@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from hf_gsc.backends import linearize_head
 import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
@@ -224,7 +226,7 @@ def test_head_derivatives_match_a_brute_force_jacobian(case):
     model, pixel_values = tiny_model(case), tiny_pixel_values(case, batch=2)
     split = resolve_split_point(model, "final_encoder_output")
     features = split.features(pixel_values)
-    head = split.linearize(features, pixel_values)
+    head = linearize_head(split, features, pixel_values)
     generator = torch.Generator().manual_seed(2)
     tangent = torch.randn(features.shape, generator=generator, dtype=features.dtype)
     cotangent = torch.randn(head.logits.shape, generator=generator, dtype=features.dtype)
