@@ -74,35 +74,42 @@ def test_serving_needs_no_evaluation_extras(tmp_path):
     assert "hf-gsc evaluate needs the 'evaluation' extra: pip install 'hf_gsc[evaluation]'" in result.stderr
 
 
-@pytest.mark.slow
-def test_wheel_installed_outside_the_checkout(tmp_path):
-    """Build the wheel, install it (no deps: the test environment's are reused) into a fresh venv outside the
-    checkout, and from another folder save, load, serve, push to the loopback Hub, evaluate and publish."""
-    # Built from a copy of what the package is made of: building writes build/ and *.egg-info next to setup.py.
-    source = tmp_path / "source"
+def install_wheel(root: Path) -> tuple[Path, Path]:
+    """Build the wheel from a copy of the package and install it (no deps) into a fresh venv whose other packages
+    are the test interpreter's, after the venv's own: a plain path entry, so an editable hf_gsc of the checkout
+    installed there is not activated. Built from a copy of what the package is made of (building writes build/
+    and *.egg-info next to setup.py), without PYTHONPATH (pip would take an hf_gsc found on it for an installed
+    one). Returns ``(venv folder, wheel)``."""
+    source = root / "source"
     for name in ("hf_gsc", "model_cards"):
         shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("setup.py", "README.md"):
         shutil.copy2(REPO_ROOT / name, source / name)
-    # No PYTHONPATH: pip would take an hf_gsc found on it for an installed one.
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    wheels = tmp_path / "wheels"
+    wheels = root / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-          str(source)], tmp_path, clean)
+          str(source)], root, clean)
     wheel = next(wheels.glob("hf_gsc-*.whl"))
+    env_dir = root / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)], root, clean)
+    site = _run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root).strip()
+    venv_site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root).strip()
+    (Path(venv_site) / "test_deps.pth").write_text(site + "\n")
+    return env_dir, wheel
+
+
+
+@pytest.mark.slow
+def test_wheel_installed_outside_the_checkout(tmp_path):
+    """Build the wheel, install it (no deps: the test environment's are reused) into a fresh venv outside the
+    checkout, and from another folder save, load, serve, push to the loopback Hub, evaluate and publish."""
+    env_dir, wheel = install_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "hf_gsc/model_cards/ood_detector.md" in names
     assert any(name.endswith("entry_points.txt") for name in names)
-
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)], tmp_path, clean)
-    # Then the test interpreter's packages (torch, transformers, ...), after the venv's own: a plain path entry, so
-    # an editable hf_gsc of the checkout installed there is not activated.
-    site = _run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).strip()
-    (Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path).strip())
-     / "test_deps.pth").write_text(site + "\n")
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -6,7 +6,6 @@ evaluation must then run with the chosen values; without ``--tune`` nothing chan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from PIL import Image
 
 from hf_gsc.evaluation import loop, options, runner, tuning
 from test_evaluation import _argv, tiny  # noqa: F401  (the tiny model and data fixture)
+from test_variants import NoTestSplits
 
 #: A small grid for the tiny runs, none of whose values is a default, so that "the chosen values are used" can fail.
 TEST_GRIDS = {"msp": {"temperature": (3.0, 7.0)}, "react": {"percentile": (80.0, 97.0)},
@@ -91,25 +91,6 @@ def test_tune_with_streaming_is_refused(tiny, tmp_path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- whole runs
-class NoTestSplits(Mapping):
-    """ID splits that refuse the test split and record which ones the search read."""
-
-    def __init__(self, splits: Mapping) -> None:
-        self._splits, self.read = splits, set()
-
-    def __getitem__(self, key):
-        if key == "test":
-            raise AssertionError("the search read the ID test split")
-        self.read.add(key)
-        return self._splits[key]
-
-    def __iter__(self):
-        return iter(k for k in self._splits if k != "test")
-
-    def __len__(self):
-        return len(self._splits) - ("test" in self._splits)
-
-
 def _raw_images(dataset) -> set[bytes]:
     """The encoded bytes of every image of a dataset (of its source, for a generated set)."""
     from hf_gsc.data.decoding import without_decoding

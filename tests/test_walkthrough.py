@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from hub_server import LoopbackHub
-from test_packaging import REPO_ROOT, _run
+from test_packaging import REPO_ROOT, _run, install_wheel
 
 pytestmark = pytest.mark.slow
 
@@ -148,30 +148,6 @@ REPRODUCE_SCRIPT = """
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-def install_wheel(root: Path) -> Path:
-    """Build the wheel from a copy of the package and install it (no deps) into a fresh venv whose other packages
-    are the test interpreter's (the steps of ``test_packaging.test_wheel_installed_outside_the_checkout``); returns
-    the venv folder."""
-    source = root / "source"
-    for name in ("hf_gsc", "model_cards"):
-        shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("setup.py", "README.md"):
-        shutil.copy2(REPO_ROOT / name, source / name)
-    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    wheels = root / "wheels"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-          str(source)], root, clean)
-    wheel = next(wheels.glob("hf_gsc-*.whl"))
-    env_dir = root / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)], root, clean)
-    site = _run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root).strip()
-    venv_site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], root).strip()
-    (Path(venv_site) / "test_deps.pth").write_text(site + "\n")
-    return env_dir
-
-
 def _png(array: np.ndarray, path: Path) -> None:
     from PIL import Image
 
@@ -220,7 +196,7 @@ def write_classifier(directory: Path) -> Path:
 class Walkthrough:
     def __init__(self, root: Path, hub: LoopbackHub) -> None:
         self.root, self.hub = root, hub
-        self.env_dir = install_wheel(root)
+        self.env_dir = install_wheel(root)[0]
         self.python = self.env_dir / "bin" / "python"
         self.command = self.env_dir / "bin" / "hf-gsc"
         self.data = write_data(root / "data")
