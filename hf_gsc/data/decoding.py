@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import datasets
@@ -107,13 +107,15 @@ class DecodedImages:
     """The images of one batch that could be decoded.
 
     ``images[i]`` is the image of row ``rows[i]``, at ``positions[i]`` in the batch; ``skipped_rows`` lists the
-    rows left out (always empty with ``on_error="raise"``).
+    rows left out (always empty with ``on_error="raise"``) and ``errors`` why, one message each (what
+    :class:`UndecodableImageError` would have said).
     """
 
     images: list[Image.Image]
     rows: list[int | str]
     positions: list[int]
     skipped_rows: list[int | str]
+    errors: list[str] = field(default_factory=list)
 
 
 def decode_images(
@@ -122,16 +124,21 @@ def decode_images(
     """Decode a batch (see :func:`decode_image`); ``rows`` are the values' row numbers in the dataset."""
     if len(values) != len(rows):
         raise ValueError(f"{len(values)} images but {len(rows)} row numbers")
-    images, kept, positions, skipped = [], [], [], []
+    check_on_error(on_error)
+    images, kept, positions, skipped, errors = [], [], [], [], []
     for position, (value, row) in enumerate(zip(values, rows)):
-        image = decode_image(value, dataset_name, row, on_error)
-        if image is None:
+        try:
+            image = decode_image(value, dataset_name, row)
+        except UndecodableImageError as error:
+            if on_error == "raise":
+                raise
             skipped.append(row)
-        else:
-            images.append(image)
-            kept.append(row)
-            positions.append(position)
-    return DecodedImages(images, kept, positions, skipped)
+            errors.append(str(error))
+            continue
+        images.append(image)
+        kept.append(row)
+        positions.append(position)
+    return DecodedImages(images, kept, positions, skipped, errors)
 
 
 def without_decoding(dataset: Any, image_column: str = "image") -> Any:

@@ -130,13 +130,11 @@ def make_transform(
     def transform(batch: dict[str, list]) -> dict[str, torch.Tensor]:
         values = batch[image_column]
         labels = list(batch.get(label_column, [-1] * len(values)))
-        if on_error == "skip":
-            decoded = decode_images(values, batch.get(ROW_COLUMN) or list(range(len(values))), dataset_name, on_error)
-            labels = [labels[position] for position in decoded.positions]
-            images = decoded.images
-        else:
-            rows = batch.get(ROW_COLUMN) or [f"? (position {i} of a batch)" for i in range(len(values))]
-            images = [decode_image(v, dataset_name, r, on_error) for v, r in zip(values, rows)]
+        default_rows = list(range(len(values))) if on_error == "skip" else [
+            f"? (position {i} of a batch)" for i in range(len(values))]
+        decoded = decode_images(values, batch.get(ROW_COLUMN) or default_rows, dataset_name, on_error)
+        labels = [labels[position] for position in decoded.positions]
+        images = decoded.images
         pixel_values = processor(images) if images else torch.empty(0, num_channels, 0, 0)
         out = {"pixel_values": pixel_values, "label": torch.as_tensor(labels, dtype=torch.long)}
         if on_error == "skip":

@@ -43,7 +43,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from ..data.decoding import OnError, UndecodableImageError, check_on_error, decode_image, without_decoding
+from ..data.decoding import OnError, UndecodableImageError, check_on_error, decode_images, without_decoding
 from ..safe_files import save_file
 from .fingerprints import fingerprint, is_streamed
 from .options import InputError
@@ -170,15 +170,14 @@ def decode_batch(
     ``pixel_values`` is uint8 and ``pixel_normalization`` finishes it (:func:`model_pixel_values`). The batch
     keeps its size whatever fails, so that processes stay in step (see the module docstring).
     """
-    images, decoded, errors = [], [], []
-    for value, row in zip(values, rows):
-        try:
-            images.append(decode_image(value, dataset_name, row))
-            decoded.append(True)
-        except UndecodableImageError as error:
-            images.append(None)
-            decoded.append(False)
-            errors.append(str(error))
+    # The one path that skips unreadable images (hf_gsc.data.decoding.decode_images); here a placeholder keeps
+    # each skipped image's place, so that the batch keeps its size.
+    result = decode_images(values, list(rows), dataset_name, on_error="skip")
+    images: list[Any] = [None] * len(values)
+    for position, image in zip(result.positions, result.images):
+        images[position] = image
+    decoded = [image is not None for image in images]
+    errors = result.errors
     if errors:
         # A placeholder like a decoded image of the batch (mode, size), so that transforms that neither convert
         # nor resize still stack the batch.
