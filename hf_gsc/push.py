@@ -58,43 +58,6 @@ def upload_folder_to_hub(
     return str(getattr(commit, "commit_url", commit))
 
 
-def push_detector(
-    detector: "OODDetector",
-    repo_id: str,
-    private: bool = False,
-    revision: str | None = None,
-    token: str | bool | None = None,
-    save_base_model: bool = False,
-    results_dir: str | os.PathLike | None = None,
-    commit_message: str = "Upload OOD detector",
-    license: str = DEFAULT_LICENSE,
-) -> str:
-    """Save the detector to a temporary folder and upload it; returns the commit URL.
-
-    With ``save_base_model`` the pushed config refers to ``repo_id`` itself as the base model (its weights are
-    there); no local path reaches a pushed file.
-
-    Raises:
-        ValueError: the base model is only a local folder (nobody else could load the detector) and
-            ``save_base_model`` is False, or ``results_dir`` holds another model's or other settings' results,
-            or a link leading out of it (:class:`~hf_gsc.safe_files.LinkError`).
-    """
-    base = detector.config.base_model_name_or_path
-    if not save_base_model and not is_hub_id(base):
-        raise ValueError(
-            f"push_to_hub: the base model {base!r} is not a Hub repo id, so nobody could load {repo_id!r}. "
-            "Pass save_base_model=True to upload the base weights with the detector, or set "
-            "detector.config.base_model_name_or_path to the base model's Hub id"
-        )
-    with tempfile.TemporaryDirectory() as folder:
-        save_detector(detector, folder, save_base_model=save_base_model, results_dir=results_dir, repo_id=repo_id,
-                      license=license)
-        return upload_folder_to_hub(
-            folder, repo_id, private, revision, token, commit_message,
-            kept="The detector in memory is unchanged; save_pretrained(folder) keeps a local copy.",
-        )
-
-
 class HubPush:
     """``push_to_hub`` of every detector (mixed into :class:`hf_gsc.OODDetector`)."""
 
@@ -109,12 +72,31 @@ class HubPush:
         commit_message: str | None = None,
         license: str = DEFAULT_LICENSE,
     ) -> str:
-        """Upload the detector (as ``save_pretrained`` writes it) to ``repo_id``; returns the commit URL.
+        """Save the detector (as ``save_pretrained`` writes it) to a temporary folder and upload it to ``repo_id``;
+        returns the commit URL.
 
-        A base model that is only a local folder is refused unless ``save_base_model=True``; with it, the pushed
-        config refers to the repo itself, never to a local path."""
-        return push_detector(self, repo_id, private, revision, token, save_base_model, results_dir,
-                             commit_message or f"Upload {self.method} detector", license)
+        With ``save_base_model`` the pushed config refers to ``repo_id`` itself as the base model (its weights are
+        there); no local path reaches a pushed file.
+
+        Raises:
+            ValueError: the base model is only a local folder (nobody else could load the detector) and
+                ``save_base_model`` is False, or ``results_dir`` holds another model's or other settings' results,
+                or a link leading out of it (:class:`~hf_gsc.safe_files.LinkError`).
+        """
+        base = self.config.base_model_name_or_path
+        if not save_base_model and not is_hub_id(base):
+            raise ValueError(
+                f"push_to_hub: the base model {base!r} is not a Hub repo id, so nobody could load {repo_id!r}. "
+                "Pass save_base_model=True to upload the base weights with the detector, or set "
+                "detector.config.base_model_name_or_path to the base model's Hub id"
+            )
+        with tempfile.TemporaryDirectory() as folder:
+            save_detector(self, folder, save_base_model=save_base_model, results_dir=results_dir, repo_id=repo_id,
+                          license=license)
+            return upload_folder_to_hub(
+                folder, repo_id, private, revision, token, commit_message or f"Upload {self.method} detector",
+                kept="The detector in memory is unchanged; save_pretrained(folder) keeps a local copy.",
+            )
 
 
-__all__ = ["HubError", "HubPush", "push_detector", "upload_folder_to_hub"]
+__all__ = ["HubError", "HubPush", "upload_folder_to_hub"]
