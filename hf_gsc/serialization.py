@@ -199,10 +199,12 @@ def split_kwargs(
 
 
 def hyperparameter_names(cls: type) -> frozenset[str]:
-    """The keywords a detector class takes as settings (``GSCConfig`` fields for GSC, ``defaults`` otherwise)."""
+    """The keywords a detector class takes as settings: ``GSCConfig`` fields for GSC; for the others their
+    ``defaults`` and the config fields every method has (threshold, calibration, base-model reference), so that
+    ``base_model_name_or_path=`` redirects any saved detector to another copy of its base model."""
     if cls.config_class is GSCConfig:
         return frozenset(GSCConfig.field_names())
-    return frozenset(getattr(cls, "defaults", {}))
+    return frozenset(getattr(cls, "defaults", {})) | frozenset(CONFIG_KEYS[2:6])
 
 
 # ----------------------------------------------------------------------------- save
@@ -446,8 +448,6 @@ def load_detector(
         method, config = saved.method, saved
     if config is not None and method is None:
         method = config.method
-    if method is None:
-        method = getattr(expected_class, "method", None) if expected_class is not None and expected_class.__dict__.get("method") else None
     if method is None:
         raise ValueError(
             f"{path or 'the model'} is an image classifier, not a saved detector: pass method=... to build one "

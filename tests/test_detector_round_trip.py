@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -447,3 +448,22 @@ def test_model_card_names_method_hyperparameters_and_usage(world, method, tmp_pa
     detector.save_pretrained(tmp_path)
     for text in (card, (tmp_path / "README.md").read_text()):
         assert "github.com" not in text
+
+
+@pytest.mark.parametrize("method", ["knn", "gsc"])
+def test_base_model_reference_can_be_redirected_at_load(world, method, tmp_path):
+    """Any saved detector whose base-model reference no longer resolves loads with base_model_name_or_path=...,
+    as the error for a missing base says (the config fields every method has are keywords of from_pretrained)."""
+    detector = AutoOODDetector.from_pretrained(world.base_dir, method=method, **({"k": 3} if method == "knn" else {}))
+    if detector.needs_fit:
+        detector.fit(world.setting.batches())
+    detector.save_pretrained(tmp_path / "saved")
+    moved = tmp_path / "moved"
+    shutil.copytree(world.base_dir, moved)
+    config = json.loads((tmp_path / "saved" / "detector_config.json").read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "gone")
+    (tmp_path / "saved" / "detector_config.json").write_text(json.dumps(config))
+    with pytest.raises(FileNotFoundError, match="base_model_name_or_path="):
+        AutoOODDetector.from_pretrained(tmp_path / "saved")
+    loaded = AutoOODDetector.from_pretrained(tmp_path / "saved", base_model_name_or_path=str(moved))
+    assert torch.equal(loaded.score(world.x_test), detector.score(world.x_test))
