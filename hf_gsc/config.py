@@ -301,8 +301,20 @@ def _json_value(name: str, value: Any) -> Any:
     raise ValueError(f"hyperparameter {name} must be a number, string, bool, None or a list of them, got {value!r}")
 
 
+class ReadOnlyDict(dict):
+    """A dict whose items cannot change after construction (a detector was built from them). Unlike
+    ``types.MappingProxyType`` it copies and pickles (``copy.deepcopy(detector)``, ``torch.save``)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a detector's hyperparameters are read-only; build a new detector with other values")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self) -> tuple:
+        return type(self), (dict(self),)
+
+
 def _hyperparameters(name: str, value: Any) -> Any:
-    from types import MappingProxyType
 
     if not isinstance(value, Mapping):
         raise ValueError(f"DetectorConfig.{name} must be a mapping of names to values, got {type(value).__name__}")
@@ -311,7 +323,7 @@ def _hyperparameters(name: str, value: Any) -> Any:
         if not isinstance(key, str):
             raise ValueError(f"DetectorConfig.{name}: names must be strings, got {key!r}")
         checked[key] = _json_value(key, item)
-    return MappingProxyType(checked)  # read-only: the detector was built from these values
+    return ReadOnlyDict(checked)  # read-only: the detector was built from these values
 
 
 def _method(name: str, value: Any) -> Any:
