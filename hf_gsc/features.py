@@ -53,10 +53,10 @@ def penultimate_split(model: nn.Module) -> SplitPoint:
 
 
 def linear_head(model: nn.Module) -> LinearHead:
-    """Weight and bias of the model's last ``nn.Linear``, detached, on the CPU like the features."""
+    """Weight and bias of the model's last ``nn.Linear``, detached, on the model's device."""
     linear = model.get_submodule(penultimate_split(model).module_path)
-    weight = linear.weight.detach().cpu()
-    bias = linear.bias.detach().cpu() if linear.bias is not None else torch.zeros(linear.out_features, dtype=weight.dtype)
+    weight = linear.weight.detach()
+    bias = linear.bias.detach() if linear.bias is not None else weight.new_zeros(linear.out_features)
     return LinearHead(weight, bias)
 
 

@@ -467,3 +467,26 @@ def test_base_model_reference_can_be_redirected_at_load(world, method, tmp_path)
         AutoOODDetector.from_pretrained(tmp_path / "saved")
     loaded = AutoOODDetector.from_pretrained(tmp_path / "saved", base_model_name_or_path=str(moved))
     assert torch.equal(loaded.score(world.x_test), detector.score(world.x_test))
+
+
+@pytest.mark.parametrize("method", ["dice", "vim", "gradnorm"])
+def test_to_device_moves_the_linear_head_and_derived_tensors(world, method):
+    """The penultimate methods' classifier copy and DICE's mask follow .to(device) (``meta`` stands in for a GPU):
+    no per-batch copy to the features' device, no tensors left behind on the CPU."""
+    import copy
+
+    detector = copy.deepcopy(world.detectors[method]).to("meta")
+    tensors = {"head": detector.head.weight, **dict(detector.named_buffers())}
+    left = {name: t.device.type for name, t in tensors.items() if not name.startswith("model.") and t.device.type != "meta"}
+    assert not left, left
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_a_detector_deep_copies_and_scores_the_same(world, method):
+    """Read-only hyperparameters still copy (copy.deepcopy, as Trainer and model-averaging code do)."""
+    import copy
+
+    detector = world.detectors[method]
+    twin = copy.deepcopy(detector)
+    assert twin.hyperparameters == detector.hyperparameters
+    assert torch.equal(twin.score(world.x_test), detector.score(world.x_test))

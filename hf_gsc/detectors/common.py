@@ -109,7 +109,16 @@ class PenultimateDetector(BaselineDetector):
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
         self.split = penultimate_split(self.model)
-        self.head: LinearHead = linear_head(self.model)
+        # Buffers (not saved: they are the base model's own weights), so that .to(device) moves them with the
+        # features and the fitted state instead of a copy to the features' device in every batch.
+        head = linear_head(self.model)
+        self.register_buffer("head_weight", head.weight, persistent=False)
+        self.register_buffer("head_bias", head.bias, persistent=False)
+
+    @property
+    def head(self) -> LinearHead:
+        """The classifier ``W z + b`` of the base model (detached copies, on the detector's device)."""
+        return LinearHead(self.head_weight, self.head_bias)
 
     def feature_splits(self) -> tuple[SplitPoint, ...]:
         return (self.split,)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
+from torch import nn
 
+from ..config import DetectorConfig
 from ..features import ClassStatistics, LinearHead, percentile
 from ..scores import energy_score
 from ..backbone_pass import BackbonePass
@@ -43,6 +45,11 @@ class DICEDetector(FittedDetector):
 
     def validate(self) -> None:
         self._number("sparsity", 0.0, 100.0)
+
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
+        # Derived from the fitted mean by _prepare; a buffer so that .to(device) moves it with the rest.
+        self.register_buffer("mask", None, persistent=False)
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"mean_features": (self.feature_dim,)}
