@@ -28,7 +28,6 @@ from .backends import Backend, Linearization, select_backend
 from .config import GSCConfig
 from .detector import OODDetector, check_state, classifier_loss, register_detector
 from .gsc_step import GSCStep, gsc_step, ranking_gradient
-from .inputs import labelled_batches
 from .shortcircuit import diagonal_fisher_sum, gradient_mass_for_mean_ratio
 from .split_points import SplitPoint
 
@@ -117,6 +116,7 @@ class GSCForImageClassification(OODDetector):
         super().__init__(model, config)
         # (d,) diagonal Fisher of the feature, fitted on ID training data for selection="fisher".
         self.register_buffer("fisher_diagonal", None)
+        self._requested_fit: str | None = None  # the kind fit_fisher / calibrate_gradient_mass run
         # How F is taken and the head linearised, for this split point (hf_gsc.backends).
         self.backend: Backend = select_backend(model, config)
         self._check_fit_options()
@@ -319,7 +319,8 @@ class GSCForImageClassification(OODDetector):
     fit_split = _PerInstance(_fit_split, "train")
 
     def fit_begin(self) -> None:
-        self._fit_kind = "fisher" if self.config.selection == "fisher" else "gradient_mass"
+        # fit_fisher / calibrate_gradient_mass ask for their kind whatever the settings; fit() follows the settings.
+        self._fit_kind = self._requested_fit or ("fisher" if self.config.selection == "fisher" else "gradient_mass")
         self._fit_sum, self._fit_count, self._fit_gradients = None, 0, []
 
     def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
@@ -367,9 +368,10 @@ class GSCForImageClassification(OODDetector):
         return self.fisher_diagonal
 
     def _fit_directly(self, kind: str, data: Any, name: str) -> None:
-        self.fit_begin()
-        self._fit_kind = kind
-        for pixel_values, labels in labelled_batches(data, name, self.image_processor):
-            batch = self.backbone_pass(self._check_pixel_values(pixel_values))
-            self.fit_update(batch, None if labels is None else torch.as_tensor(labels).reshape(-1).long())
-        self.fit_end()
+        from .shared_pass import fit_from_passes
+
+        self._requested_fit = kind
+        try:
+            fit_from_passes([self], data, name)
+        finally:
+            self._requested_fit = None

@@ -55,18 +55,26 @@ def fit_together(
         for detector in detectors:
             detector.fitted = True
         return []
-    shared_model(to_fit)
-    first = to_fit[0]
-    for detector in to_fit:
-        detector.fit_begin()
-    for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor, allow_empty=True):
-        batch = shared_pass(to_fit, first._check_pixel_values(pixel_values), logits=False)
-        labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
-        for detector in to_fit:
-            detector.fit_update(batch, labels)
-    for detector in to_fit:
-        detector.fit_end()
+    # No batch at all is left to each detector's own count check, which says how many samples it needs.
+    fit_from_passes(to_fit, id_batches, name, allow_empty=True)
     return to_fit
 
 
-__all__ = ["fit_together", "shared_model", "shared_pass"]
+def fit_from_passes(
+    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str, allow_empty: bool = False
+) -> None:
+    """``fit_begin`` / ``fit_update`` with one shared backbone pass per batch / ``fit_end`` for every detector of
+    ``detectors`` (on one base model), whether or not it says it needs a fit."""
+    shared_model(detectors)
+    first = detectors[0]
+    for detector in detectors:
+        detector.fit_begin()
+    for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor, allow_empty=allow_empty):
+        batch = shared_pass(detectors, first._check_pixel_values(pixel_values), logits=False)
+        labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
+        for detector in detectors:
+            detector.fit_update(batch, labels)
+    for detector in detectors:
+        detector.fit_end()
+
+__all__ = ["fit_from_passes", "fit_together", "shared_model", "shared_pass"]

@@ -104,8 +104,10 @@ def test_entry_points_move_pixel_values_to_the_model_device(monkeypatch: pytest.
         raise Reached
 
     import hf_gsc.detector
+    import hf_gsc.shared_pass
 
-    monkeypatch.setattr(hf_gsc.detector, "run_backbone", run_backbone)
+    for module in (hf_gsc.detector, hf_gsc.shared_pass):  # a detector's own passes, and its fits
+        monkeypatch.setattr(module, "run_backbone", run_backbone)
     labels = torch.zeros(images.shape[0], dtype=torch.long)
     for call in (lambda: detector(images), lambda: detector.calibrate(images),
                  lambda: detector.fit_fisher([(images, labels)]), lambda: detector.calibrate_gradient_mass(images)):
