@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import TYPE_CHECKING
-
 from .model_card import DEFAULT_LICENSE
 from .repo_ids import is_hub_id
 from .serialization import save_detector
-
-if TYPE_CHECKING:
-    from .detector import OODDetector
 
 
 class HubError(RuntimeError):

@@ -22,7 +22,7 @@ from transformers import ViTImageProcessor
 
 from hf_gsc import AutoOODDetector, DetectorBundle, GSCForImageClassification, OODDetector
 from hf_gsc.config import CONFIG_NAME, STATE_FILE
-from hf_gsc.detectors import DETECTORS, fit_together, get_detector
+from hf_gsc.detectors import DETECTORS, fit_together
 
 from conftest import IMAGE_SIZE, NUM_LABELS
 from hub_server import LoopbackHub

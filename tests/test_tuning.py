@@ -6,7 +6,6 @@ evaluation must then run with the chosen values; without ``--tune`` nothing chan
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest

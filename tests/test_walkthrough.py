@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import socket
-import subprocess
-import sys
 import textwrap
-import venv
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hub_server import LoopbackHub
-from test_packaging import REPO_ROOT, _run, install_wheel
+from test_packaging import _run, install_wheel
 
 pytestmark = pytest.mark.slow
 

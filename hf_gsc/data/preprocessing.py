@@ -11,7 +11,6 @@ from __future__ import annotations
 from ..image_processors import load_image_processor  # noqa: F401  (re-exported)
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import datasets

@@ -23,7 +23,8 @@ from . import (  # noqa: F401  (each module registers its method(s))
     she,
     vim,
 )
-from .bundle import BundleOutput, DetectorBundle, fit_together
+from ..shared_pass import fit_together
+from .bundle import BundleOutput, DetectorBundle
 
 __all__ = [
     "DETECTORS",

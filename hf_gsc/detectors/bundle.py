@@ -11,17 +11,15 @@ the same alone or in a bundle. ODIN perturbs the input and runs its own passes f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
 import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
 from ..backbone_pass import BackbonePass
 from ..detector import OODDetector, classifier_loss
-from ..shared_pass import fit_together, shared_model, shared_pass
+from ..shared_pass import shared_model, shared_pass
 
 
 @dataclass
@@ -88,4 +86,4 @@ class DetectorBundle(nn.Module):
         )
 
 
-__all__ = ["BundleOutput", "DetectorBundle", "fit_together", "shared_pass"]
+__all__ = ["BundleOutput", "DetectorBundle"]

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import nn

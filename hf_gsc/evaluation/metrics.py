@@ -66,18 +66,15 @@ with :func:`check_finite_scores`, whose error names the method and the split.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # imported for annotations only: torch and evaluate are slow to import
-    import evaluate
-    import torch
+from ..thresholds import ScoresLike, as_scores as _as_scores, threshold_at_tpr
 
-from ..thresholds import ScoresLike, as_scores as _as_scores, check_tpr as _check_tpr, threshold_at_tpr  # noqa: E402
+if TYPE_CHECKING:  # imported for annotations only: evaluate is slow to import
+    import evaluate
 
 #: Folder of the ``evaluate`` metric module shipped with the package.
 OOD_METRIC_PATH: Path = Path(__file__).resolve().parent / "ood_detection_metric"
