@@ -490,3 +490,28 @@ def test_a_detector_deep_copies_and_scores_the_same(world, method):
     twin = copy.deepcopy(detector)
     assert twin.hyperparameters == detector.hyperparameters
     assert torch.equal(twin.score(world.x_test), detector.score(world.x_test))
+
+
+@pytest.mark.parametrize("method", ALL_METHODS)
+def test_every_method_is_served_by_the_pipeline(world, method, tmp_path):
+    """A saved detector of any method, loaded by transformers' pipeline from its folder, answers as the detector
+    does on the same pixels (ood_score, is_ood, the method's name)."""
+    import numpy as np
+    import transformers
+    from PIL import Image
+    from transformers import ViTImageProcessor
+
+    processor = ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    detector = world.detectors[method]
+    detector.image_processor = processor
+    try:
+        detector.save_pretrained(tmp_path / method, save_base_model=True)
+    finally:
+        detector.image_processor = None
+    images = [Image.fromarray(np.random.default_rng(i).integers(0, 256, (20, 20, 3), dtype=np.uint8)) for i in range(3)]
+    served = transformers.pipeline("ood-image-classification", model=str(tmp_path / method))(images)
+    expected = detector(processor(images=images, return_tensors="pt")["pixel_values"].to(torch.float64))
+    assert [answer["method"] for answer in served] == [method] * 3
+    assert [answer["is_ood"] for answer in served] == expected.is_ood.tolist()
+    torch.testing.assert_close(torch.tensor([answer["ood_score"] for answer in served], dtype=torch.float64),
+                               expected.ood_score.double(), rtol=1e-6, atol=1e-6)
