@@ -82,6 +82,13 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     """
 
     method: ClassVar[str]
+    #: Hyperparameter -> values searched by ``hf-gsc evaluate --tune`` (the grid is their product, in this order).
+    search_space: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    #: Where ``search_space`` comes from (e.g. OpenOOD's ``postprocessor_sweep``), or why the method is not tuned.
+    search_space_source: ClassVar[str] = "no hyperparameters"
+    #: Whether :meth:`score_batch` needs nothing but the shared backbone pass (``False``: the method runs forwards
+    #: and backwards of its own, as ODIN does, and is left out of the one-pass cost figures).
+    one_pass: ClassVar[bool] = True
     needs_fit: bool = False
     fit_split: str = "train"
     min_fit_samples: int = 1
@@ -107,6 +114,12 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
             None if image_size is None
             else tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
         )
+
+    @classmethod
+    def model_defaults(cls, image_processor: Any) -> dict[str, Any]:
+        """Hyperparameters whose right value depends on the base model's image processor (ODIN's ``image_std``);
+        the evaluation passes them unless the user set them. Default: none."""
+        return {}
 
     def _bind_config(self) -> None:
         """From now on, assigning a structural setting on ``self.config`` rebuilds this detector."""

@@ -97,6 +97,8 @@ class GSCForImageClassification(OODDetector):
     """
 
     method = "gsc"
+    search_space = {"mask_ratio": (0.01, 0.05, 0.1, 0.2)}
+    search_space_source = "not in OpenOOD: the mask ratio around the paper's default 0.05"
     config_class = GSCConfig
     state_names = ("fisher_diagonal",)
 

@@ -273,6 +273,7 @@ def test_cache_follows_the_data_content(tiny: dict[str, str], tmp_path: Path, mo
 
 def test_odin_takes_the_image_std_from_the_processor(tiny: dict[str, str], tmp_path: Path) -> None:
     """ODIN's epsilon is in pixel units: the evaluation divides it by the processor's std unless told otherwise."""
+    from hf_gsc.detectors.odin import ODINDetector as ODIN
     from types import SimpleNamespace
 
     base = ["--model", tiny["model"], "--id-dataset", tiny["id"], "--ood-dataset", tiny["noise"],
@@ -281,8 +282,8 @@ def test_odin_takes_the_image_std_from_the_processor(tiny: dict[str, str], tmp_p
     assert automatic["methods"]["odin"]["hyperparameters"]["image_std"] == [0.5]  # the tiny processor's std
     given = runner.run_evaluation([*base, "--output-dir", str(tmp_path / "given"), "--hyperparameter", "odin.image_std=2.0"])
     assert given["methods"]["odin"]["hyperparameters"]["image_std"] == 2.0
-    assert models.processor_image_std(SimpleNamespace(image_std=[0.2, 0.3], do_normalize=False)) == [1.0]
-    assert models.processor_image_std(SimpleNamespace(image_std=0.25)) == [0.25]
+    assert ODIN.model_defaults(SimpleNamespace(image_std=[0.2, 0.3], do_normalize=False)) == {"image_std": [1.0]}
+    assert ODIN.model_defaults(SimpleNamespace(image_std=0.25)) == {"image_std": [0.25]}
 
 
 def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:

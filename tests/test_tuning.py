@@ -43,9 +43,10 @@ def test_grid_points_product_and_fixed_names() -> None:
     from hf_gsc.detectors import DETECTORS
 
     for method in DETECTORS:  # every registered method has a grid or a stated reason
-        assert method in tuning.GRIDS or method in tuning.NOT_TUNED, method
-    for method, grid in tuning.GRIDS.items():  # every grid point builds on a model (names and values valid)
-        assert method in DETECTORS and grid
+        cls = DETECTORS[method]
+        assert cls.search_space_source, method  # a grid's source, or why there is none
+        assert set(cls.search_space) <= set(cls.defaults if hasattr(cls, "defaults") else cls.config_class.setting_names()), method
+    assert set(tuning.search_spaces()) == {m for m, cls in DETECTORS.items() if cls.search_space}
 
 
 def test_generated_images_jigsaw_and_noise() -> None:
@@ -117,7 +118,7 @@ def tuned_run(tiny, tmp_path_factory):
         return make_dataloader(dataset, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tuning, "GRIDS", TEST_GRIDS)
+        patch.setattr(tuning, "search_spaces", lambda: TEST_GRIDS)
         patch.setattr(tuning, "tune_hyperparameters", spy_search)
         patch.setattr(loop, "make_dataloader", spy_loader)  # the search imports it from loop when it runs
         results = runner.run_evaluation(_argv(tiny, output_dir, "--tune", *TUNED_METHODS))

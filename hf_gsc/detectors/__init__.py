@@ -1,28 +1,19 @@
 """The registered OOD detection methods; importing this package registers all of them.
 
 The interface and the registry are :mod:`hf_gsc.detector`; GSC itself is :class:`hf_gsc.GSCForImageClassification`
-(:mod:`hf_gsc.modeling`); each baseline has its own module here.
+(:mod:`hf_gsc.modeling`); each other method has its own module here, found and imported
+without a list (a method is one file).
 """
+
+import importlib
+import pkgutil
 
 from ..detector import DETECTORS, OODDetector, OODDetectorOutput, detector_class, get_detector, register_detector
 from .. import modeling  # noqa: F401  (registers "gsc")
-from . import (  # noqa: F401  (each module registers its method(s))
-    ash,
-    conjnorm,
-    dice,
-    energy,
-    gem,
-    gradnorm,
-    gsc_ash,
-    knn,
-    mahalanobis,
-    max_logit,
-    msp,
-    odin,
-    react,
-    she,
-    vim,
-)
+
+# Every module of this package registers its method(s) on import: a new method is a new file, nothing else.
+for _module in sorted(_info.name for _info in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
 from ..shared_pass import fit_together
 from .bundle import BundleOutput, DetectorBundle
 

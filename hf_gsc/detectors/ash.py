@@ -83,6 +83,8 @@ class ASHDetector(BaselineDetector):
 
     variant: ClassVar[str]
     defaults = {"percentile": None, "split_point": "penultimate"}
+    search_space = {"percentile": (65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)}
+    search_space_source = "OpenOOD ash.yml: percentile_list [65, 70, 75, 80, 85, 90, 95], for each ASH variant"
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)

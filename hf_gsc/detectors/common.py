@@ -94,6 +94,9 @@ class TemperatureLogitDetector(BaselineDetector):
 
     score_name: ClassVar[str]
     defaults = {"temperature": 1.0}
+    search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0)}
+    search_space_source = ("OpenOOD's earlier ebo.yml temperature list [1, 10, 100, 1000] (it now lists [1]; OpenOOD "
+                           "sweeps no temperature for MSP or MaxLogit); costs nothing extra")
     reads_logits = True
 
     def validate(self) -> None:

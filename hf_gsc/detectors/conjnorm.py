@@ -84,6 +84,8 @@ class ConjNormDetector(FittedDetector):
 
     method = "conjnorm"
     defaults = {"p": 1.5, "temperature": 0.0005, "dual_norm": "feature"}
+    search_space = {"p": (1.5, 2.0, 2.5, 3.0)}
+    search_space_source = "not in OpenOOD: p over the paper's range (1, 3]"
     state_names = ("prototypes", "log_normalisers")
 
     def validate(self) -> None:

@@ -41,6 +41,9 @@ class DICEDetector(FittedDetector):
 
     method = "dice"
     defaults = {"sparsity": 90.0}
+    search_space = {"sparsity": (50.0, 70.0, 90.0)}
+    search_space_source = ("OpenOOD dice.yml fixes p = 90 (p_list [90]); searched here because DICE at 90 can sit "
+                           "near chance")
     state_names = ("mean_features",)
 
     def validate(self) -> None:

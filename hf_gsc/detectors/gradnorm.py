@@ -41,6 +41,9 @@ class GradNormDetector(PenultimateDetector):
 
     method = "gradnorm"
     defaults = {"temperature": 1.0}
+    search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0)}
+    search_space_source = ("OpenOOD sweeps no temperature for GradNorm; its earlier ebo.yml list [1, 10, 100, 1000] "
+                           "is searched, as for the other temperature-scaled scores")
 
     def validate(self) -> None:
         self._number("temperature", 0.0, low_open=True)

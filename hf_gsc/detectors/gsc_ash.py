@@ -72,6 +72,8 @@ class GSCASHDetector(BaselineDetector):
     """
 
     method = "gsc_ash"
+    search_space = {"mask_ratio": (0.01, 0.05, 0.1, 0.2)}
+    search_space_source = "not in OpenOOD: GSC's mask ratio around its default 0.05"
     defaults = {
         "ash_variant": "s",
         "ash_percentile": None,

@@ -44,6 +44,9 @@ class KNNDetector(FittedDetector):
 
     method = "knn"
     defaults = {"k": 50}
+    search_space = {"k": (1, 10, 50, 100, 200, 500, 1000)}
+    search_space_source = ("OpenOOD knn.yml: K_list [50, 100, 200, 500, 1000] (for banks of 50k-1.2M images); 1 and 10 "
+                           "added since the bank here is the --max-fit-samples subset. A k above the bank size is left out")
     state_names = ("bank",)
 
     def validate(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -65,6 +65,19 @@ class ODINDetector(BaselineDetector):
 
     method = "odin"
     defaults = {"temperature": 1000.0, "epsilon": 0.0014, "image_std": 1.0}
+    search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0), "epsilon": (0.0, 0.0014, 0.0028)}
+    search_space_source = ("OpenOOD odin.yml: temperature [1, 10, 100, 1000] x noise [0.0014, 0.0028]; epsilon 0 "
+                           "(temperature scaling alone, the low end of the ODIN paper's grid) added")
+    one_pass = False  # a forward, a backward and a second forward of its own per batch
+
+    @classmethod
+    def model_defaults(cls, image_processor: Any) -> dict[str, Any]:
+        """``image_std``: the processor's normalisation std per channel (``[1.0]`` when it does not normalise), so
+        that ``epsilon`` is a step in [0, 1] pixel units, as in the ODIN code."""
+        std = getattr(image_processor, "image_std", None)
+        if std is None or not getattr(image_processor, "do_normalize", True):
+            return {"image_std": [1.0]}
+        return {"image_std": [float(value) for value in (std if isinstance(std, (list, tuple)) else [std])]}
 
     def validate(self) -> None:
         self._number("temperature", MIN_TEMPERATURE)

@@ -32,6 +32,8 @@ class ReActDetector(FittedDetector):
     """
 
     method = "react"
+    search_space = {"percentile": (85.0, 90.0, 95.0, 99.0)}
+    search_space_source = "OpenOOD react.yml: percentile_list [85, 90, 95, 99]"
     fit_split = "validation"
     defaults = {"percentile": 90.0}
     state_names = ("threshold",)

@@ -53,18 +53,6 @@ def image_transform(processor: Any, model: torch.nn.Module) -> Any:
     return ImageTransform(processor, num_channels(model.config))
 
 
-def processor_image_std(processor: Any) -> list[float]:
-    """The normalisation std of ``processor`` per channel (``[1.0]`` when it does not normalise).
-
-    ODIN's ``epsilon`` is a step in [0, 1] pixel units; on normalised ``pixel_values`` it is ``epsilon / std``,
-    so the evaluation passes this unless ``--hyperparameter odin.image_std=...`` is given.
-    """
-    std = getattr(processor, "image_std", None)
-    if std is None or not getattr(processor, "do_normalize", True):
-        return [1.0]
-    return [float(value) for value in (std if isinstance(std, (list, tuple)) else [std])]
-
-
 def build_detectors(
     model: torch.nn.Module, methods: Sequence[str], hyperparameters: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -93,5 +81,4 @@ __all__ = [
     "image_backend_of",
     "image_transform",
     "load_model",
-    "processor_image_std",
 ]

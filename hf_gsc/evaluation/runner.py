@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..registry import detector_class
 from ..data.decoding import UndecodableImageError
 from .fitting import fit_detectors, saved_fit_info
 from .labels import LabelMismatchWarning, class_names_of, compare_labels, label_warning, model_class_names
@@ -44,7 +45,6 @@ from .models import (
     image_backend_of,
     image_transform,
     load_model,
-    processor_image_std,
 )
 from .options import InputError, check_output_dir, parse_args, validate_args
 from .plan import (
@@ -248,8 +248,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     for name, values in saved.items():  # a saved detector given as --model: its settings, unless overridden
         if name in methods:
             hyperparameters[name] = {**values, **hyperparameters[name]}
-    if "odin" in methods and "image_std" not in hyperparameters["odin"]:
-        hyperparameters["odin"]["image_std"] = processor_image_std(processor)
+    for name in methods:  # defaults that depend on the model's image processor (ODIN's image_std), unless set
+        hyperparameters[name] = {**detector_class(name).model_defaults(processor), **hyperparameters[name]}
     detectors = build_detectors(model, methods, hyperparameters)
     with accelerator.main_process_first():
         id_splits, ood_splits = load_data(args, parsed, needed_id_splits(detectors))

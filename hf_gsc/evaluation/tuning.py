@@ -14,9 +14,10 @@ Data (never the ID test split, never a test OOD split: :func:`tune_hyperparamete
   Fashion-MNIST validation rows of its four OOD classes; :data:`HELDOUT_VALIDATION`);
 * methods fitted on ID train fit every grid point on the evaluation's own fit data (``--max-fit-samples``).
 
-Grid (:data:`GRIDS`, one table; values from OpenOOD's ``configs/postprocessors/*.yml`` ``postprocessor_sweep`` where
-OpenOOD sweeps the method, see the comments). A name given with ``--hyperparameter`` (or a GSC option for ``gsc``) is
-fixed and not searched. Methods without a grid keep their settings: :data:`NOT_TUNED` says why.
+Grid (:func:`search_spaces`: each method's class holds its ``search_space`` and says where it comes from in
+``search_space_source``; values from OpenOOD's ``configs/postprocessors/*.yml`` ``postprocessor_sweep`` where OpenOOD
+sweeps the method). A name given with ``--hyperparameter`` (or a GSC option for ``gsc``) is
+fixed and not searched. Methods without a grid keep their settings; their ``search_space_source`` says why.
 
 Rule (:func:`select_point`): per method, the grid point with the highest AUROC of ``tune_select`` against the OOD
 validation sets (the mean over the sets; ID = positive), ties broken by the lower mean FPR95, then by grid order.
@@ -50,42 +51,20 @@ VALIDATION_SEED = 1001
 #: Patches per side of the jigsaw OOD validation set.
 JIGSAW_GRID = 4
 
-#: method -> hyperparameter -> values searched (the grid is their product, in this order).
-GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
-    # OpenOOD react.yml: percentile_list [85, 90, 95, 99].
-    "react": {"percentile": (85.0, 90.0, 95.0, 99.0)},
-    # OpenOOD ash.yml: percentile_list [65, 70, 75, 80, 85, 90, 95], for each ASH variant.
-    "ash_p": {"percentile": (65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)},
-    "ash_b": {"percentile": (65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)},
-    "ash_s": {"percentile": (65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)},
-    # OpenOOD dice.yml fixes p = 90 (p_list [90]); searched here because DICE at 90 can sit near chance.
-    "dice": {"sparsity": (50.0, 70.0, 90.0)},
-    # OpenOOD knn.yml: K_list [50, 100, 200, 500, 1000] (for banks of 50k-1.2M images); 1 and 10 added since the
-    # bank here is the --max-fit-samples subset (10k by default). A k above the bank size is left out.
-    "knn": {"k": (1, 10, 50, 100, 200, 500, 1000)},
-    # OpenOOD odin.yml: temperature [1, 10, 100, 1000] x noise [0.0014, 0.0028]; epsilon 0 (temperature scaling
-    # alone, the low end of the ODIN paper's grid) added.
-    "odin": {"temperature": (1.0, 10.0, 100.0, 1000.0), "epsilon": (0.0, 0.0014, 0.0028)},
-    # OpenOOD sweeps no temperature for MSP, MaxLogit or GradNorm, and ebo.yml now lists [1] (earlier [1, 10, 100,
-    # 1000]); that earlier list is searched for the three temperature-scaled logit scores, which cost nothing extra.
-    "msp": {"temperature": (1.0, 10.0, 100.0, 1000.0)},
-    "energy": {"temperature": (1.0, 10.0, 100.0, 1000.0)},
-    "gradnorm": {"temperature": (1.0, 10.0, 100.0, 1000.0)},
-    # Not in OpenOOD: GSC's mask ratio around its default 0.05; ConjNorm's p over the paper's range (1, 3].
-    "gsc": {"mask_ratio": (0.01, 0.05, 0.1, 0.2)},
-    "gsc_ash": {"mask_ratio": (0.01, 0.05, 0.1, 0.2)},
-    "conjnorm": {"p": (1.5, 2.0, 2.5, 3.0)},
-}
+def search_spaces() -> dict[str, dict[str, tuple[Any, ...]]]:
+    """method -> hyperparameter -> values searched, for every registered method with a grid: each method's class
+    holds its own (``search_space``, with its source in ``search_space_source``)."""
+    from ..registry import DETECTORS
 
-#: Registered methods without a grid, and why.
-NOT_TUNED: dict[str, str] = {
-    "max_logit": "no hyperparameters",
-    "mahalanobis": "no hyperparameters",
-    "gem": "no hyperparameters",
-    "she": "no hyperparameters",
-    "vim": "principal_dim follows the feature width by the paper's rule; OpenOOD's sweep [256, 1000] is for "
-           "2048-d ResNet-50 features and does not carry over to other widths",
-}
+    return {method: dict(cls.search_space) for method, cls in DETECTORS.items() if cls.search_space}
+
+
+def not_tuned_reason(method: str) -> str:
+    """Why ``method`` has no grid (its class's ``search_space_source``)."""
+    from ..registry import detector_class
+
+    return detector_class(method).search_space_source
+
 
 SELECTION_RULE = ("per method, the grid point with the highest mean AUROC of tune_select vs the OOD validation sets "
                   "(ID positive), ties broken by the lower mean FPR95 (ID positive), then grid order")
@@ -96,7 +75,7 @@ def grid_points(method: str, fixed: Sequence[str] = (), grids: Mapping[str, Mapp
                 ) -> list[dict[str, Any]]:
     """Every point of ``method``'s grid (product of the values, first name slowest), without the ``fixed`` names;
     ``[]`` when nothing is left to search."""
-    grid = {name: tuple(values) for name, values in ((grids if grids is not None else GRIDS).get(method) or {}).items()
+    grid = {name: tuple(values) for name, values in ((grids if grids is not None else search_spaces()).get(method) or {}).items()
             if name not in fixed}
     if not grid:
         return []
@@ -265,7 +244,7 @@ def tune_hyperparameters(
         if not grid:
             record["not_tuned"][method] = (
                 f"fixed by the command line ({', '.join(sorted(fixed.get(method, ())))})" if grid_points(method)
-                else NOT_TUNED.get(method, "no grid defined"))
+                else not_tuned_reason(method))
             continue
         points[method] = grid
         for index, point in enumerate(grid):
@@ -372,9 +351,9 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
 
 
 __all__ = [
-    "GRIDS",
     "HELDOUT_VALIDATION",
-    "NOT_TUNED",
+    "not_tuned_reason",
+    "search_spaces",
     "SELECTION_RULE",
     "VALIDATION_SEED",
     "GeneratedImages",
