@@ -63,7 +63,8 @@ def not_tuned_reason(method: str) -> str:
     """Why ``method`` has no grid (its class's ``search_space_source``)."""
     from ..registry import detector_class
 
-    return detector_class(method).search_space_source
+    cls = detector_class(method)
+    return "no grid defined" if cls.search_space else cls.search_space_source
 
 
 SELECTION_RULE = ("per method, the grid point with the highest mean AUROC of tune_select vs the OOD validation sets "
