@@ -1,25 +1,31 @@
-"""``GSCConfig``: the detector's settings, fitted state and provenance, validated on every assignment.
+"""The settings of every detector: one config hierarchy, like PEFT's ``PeftConfigMixin`` -> ``PeftConfig`` ->
+``LoraConfig``.
 
-Like a PEFT adapter config, it sits next to a *reference* to the base model (name or path and
-revision) instead of the base model's own config. Each field has one *kind* (its ``metadata["kind"]``):
+:class:`DetectorConfig` is the base: the type field ``method`` (a class attribute of each method's config class,
+like PEFT's ``peft_type``), the fitted ``threshold`` with its ``calibration`` record, and a *reference* to the base
+model (name or path and revision) instead of the base model's own config. Each method has its own subclass whose
+dataclass fields are its settings: :class:`GSCConfig` for GSC, written here; for the other methods the class is made
+from the ``defaults`` their detector class declares (:func:`config_class_for`), so that a method stays one file.
+Every field is validated on every assignment and has one *kind* (its ``metadata["kind"]``):
 
 * ``setting``: chosen by the user, part of what makes two detectors the same method (CLI options,
   cache fingerprints, the card's configuration table, GSC + ASH, the ablation variants);
 * ``fitted``: computed from ID data by ``calibrate`` / ``calibrate_gradient_mass`` (``threshold``,
-  ``calibration``, ``gradient_mass``);
+  ``calibration``, GSC's ``gradient_mass``);
 * ``provenance``: where the detector came from (base model reference and revision, hf_gsc version).
 
-Every list of fields elsewhere is derived from these kinds (:meth:`GSCConfig.names`), never written by hand.
+Every list of fields elsewhere is derived from these kinds (:meth:`DetectorConfig.names`), never written by hand.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import warnings
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Callable, ClassVar
 
 from . import __version__
@@ -43,10 +49,10 @@ def _number(low: float, high: float, low_open: bool = False, optional: bool = Fa
         if value is None and optional:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"GSCConfig.{name} must be a finite number, got {value!r}")
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
         if value < low or value > high or (low_open and value == low):
             bracket = "(" if low_open else "["
-            raise ValueError(f"GSCConfig.{name} must be in {bracket}{low}, {high}], got {value!r}")
+            raise ValueError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
         return float(value)  # 1 and 1.0 are one setting (saved, compared and fingerprinted alike)
 
     return check
@@ -55,7 +61,7 @@ def _number(low: float, high: float, low_open: bool = False, optional: bool = Fa
 def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], Any]:
     def check(name: str, value: Any) -> Any:
         if value not in choices:
-            raise ValueError(f"GSCConfig.{name} must be one of {choices}, got {value!r}")
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
         return value
 
     return check
@@ -73,7 +79,7 @@ def _split_point(optional: bool = False) -> Callable[[str, Any], Any]:
 
 def _optional_string(name: str, value: Any) -> Any:
     if value is not None and not isinstance(value, str):
-        raise ValueError(f"GSCConfig.{name} must be a string or None, got {value!r}")
+        raise ValueError(f"{name} must be a string or None, got {value!r}")
     return value
 
 
@@ -83,13 +89,13 @@ def _threshold(name: str, value: Any) -> Any:
 
 def _seed(name: str, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"GSCConfig.{name} must be an int, got {value!r}")
+        raise ValueError(f"{name} must be an int, got {value!r}")
     return value
 
 
 def _calibration(name: str, value: Any) -> Any:
     if value is not None and not isinstance(value, dict):
-        raise ValueError(f"GSCConfig.{name} must be a dict or None, got {type(value).__name__}")
+        raise ValueError(f"{name} must be a dict or None, got {type(value).__name__}")
     return value
 
 
@@ -98,8 +104,153 @@ def _field(default: Any, kind: str, check: Callable[[str, Any], Any]) -> Any:
 
 
 @dataclass
-class GSCConfig:
-    """Settings of Gradient Short-Circuit (paper Algorithm 1), its fitted state and its provenance.
+class DetectorConfig:
+    """The base of every method's settings (PEFT's ``PeftConfig``): the type field, the fitted threshold with its
+    calibration record, and the base-model reference; each method's subclass adds its settings as fields.
+
+    Fields:
+        threshold: ``is_ood = not ood_score >= threshold``; set by ``calibrate`` on ID validation data.
+        calibration: what the threshold was calibrated on (``split``, ``num_samples``, ``tpr``, ``delta``).
+        base_model_name_or_path, base_model_revision: reference to the base classifier.
+        hf_gsc_version: the hf_gsc version that wrote the config.
+
+    Class attributes:
+        method: the registered method these settings configure (the saved format's type field).
+        structural_names: settings that decide what a detector built or fitted: assigning one on a detector's config
+            asks the detector first, which rebuilds itself or refuses (:func:`bind_config`).
+    """
+
+    method: ClassVar[str] = ""
+    structural_names: ClassVar[tuple[str, ...]] = ()
+
+    threshold: float | None = _field(None, FITTED, _threshold)
+    calibration: dict[str, Any] | None = _field(None, FITTED, _calibration)
+    base_model_name_or_path: str | None = _field(None, PROVENANCE, _optional_string)
+    base_model_revision: str | None = _field(None, PROVENANCE, _optional_string)
+    hf_gsc_version: str = _field(__version__, PROVENANCE, _optional_string)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The dataclass __init__ assigns through here too, so construction and later assignment
+        # (``det.config.mask_ratio = 1.5``) are validated by the same check.
+        if name == "method":
+            raise AttributeError(f"{type(self).__name__}.method is the method these settings are for; build a "
+                                 "detector of another method instead")
+        check = _checks_of(type(self)).get(name)
+        if check is not None:
+            try:
+                value = check(name, value)
+            except ValueError as error:
+                raise ValueError(f"{type(self).__name__}.{error}") from None
+        _assign(self, name, value)
+
+    @property
+    def hyperparameters(self) -> "ReadOnlyDict":
+        """The settings, ``{name: value}`` (read-only): what the saved format, the card and results.json call
+        the method's hyperparameters."""
+        return ReadOnlyDict({name: getattr(self, name) for name in self.setting_names()})
+
+    @classmethod
+    def names(cls, *kinds: str) -> tuple[str, ...]:
+        """Field names of the given kinds (``"setting"``, ``"fitted"``, ``"provenance"``), in field order."""
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"config field kinds are {KINDS}, got {sorted(unknown)}")
+        return tuple(f.name for f in fields(cls) if f.metadata["kind"] in kinds)
+
+    @classmethod
+    def setting_names(cls) -> tuple[str, ...]:
+        return cls.names(SETTING)
+
+    @classmethod
+    def score_names(cls) -> tuple[str, ...]:
+        """The fields that change ``ood_score``: the settings and fitted values other than ``threshold`` and
+        ``calibration`` (which only change ``is_ood``; GSC's ``gradient_mass`` does change it). Score caches are
+        fingerprinted on these."""
+        return tuple(name for name in cls.names(SETTING, FITTED) if name not in ("threshold", "calibration"))
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    def score_hyperparameters(self) -> dict[str, Any]:
+        """``{name: value}`` of every field that changes ``ood_score`` (:meth:`score_names`)."""
+        return {name: getattr(self, name) for name in self.score_names()}
+
+    def settings(self) -> dict[str, Any]:
+        """``{name: value}`` of the settings only."""
+        return dict(self.hyperparameters)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field and the type field, flat."""
+        return {"method": self.method, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str | None = None) -> "DetectorConfig":
+        """Build from saved values (fields, flat). Keys unknown to this version are an error, unless the values were
+        written by a newer hf_gsc: then they are dropped with a warning naming both versions (as PEFT does)."""
+        values = dict(values)
+        values.pop("method", None)
+        kept = drop_unknown(values, cls.field_names(), values.get("hf_gsc_version"), source or cls.__name__,
+                            f"{cls.__name__} fields")
+        return cls(**kept)
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> "DetectorConfig":
+        """A config saved as a flat JSON object of fields (GSC's ``gsc_config.json``, the format before every
+        method shared ``detector_config.json``)."""
+        return cls.from_dict(read_json_object(path, f"{cls.__name__} fields"), source=str(path))
+
+
+_CHECKS: dict[type, dict[str, Callable[[str, Any], Any]]] = {}
+
+
+def _checks_of(cls: type) -> dict[str, Callable[[str, Any], Any]]:
+    """``field name -> check`` of a config class (built once per class)."""
+    checks = _CHECKS.get(cls)
+    if checks is None:
+        checks = _CHECKS[cls] = {f.name: f.metadata["check"] for f in fields(cls)}
+    return checks
+
+
+def drop_unknown(values: Mapping[str, Any], known: set[str] | Sequence[str], version: Any, source: str,
+                 what: str) -> dict[str, Any]:
+    """``values`` without the keys this hf_gsc does not know. Unknown keys are an error naming them and the known
+    ones, unless ``version`` (the hf_gsc that wrote them) is newer than this one: then they are dropped with a
+    warning naming both versions (as PEFT does)."""
+    unknown = sorted(set(values) - set(known))
+    if not unknown:
+        return dict(values)
+    if not _is_newer(version):
+        raise ValueError(f"{source}: unknown {what} {unknown} (written by hf_gsc {version}); known: {sorted(known)}")
+    warnings.warn(
+        f"{source} was written by hf_gsc {version}, newer than the installed hf_gsc {__version__}; ignoring the "
+        f"{what} this version does not know: {unknown}. Upgrade hf_gsc to use them.",
+        stacklevel=3,
+    )
+    return {key: value for key, value in values.items() if key not in unknown}
+
+
+def config_class_for(detector_class: type, defaults: Mapping[str, Any]) -> type[DetectorConfig]:
+    """The config class of a method declared by its detector's ``defaults`` (``name -> default``): a
+    :class:`DetectorConfig` subclass named after the detector (``KNNDetector`` -> ``KNNConfig``) with one setting
+    field per default, every one structural (the detector was built and fitted from them). The method's own
+    ``validate`` checks the values; the field check keeps them JSON values (the saved format is JSON)."""
+    name = detector_class.__name__.removesuffix("Detector") + "Config"
+    specs = [(key, Any, field(default_factory=lambda value=value: copy.deepcopy(value),
+                              metadata={"kind": SETTING, "check": _json_value}))
+             for key, value in defaults.items()]
+    cls = make_dataclass(name, specs, bases=(DetectorConfig,),
+                         namespace={"method": detector_class.method, "structural_names": tuple(defaults),
+                                    "__doc__": f"Settings of the {detector_class.method!r} detector "
+                                               f"(:class:`{detector_class.__module__}.{detector_class.__name__}`)."})
+    cls.__module__ = detector_class.__module__
+    return cls
+
+
+@dataclass
+class GSCConfig(DetectorConfig):
+    """Settings of Gradient Short-Circuit (paper Algorithm 1) and its fitted gradient mass, on the common fields of
+    :class:`DetectorConfig` (threshold, calibration, base-model reference).
 
     Settings:
         split_point: where ``F`` is taken: ``"final_encoder_output"`` (before the final LayerNorm /
@@ -127,12 +278,6 @@ class GSCConfig:
 
     Fitted state:
         gradient_mass: the mass fraction of ``mask_size="adaptive"``, set by ``calibrate_gradient_mass``.
-        threshold: ``is_ood = ood_score < threshold``; set by ``calibrate`` on ID validation data.
-        calibration: what the threshold was calibrated on (``split``, ``num_samples``, ``tpr``).
-
-    Provenance:
-        base_model_name_or_path, base_model_revision: reference to the base classifier.
-        hf_gsc_version: the hf_gsc version that wrote the config.
     """
 
     split_point: str = _field("final_encoder_output", SETTING, _split_point())
@@ -150,101 +295,13 @@ class GSCConfig:
     # Tiny temperatures overflow logits / T in float32 (NaN scores from about T < 1e-37); 1e-3 is far from that and
     # below any temperature in use (already a hard max for logits of ordinary size). hf_gsc.detectors.common too.
     temperature: float = _field(1.0, SETTING, _number(1e-3, math.inf))
-    threshold: float | None = _field(None, FITTED, _threshold)
-    calibration: dict[str, Any] | None = _field(None, FITTED, _calibration)
     seed: int = _field(0, SETTING, _seed)
-    base_model_name_or_path: str | None = _field(None, PROVENANCE, _optional_string)
-    base_model_revision: str | None = _field(None, PROVENANCE, _optional_string)
-    hf_gsc_version: str = _field(__version__, PROVENANCE, _optional_string)
 
     #: Settings that decide what a detector builds (where ``F`` is taken, which backend linearises the head, the
     #: attention kernel): assigning one on a detector's config rebuilds the detector (see :func:`bind_config`).
     structural_names: ClassVar[tuple[str, ...]] = ("split_point", "earlier_split_point", "approximation", "selection")
 
-    @property
-    def method(self) -> str:
-        """The registered method these settings configure (the saved format's type field)."""
-        return "gsc"
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        # The dataclass __init__ assigns through here too, so construction and later assignment
-        # (``det.config.mask_ratio = 1.5``) are validated by the same check.
-        check = _CHECKS.get(name)
-        _assign(self, name, value if check is None else check(name, value))
-
-    def hyperparameters(self) -> dict[str, Any]:
-        """The settings, as every detector's config names them (the saved format, the card, results.json)."""
-        return self.settings()
-
-    @classmethod
-    def names(cls, *kinds: str) -> tuple[str, ...]:
-        """Field names of the given kinds (``"setting"``, ``"fitted"``, ``"provenance"``), in field order."""
-        unknown = set(kinds) - set(KINDS)
-        if unknown:
-            raise ValueError(f"GSCConfig field kinds are {KINDS}, got {sorted(unknown)}")
-        return tuple(f.name for f in fields(cls) if f.metadata["kind"] in kinds)
-
-    @classmethod
-    def setting_names(cls) -> tuple[str, ...]:
-        return cls.names(SETTING)
-
-    @classmethod
-    def fitted_names(cls) -> tuple[str, ...]:
-        return cls.names(FITTED)
-
-    @classmethod
-    def provenance_names(cls) -> tuple[str, ...]:
-        return cls.names(PROVENANCE)
-
-    @classmethod
-    def score_names(cls) -> tuple[str, ...]:
-        """The fields that change ``ood_score``: the settings and ``gradient_mass`` (``threshold`` and
-        ``calibration`` only change ``is_ood``). Score caches are fingerprinted on these."""
-        return tuple(name for name in cls.names(SETTING, FITTED) if name not in ("threshold", "calibration"))
-
-    @classmethod
-    def field_names(cls) -> set[str]:
-        return {f.name for f in fields(cls)}
-
-    def score_hyperparameters(self) -> dict[str, Any]:
-        """``{name: value}`` of every field that changes ``ood_score`` (:meth:`score_names`)."""
-        return {name: getattr(self, name) for name in self.score_names()}
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def settings(self) -> dict[str, Any]:
-        """``{name: value}`` of the settings only."""
-        return {name: getattr(self, name) for name in self.setting_names()}
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "GSCConfig") -> "GSCConfig":
-        """Build from saved values. Keys unknown to this version are an error, unless the values were written
-        by a newer hf_gsc: then they are dropped with a warning naming both versions (as PEFT does)."""
-        unknown = set(values) - cls.field_names()
-        if unknown:
-            saved_version = values.get("hf_gsc_version")
-            if not _is_newer(saved_version):
-                raise ValueError(
-                    f"{source}: unknown GSCConfig fields {sorted(unknown)} (written by hf_gsc {saved_version}); "
-                    f"known: {sorted(cls.field_names())}"
-                )
-            warnings.warn(
-                f"{source} was written by hf_gsc {saved_version}, newer than the installed hf_gsc {__version__}; "
-                f"ignoring the fields this version does not know: {sorted(unknown)}. Upgrade hf_gsc to use them.",
-                stacklevel=2,
-            )
-            values = {key: value for key, value in values.items() if key not in unknown}
-        return cls(**values)
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "GSCConfig":
-        """A GSC config saved as ``gsc_config.json`` (flat GSCConfig fields), the format before every method
-        shared ``detector_config.json``."""
-        return cls.from_dict(read_json_object(path, "GSCConfig fields"), source=str(path))
-
-
-_CHECKS: dict[str, Callable[[str, Any], Any]] = {f.name: f.metadata["check"] for f in fields(GSCConfig)}
+    method: ClassVar[str] = "gsc"
 
 
 def _is_newer(version: Any) -> bool:
@@ -312,59 +369,3 @@ class ReadOnlyDict(dict):
 
     def __reduce__(self) -> tuple:
         return type(self), (dict(self),)
-
-
-def _hyperparameters(name: str, value: Any) -> Any:
-
-    if not isinstance(value, Mapping):
-        raise ValueError(f"DetectorConfig.{name} must be a mapping of names to values, got {type(value).__name__}")
-    checked = {}
-    for key, item in value.items():
-        if not isinstance(key, str):
-            raise ValueError(f"DetectorConfig.{name}: names must be strings, got {key!r}")
-        checked[key] = _json_value(key, item)
-    return ReadOnlyDict(checked)  # read-only: the detector was built from these values
-
-
-def _method(name: str, value: Any) -> Any:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"DetectorConfig.{name} must be a registered method name, got {value!r}")
-    return value
-
-
-@dataclass
-class DetectorConfig:
-    """Settings of any registered detector other than GSC: its ``method`` (the type field, like PEFT's
-    ``peft_type``), its ``hyperparameters`` (every value, defaults filled in, checked by the method's class), the
-    fitted threshold with its calibration record, and the same provenance as :class:`GSCConfig`.
-
-    ``hyperparameters`` is read-only: the detector was built (and fitted) from it. Assigning a new mapping, or a new
-    ``method``, on a detector's config raises ``AttributeError`` saying how to build a new detector
-    (:meth:`hf_gsc.OODDetector._rebuild_for`).
-    """
-
-    method: str = field(default="msp", metadata={"kind": SETTING, "check": _method})
-    hyperparameters: Mapping[str, Any] = field(default_factory=dict, metadata={"kind": SETTING, "check": _hyperparameters})
-    threshold: float | None = _field(None, FITTED, _threshold)
-    calibration: dict[str, Any] | None = _field(None, FITTED, _calibration)
-    base_model_name_or_path: str | None = _field(None, PROVENANCE, _optional_string)
-    base_model_revision: str | None = _field(None, PROVENANCE, _optional_string)
-    hf_gsc_version: str = _field(__version__, PROVENANCE, _optional_string)
-
-    structural_names: ClassVar[tuple[str, ...]] = ("method", "hyperparameters")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        check = _DETECTOR_CHECKS.get(name)
-        _assign(self, name, value if check is None else check(name, value))
-
-    def score_hyperparameters(self) -> dict[str, Any]:
-        """What changes ``ood_score``: every hyperparameter (the fitted threshold only changes ``is_ood``)."""
-        return dict(self.hyperparameters)
-
-    def to_dict(self) -> dict[str, Any]:
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values["hyperparameters"] = dict(self.hyperparameters)
-        return values
-
-
-_DETECTOR_CHECKS: dict[str, Callable[[str, Any], Any]] = {f.name: f.metadata["check"] for f in fields(DetectorConfig)}

@@ -76,7 +76,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         needs_fit: whether :meth:`fit` must run before scoring (per instance where settings decide it).
         fit_split: the ID split the evaluation fits it on (``"train"`` or ``"validation"``), never test.
         reads_logits: whether :meth:`score_batch` reads the base model's logits.
-        config_class: the settings class (:class:`~hf_gsc.config.DetectorConfig`, or ``GSCConfig`` for GSC).
+        config_class: the method's settings class, a :class:`~hf_gsc.config.DetectorConfig` subclass (``GSCConfig``
+            for GSC; made from ``defaults`` for the others).
 
     The base model is put in eval mode and frozen; it never receives ``.grad``.
     """
@@ -136,7 +137,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     @property
     def hyperparameters(self) -> dict[str, Any]:
         """Every setting of the method, defaults filled in (read-only copy)."""
-        return dict(self.config.hyperparameters) if isinstance(self.config, DetectorConfig) else self.config.hyperparameters()
+        return dict(self.config.hyperparameters)
 
     # ------------------------------------------------------------------ what it reads, and scoring
     def feature_splits(self) -> tuple[SplitPoint, ...]:

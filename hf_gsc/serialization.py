@@ -30,7 +30,8 @@ import torch
 from . import __version__, safe_files
 from .image_processors import load_image_processor
 from .repo_ids import is_hub_id
-from .config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, GSCConfig, read_json_object
+from .config import (CONFIG_NAME, FITTED, LEGACY_GSC_CONFIG_NAME, SETTING, STATE_FILE, DetectorConfig, GSCConfig,
+                     drop_unknown, read_json_object)
 
 if TYPE_CHECKING:
     from .detector import OODDetector
@@ -67,16 +68,7 @@ def config_values(detector: "OODDetector", base: tuple[str | None, str | None] |
     }
 
 
-def _is_newer(version: Any) -> bool:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return isinstance(version, str) and Version(version) > Version(__version__)
-    except InvalidVersion:
-        return False
-
-
-def config_from_values(values: Mapping[str, Any], source: str) -> GSCConfig | DetectorConfig:
+def config_from_values(values: Mapping[str, Any], source: str) -> DetectorConfig:
     """The config a saved ``detector_config.json`` describes. Keys unknown to this version are an error, unless a
     newer hf_gsc wrote them: then they are dropped with a warning naming both versions (as PEFT does)."""
     from .registry import detector_class
@@ -88,32 +80,22 @@ def config_from_values(values: Mapping[str, Any], source: str) -> GSCConfig | De
         cls = detector_class(method)
     except ValueError as error:
         raise ValueError(f"{source}: {error}") from None
-    unknown = sorted(set(values) - set(CONFIG_KEYS))
-    version = values.get("hf_gsc_version")
-    if unknown:
-        if not _is_newer(version):
-            raise ValueError(f"{source}: unknown keys {unknown} (written by hf_gsc {version}); known: {list(CONFIG_KEYS)}")
-        warnings.warn(f"{source} was written by hf_gsc {version}, newer than the installed hf_gsc {__version__}; "
-                      f"ignoring the keys this version does not know: {unknown}. Upgrade hf_gsc to use them.", stacklevel=3)
+    values = drop_unknown(values, CONFIG_KEYS, values.get("hf_gsc_version"), source, "keys")
     hyperparameters = values.get("hyperparameters") or {}
     if not isinstance(hyperparameters, Mapping):
         raise ValueError(f"{source}: 'hyperparameters' must be a JSON object, got {type(hyperparameters).__name__}")
     common = {key: values.get(key) for key in CONFIG_KEYS[2:] if key in values}
+    config_class = cls.config_class
     try:
-        if cls.config_class is GSCConfig:
-            return GSCConfig.from_dict({**hyperparameters, **common}, source=source)
-        known = getattr(cls, "defaults", {})
-        extra = sorted(set(hyperparameters) - set(known))
-        if extra and _is_newer(version):
-            warnings.warn(f"{source} was written by hf_gsc {version}; ignoring the {method} hyperparameters {extra} "
-                          "this version does not know", stacklevel=3)
-            hyperparameters = {k: v for k, v in hyperparameters.items() if k in known}
-        return DetectorConfig(method=method, hyperparameters=hyperparameters, **common)
+        # Hyperparameters a newer hf_gsc wrote are dropped with a warning; other unknown ones are an error.
+        hyperparameters = drop_unknown(hyperparameters, config_class.setting_names(), common.get("hf_gsc_version"),
+                                       source, f"{method} hyperparameters")
+        return config_class(**hyperparameters, **common)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{source}: {error}") from None
 
 
-def read_config(directory: str | os.PathLike) -> GSCConfig | DetectorConfig | None:
+def read_config(directory: str | os.PathLike) -> DetectorConfig | None:
     """The config of the detector saved in ``directory`` (``detector_config.json``, or a legacy GSC
     ``gsc_config.json``); ``None`` where there is neither."""
     path = os.path.join(directory, CONFIG_NAME)
@@ -199,12 +181,10 @@ def split_kwargs(
 
 
 def hyperparameter_names(cls: type) -> frozenset[str]:
-    """The keywords a detector class takes as settings: ``GSCConfig`` fields for GSC; for the others their
-    ``defaults`` and the config fields every method has (threshold, calibration, base-model reference), so that
-    ``base_model_name_or_path=`` redirects any saved detector to another copy of its base model."""
-    if cls.config_class is GSCConfig:
-        return frozenset(GSCConfig.field_names())
-    return frozenset(getattr(cls, "defaults", {})) | frozenset(CONFIG_KEYS[2:6])
+    """The keywords a detector class takes as settings: its config class's settings (and GSC's fitted
+    ``gradient_mass``), and the config fields every method has (threshold, calibration, base-model reference), so
+    that ``base_model_name_or_path=`` redirects any saved detector to another copy of its base model."""
+    return frozenset(cls.config_class.names(SETTING, FITTED)) | frozenset(CONFIG_KEYS[2:6])
 
 
 # ----------------------------------------------------------------------------- save
@@ -410,7 +390,7 @@ def load_detector(
     name_or_path: Any,
     method: str | None = None,
     expected_class: type | None = None,
-    config: GSCConfig | DetectorConfig | None = None,
+    config: DetectorConfig | None = None,
     model: torch.nn.Module | None = None,
     **kwargs: Any,
 ) -> "OODDetector":
@@ -490,16 +470,11 @@ def load_detector(
 
 def _build(cls: type, model: torch.nn.Module, config: Any, overrides: dict[str, Any], classifier_path: str | None,
            hub: Mapping[str, Any]) -> "OODDetector":
-    if cls.config_class is GSCConfig:
-        if classifier_path is not None:
-            overrides.setdefault("base_model_name_or_path", classifier_path)
-            overrides.setdefault("base_model_revision", hub.get("revision"))
-        return cls(model, config, **overrides)
     if config is None:
-        config = DetectorConfig(method=cls.method)
+        config = cls.config_class()
     if classifier_path is not None:
-        config.base_model_name_or_path = classifier_path
-        config.base_model_revision = hub.get("revision")
+        overrides.setdefault("base_model_name_or_path", classifier_path)
+        overrides.setdefault("base_model_revision", hub.get("revision"))
     for key in ("threshold", "calibration", "base_model_name_or_path", "base_model_revision"):
         if key in overrides:
             setattr(config, key, overrides.pop(key))

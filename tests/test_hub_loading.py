@@ -162,4 +162,4 @@ def test_one_list_of_fields_drives_cli_cache_card_and_variants():
     assert [f.name for f in dataclasses.fields(Variant)] == ["kind", *settings, "steps"]
     assert set(GSCConfig.score_names()) == set(settings) | {"gradient_mass"}
     assert GSCConfig.names("setting", "fitted", "provenance") == tuple(f.name for f in dataclasses.fields(GSCConfig))
-    assert set(GSCConfig.provenance_names()) == {"base_model_name_or_path", "base_model_revision", "hf_gsc_version"}
+    assert set(GSCConfig.names("provenance")) == {"base_model_name_or_path", "base_model_revision", "hf_gsc_version"}

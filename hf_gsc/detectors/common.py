@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..backbone_pass import BackbonePass
-from ..config import DetectorConfig
+from ..config import DetectorConfig, config_class_for
 from ..features import LinearHead, check_fit_samples, linear_head, penultimate_split
 from ..scores import ood_score
 from ..split_points import SplitPoint
@@ -36,11 +36,18 @@ class BaselineDetector(OODDetector):
 
     defaults: ClassVar[dict[str, Any]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Each method (a class that names one) gets its own config class, made from its defaults, unless it
+        # declares one: the method's file is the only place that knows its settings.
+        if "method" in cls.__dict__ and "config_class" not in cls.__dict__:
+            cls.config_class = config_class_for(cls, cls.defaults)
+
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         if config is None:
-            config = DetectorConfig(method=self.method)
-        elif not isinstance(config, DetectorConfig) or config.method != self.method:
-            raise ValueError(f"{self.method}: config must be a DetectorConfig with method={self.method!r}, got {config!r}")
+            config = self.config_class()
+        elif not isinstance(config, self.config_class):
+            raise ValueError(f"{self.method}: config must be a {self.config_class.__name__}, got {config!r}")
         given = {**config.hyperparameters, **hyperparameters}
         unknown = sorted(set(given) - set(self.defaults))
         if unknown:
@@ -51,7 +58,9 @@ class BaselineDetector(OODDetector):
         # An int given where the default is a float is the same setting (90 and 90.0 save and fingerprint alike).
         given = {k: float(v) if isinstance(self.defaults[k], float) and isinstance(v, int) and not isinstance(v, bool)
                  else v for k, v in given.items()}
-        config.hyperparameters = self.resolve_defaults(model, {**self.defaults, **given})
+        for name, value in self.resolve_defaults(model, {**self.defaults, **given}).items():
+            if getattr(config, name) != value or type(getattr(config, name)) is not type(value):
+                setattr(config, name, value)
         super().__init__(model, config)
         self.validate()
         self._bind_config()
