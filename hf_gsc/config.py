@@ -236,9 +236,10 @@ def config_class_for(detector_class: type, defaults: Mapping[str, Any]) -> type[
     field per default, every one structural (the detector was built and fitted from them). The method's own
     ``validate`` checks the values; the field check keeps them JSON values (the saved format is JSON)."""
     name = detector_class.__name__.removesuffix("Detector") + "Config"
-    specs = [(key, Any, field(default_factory=lambda value=value: copy.deepcopy(value),
+    # Each default is read from the detector's ``defaults`` when a config is made: one source for both.
+    specs = [(key, Any, field(default_factory=lambda key=key: copy.deepcopy(detector_class.defaults[key]),
                               metadata={"kind": SETTING, "check": _json_value}))
-             for key, value in defaults.items()]
+             for key in defaults]
     cls = make_dataclass(name, specs, bases=(DetectorConfig,),
                          namespace={"method": detector_class.method, "structural_names": tuple(defaults),
                                     "__doc__": f"Settings of the {detector_class.method!r} detector "
