@@ -63,7 +63,7 @@ class ViMDetector(FittedDetector):
 
     method = "vim"
     defaults = {"principal_dim": None}
-    search_space_source = ("not tuned: principal_dim follows the feature width by the paper's rule; OpenOOD's sweep "
+    search_space_source = ("principal_dim follows the feature width by the paper's rule; OpenOOD's sweep "
                            "[256, 1000] is for 2048-d ResNet-50 features and does not carry over to other widths")
     state_names = ("origin", "residual_space", "alpha")
 
