@@ -77,6 +77,18 @@ def _split_point(optional: bool = False) -> Callable[[str, Any], Any]:
     return check
 
 
+def _feature_shaping(name: str, value: Any) -> Any:
+    # The shapings are registered by the methods that define them (hf_gsc.backends.shaped), imported with hf_gsc.
+    from .backends.shaped import feature_shaping
+
+    if value != "none":
+        try:
+            feature_shaping(value)
+        except ValueError as error:
+            raise ValueError(f"{name}{str(error).removeprefix('feature_shaping')}") from None
+    return value
+
+
 def _optional_string(name: str, value: Any) -> Any:
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{name} must be a string or None, got {value!r}")
@@ -276,6 +288,10 @@ class GSCConfig(DetectorConfig):
         score: ``energy`` | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.
         temperature: softmax / energy temperature.
         seed: random source of ``selection="random"``.
+        feature_shaping: ``none`` (the paper), or a shaping of ``F`` before the gradient is taken, registered by the
+            method that defines it: ``ash_p`` / ``ash_b`` / ``ash_s`` (ASH), ``scale`` (SCALE); the paper's "GSC + ASH"
+            row is ``ash_s`` at the penultimate feature (method ``gsc_ash``). Beyond the paper otherwise.
+        shaping_percentile: the shaping's percentile; ``None`` = its authors' value for the architecture.
 
     Fitted state:
         gradient_mass: the mass fraction of ``mask_size="adaptive"``, set by ``calibrate_gradient_mass``.
@@ -297,10 +313,13 @@ class GSCConfig(DetectorConfig):
     # below any temperature in use (already a hard max for logits of ordinary size). hf_gsc.detectors.common too.
     temperature: float = _field(1.0, SETTING, _number(1e-3, math.inf))
     seed: int = _field(0, SETTING, _seed)
+    feature_shaping: str = _field("none", SETTING, _feature_shaping)
+    shaping_percentile: float | None = _field(None, SETTING, _number(0.0, 100.0, optional=True))
 
     #: Settings that decide what a detector builds (where ``F`` is taken, which backend linearises the head, the
     #: attention kernel): assigning one on a detector's config rebuilds the detector (see :func:`bind_config`).
-    structural_names: ClassVar[tuple[str, ...]] = ("split_point", "earlier_split_point", "approximation", "selection")
+    structural_names: ClassVar[tuple[str, ...]] = ("split_point", "earlier_split_point", "approximation", "selection",
+                                                   "feature_shaping", "shaping_percentile")
 
     method: ClassVar[str] = "gsc"
 

@@ -25,6 +25,7 @@ from transformers.utils import ModelOutput
 
 from .backbone_pass import BackbonePass
 from .backends import Backend, Linearization, select_backend
+from .backends.shaped import feature_shaping, shaped_backend
 from .config import GSCConfig
 from .detector import OODDetector, check_state, classifier_loss, register_detector
 from .gsc_step import GSCStep, gsc_step, ranking_gradient
@@ -105,22 +106,27 @@ class GSCForImageClassification(OODDetector):
     def __init__(self, model: PreTrainedModel, config: GSCConfig | None = None, **overrides: Any) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module image classifier, got {type(model).__name__}")
-        config = config or GSCConfig()
-        if not isinstance(config, GSCConfig):
-            raise TypeError(f"config must be a GSCConfig, got {type(config).__name__}")
+        config_class = self.config_class
+        config = config or config_class()
+        if not isinstance(config, config_class):
+            raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}")
         if overrides:
-            unknown = sorted(set(overrides) - GSCConfig.field_names())
+            unknown = sorted(set(overrides) - config_class.field_names())
             if unknown:
                 from .detector import suggest_names
 
-                raise TypeError(f"unknown GSCConfig fields {unknown}{suggest_names(unknown, sorted(GSCConfig.field_names()))}")
+                raise TypeError(f"unknown {config_class.__name__} fields {unknown}"
+                                f"{suggest_names(unknown, sorted(config_class.field_names()))}")
             config = dataclasses.replace(config, **overrides)
+        if config.feature_shaping != "none" and config.shaping_percentile is None:  # saved with the value it used
+            config = dataclasses.replace(
+                config, shaping_percentile=feature_shaping(config.feature_shaping).default_percentile(model))
         super().__init__(model, config)
         # (d,) diagonal Fisher of the feature, fitted on ID training data for selection="fisher".
         self.register_buffer("fisher_diagonal", None)
         self._requested_fit: str | None = None  # the kind fit_fisher / calibrate_gradient_mass run
         # How F is taken and the head linearised, for this split point (hf_gsc.backends).
-        self.backend: Backend = select_backend(model, config)
+        self.backend: Backend = self._build_backend(config)
         self._check_fit_options()
         self._bind_config()
 
@@ -137,7 +143,17 @@ class GSCForImageClassification(OODDetector):
                 f"GSCForImageClassification.config.{name}: the fitted fisher_diagonal belongs to the current split "
                 "point; build a new detector with the new setting and fit it"
             )
-        self.backend = select_backend(self.model, dataclasses.replace(self.config, **{name: value}))
+        self.backend = self._build_backend(dataclasses.replace(self.config, **{name: value}))
+
+    def _build_backend(self, config: GSCConfig) -> Backend:
+        """How ``F`` is taken and the head linearised (:func:`hf_gsc.backends.select_backend`), with ``F`` shaped
+        first when ``feature_shaping`` names a shaping."""
+        if config.feature_shaping != "none" and config.earlier_split_point is not None:
+            raise ValueError("feature_shaping shapes one feature: it cannot be combined with earlier_split_point")
+        backend = select_backend(self.model, config)
+        if config.feature_shaping == "none":
+            return backend
+        return shaped_backend(backend, self.model, config.feature_shaping, config.shaping_percentile)
 
     @property
     def split_point(self) -> SplitPoint:

@@ -213,9 +213,9 @@ def test_gsc_ash(setting):
         masked = row.copy()
         masked[np.argsort(-np.abs(gradient), kind="stable")[:k]] = 0.0
         expected.append(logsumexp(setting.W @ masked + setting.b))
-    np.testing.assert_allclose(setting.score("gsc_ash", ash_percentile=80.0), expected, rtol=1e-9)
+    np.testing.assert_allclose(setting.score("gsc_ash", shaping_percentile=80.0), expected, rtol=1e-9)
     with torch.inference_mode():
-        inside = get_detector("gsc_ash", setting.model, ash_percentile=80.0).score(setting.x_test)
+        inside = get_detector("gsc_ash", setting.model, shaping_percentile=80.0).score(setting.x_test)
     np.testing.assert_allclose(inside.numpy(), expected, rtol=1e-9)
 
 

@@ -14,6 +14,7 @@ from huggingface_hub import HfApi, ModelCard
 from transformers import AutoModelForImageClassification
 
 from hf_gsc import GSCConfig, GSCForImageClassification
+from hf_gsc.detectors import DETECTORS
 
 from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 from hub_server import LoopbackHub
@@ -151,14 +152,13 @@ def test_one_saved_format_for_every_reader(base_dir, tmp_path):
 
 def test_one_list_of_fields_drives_cli_cache_card_and_variants():
     from hf_gsc.analysis.ablations import Variant
-    from hf_gsc.detectors.gsc_ash import GSC_SETTINGS
     from hf_gsc.evaluation.options import GSC_OPTIONS, build_parser
 
     settings = GSCConfig.setting_names()
     assert set(GSC_OPTIONS.values()) == set(settings)
     flags = {action.dest for action in build_parser()._actions}
     assert set(GSC_OPTIONS) <= flags
-    assert set(GSC_SETTINGS) <= set(settings)
+    assert set(DETECTORS["gsc_ash"].config_class.setting_names()) == set(settings)  # GSC + ASH: GSC's settings
     assert [f.name for f in dataclasses.fields(Variant)] == ["kind", *settings, "steps"]
     assert set(GSCConfig.score_names()) == set(settings) | {"gradient_mass"}
     assert GSCConfig.names("setting", "fitted", "provenance") == tuple(f.name for f in dataclasses.fields(GSCConfig))

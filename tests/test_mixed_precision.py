@@ -146,14 +146,14 @@ def test_ash_shapes_bf16_features_in_float32(method, arch, images) -> None:
         features = split.features(images)
     assert score.dtype == torch.float32
     assert features.dtype == (torch.bfloat16 if arch == "resnet" else torch.float32)  # autocast runs LayerNorm in float32
-    variant = detector.variant if method != "gsc_ash" else detector.hyperparameters["ash_variant"]
-    percentile = detector.hyperparameters["percentile" if method != "gsc_ash" else "ash_percentile"]
+    variant = detector.variant if method != "gsc_ash" else detector.hyperparameters["feature_shaping"][-1]
+    percentile = detector.hyperparameters["percentile" if method != "gsc_ash" else "shaping_percentile"]
     shaped = ash_shape(features.flatten(1).float(), variant, percentile).view(features.shape)
     if method == "gsc_ash":
         expected = detector.backend.inner.linearize(images, features=shaped)
         from hf_gsc.gsc_step import gsc_step
 
-        reference = gsc_step(expected.head, expected.read_part, detector.gsc_config).ood_score
+        reference = gsc_step(expected.head, expected.read_part, detector.config).ood_score
     else:
         with torch.no_grad():
             reference = energy_score(split.head(shaped, images))

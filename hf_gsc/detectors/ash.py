@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..architectures import registered_architecture
+from ..backends.shaped import FeatureShaping, register_feature_shaping
 from ..precision import full_precision, parameter_dtype, step_dtype
 from ..scores import energy_score
 from ..config import DetectorConfig
@@ -136,3 +137,10 @@ class ASHSDetector(ASHDetector):
 
     method = "ash_s"
     variant = "s"
+
+
+# GSC's feature_shaping="ash_p" / "ash_b" / "ash_s" (and the "gsc_ash" method) shape F with ASH's own math.
+for _variant in ASH_VARIANTS:
+    register_feature_shaping(f"ash_{_variant}", FeatureShaping(
+        shape=lambda features, percentile, variant=_variant: ash_shape(features, variant, percentile),
+        default_percentile=lambda model, variant=_variant: default_ash_percentile(model, variant)))

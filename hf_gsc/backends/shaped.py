@@ -1,0 +1,85 @@
+"""A backend whose feature is shaped on the way out (``F -> shaping(F)``), and the feature shapings GSC can apply.
+
+GSC's ``feature_shaping`` setting (``GSCConfig.feature_shaping``) names one of :data:`FEATURE_SHAPINGS`. Each is
+registered by the method that defines it, in that method's own file (``ash_p`` / ``ash_b`` / ``ash_s`` by
+:mod:`hf_gsc.detectors.ash`, ``scale`` by :mod:`hf_gsc.detectors.scale`), so GSC reuses the method's own math and
+a new shaping needs no edit here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+from torch import nn
+
+from ..precision import full_precision, step_dtype
+from ..split_points import SplitPoint
+from .base import Backend, Linearization
+
+if TYPE_CHECKING:
+    from ..backbone_pass import BackbonePass
+
+
+@dataclass(frozen=True)
+class FeatureShaping:
+    """``shape(features (B, n), percentile) -> (B, n)`` and the authors' percentile for a model."""
+
+    shape: Callable[[torch.Tensor, float], torch.Tensor]
+    default_percentile: Callable[[nn.Module], float]
+
+
+#: name -> :class:`FeatureShaping`; filled by the methods that define a shaping.
+FEATURE_SHAPINGS: dict[str, FeatureShaping] = {}
+
+
+def register_feature_shaping(name: str, shaping: FeatureShaping) -> None:
+    """Make ``name`` a value of ``GSCConfig.feature_shaping``."""
+    if name in FEATURE_SHAPINGS or name == "none":
+        raise ValueError(f"feature shaping {name!r} is registered twice")
+    FEATURE_SHAPINGS[name] = shaping
+
+
+def feature_shaping(name: str) -> FeatureShaping:
+    """The registered shaping ``name``; the error lists the registered ones."""
+    try:
+        return FEATURE_SHAPINGS[name]
+    except KeyError:
+        raise ValueError(f"feature_shaping must be 'none' or one of {sorted(FEATURE_SHAPINGS)}, got {name!r}") from None
+
+
+class ShapedFeatures(Backend):
+    """A backend whose feature is shaped on the way out: ``F -> shaping(F)``, then ``inner``'s head at it."""
+
+    def __init__(self, inner: Backend, shaping: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__(inner.split_point)
+        self.inner, self.shaping = inner, shaping
+
+    @property
+    def feature_split(self) -> SplitPoint:
+        return self.inner.feature_split
+
+    def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.shaped(self.inner.features(pixel_values))
+
+    def features_of(self, batch: "BackbonePass") -> torch.Tensor:
+        return self.shaped(self.inner.features_of(batch))
+
+    def shaped(self, features: torch.Tensor) -> torch.Tensor:
+        """``shaping(F)``, computed in float32 with autocast off (an activation percentile, see :mod:`hf_gsc.precision`)."""
+        with full_precision(features.device):
+            return self.shaping(features.flatten(1).to(step_dtype(features.dtype))).view(features.shape)
+
+    def linearize_at(
+        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
+    ) -> Linearization:
+        return self.inner.linearize_at(features, pixel_values, whole_feature, keep_graph)
+
+
+def shaped_backend(inner: Backend, model: nn.Module, name: str, percentile: float | None) -> ShapedFeatures:
+    """``inner`` with its feature shaped by the registered shaping ``name`` at ``percentile`` (``None``: the
+    authors' percentile for ``model``)."""
+    shaping = feature_shaping(name)
+    percentile = shaping.default_percentile(model) if percentile is None else percentile
+    return ShapedFeatures(inner, lambda features: shaping.shape(features, percentile))
