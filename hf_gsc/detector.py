@@ -1,4 +1,5 @@
-"""The one interface of every OOD detector (GSC and the baselines), and the registry by method name.
+"""The one interface of every OOD detector (GSC and the other methods); the registry by method name is
+:mod:`hf_gsc.registry`.
 
 A detector is an ``nn.Module`` that owns (or attaches to) a frozen base classifier and offers
 

@@ -182,10 +182,6 @@ class GSCForImageClassification(OODDetector):
             state["gradient_mass"] = torch.tensor(self.config.gradient_mass, dtype=torch.float64)
         return state
 
-    def state_dict_for_saving(self) -> dict[str, torch.Tensor]:
-        """Alias of :meth:`fitted_state`."""
-        return self.fitted_state()
-
     def load_fitted_state(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
         """Put saved ``fisher_diagonal`` / ``gradient_mass`` in place after checking them (shape against this model's
         feature, finite, non-negative); a wrong one is a ``ValueError`` naming it and ``source``."""

@@ -101,7 +101,7 @@ def test_truncated_state_file_is_named(fisher_dir):  # error 5
 )
 def test_fisher_is_checked_on_load(fisher_dir, corrupt, message):  # error 6
     path = fisher_dir / STATE_FILE
-    state = GSCForImageClassification.from_pretrained(fisher_dir).state_dict_for_saving()
+    state = GSCForImageClassification.from_pretrained(fisher_dir).fitted_state()
     fisher = corrupt(state["fisher_diagonal"].clone())
     save_state({"fisher_diagonal": fisher}, path)
     with pytest.raises(ValueError, match=message.format(n=fisher.numel(), m=state["fisher_diagonal"].numel())) as error:

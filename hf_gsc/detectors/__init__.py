@@ -1,6 +1,6 @@
 """The registered OOD detection methods; importing this package registers all of them.
 
-The interface and the registry are :mod:`hf_gsc.detector`; GSC itself is :class:`hf_gsc.GSCForImageClassification`
+The interface is :mod:`hf_gsc.detector`, the registry :mod:`hf_gsc.registry`; GSC itself is :class:`hf_gsc.GSCForImageClassification`
 (:mod:`hf_gsc.modeling`); each other method has its own module here, found and imported
 without a list (a method is one file).
 """
