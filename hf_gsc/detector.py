@@ -19,6 +19,7 @@ pytorch-ood's ``predict_features``), so several detectors on one model share one
 from __future__ import annotations
 
 import difflib
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Sequence
@@ -69,6 +70,17 @@ def classifier_loss(logits: torch.Tensor | None, labels: torch.Tensor | None) ->
     return nn.functional.cross_entropy(logits.detach().float(), labels.to(logits.device).long())
 
 
+def _in_score_dtype(score_batch: Any) -> Any:
+    """``score_batch`` returning its scores in the detector's :attr:`OODDetector.score_dtype`."""
+
+    @functools.wraps(score_batch)
+    def wrapped(self: "OODDetector", batch: BackbonePass) -> torch.Tensor:
+        return score_batch(self, batch).to(self.score_dtype)
+
+    wrapped._in_score_dtype = True
+    return wrapped
+
+
 class OODDetector(DetectorFiles, HubPush, nn.Module):
     """A post-hoc OOD detector on a frozen image classifier (see the module docstring for the interface).
 
@@ -116,6 +128,20 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
             None if image_size is None
             else tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
         )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # One score dtype for every method, whatever the method computes in: ``score_batch`` as each method writes
+        # it is wrapped once here (every caller, the bundle and the evaluation included, goes through it).
+        own = cls.__dict__.get("score_batch")
+        if own is not None and not getattr(own, "_in_score_dtype", False):
+            cls.score_batch = _in_score_dtype(own)
+
+    @property
+    def score_dtype(self) -> torch.dtype:
+        """``ood_score``'s dtype: float32, whatever the base model's dtype (a bf16 or fp16 model too), and float64
+        only when the base model runs in float64."""
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
 
     @classmethod
     def model_defaults(cls, image_processor: Any) -> dict[str, Any]:

@@ -287,12 +287,13 @@ class GSCForImageClassification(OODDetector):
                 gradient=linearization.spread(step.gradient),
                 mask=linearization.spread(step.mask),
             )
+        ood_score = step.ood_score.to(self.score_dtype)
         return GSCOutput(
             loss=classifier_loss(step.logits, labels),
             logits=step.logits,
             gsc_logits=step.gsc_logits,
-            ood_score=step.ood_score,
-            is_ood=self.decide(step.ood_score),
+            ood_score=ood_score,
+            is_ood=self.decide(ood_score),
             predicted_class=step.predicted_class,
             **extra,
         )
