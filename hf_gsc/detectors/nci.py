@@ -1,0 +1,58 @@
+"""NCI: neural-collapse-inspired OOD detection (Liu & Qin, CVPR 2025)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+from ..backbone_pass import BackbonePass
+from ..detector import register_detector
+from ..features import ClassStatistics, LinearHead
+from .common import FittedDetector
+
+
+def nci_score(features: torch.Tensor, head: LinearHead, train_mean: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``w_c . (z - mu) / ||z - mu||_2 + alpha ||z||_1``, ``c`` the predicted class, ``w_c`` its weight row, ``mu``
+    the mean ID training feature; ``(B, D) -> (B,)``, float64."""
+    features = features.double()
+    predicted = head(features).argmax(dim=-1)
+    centred = features - train_mean.double()
+    alignment = (head.weight.double()[predicted] * centred).sum(dim=-1) / centred.norm(dim=-1)
+    return alignment + alpha * features.abs().sum(dim=-1)
+
+
+@register_detector
+class NCIDetector(FittedDetector):
+    """Alignment of the centred feature with the predicted class's weight plus an L1 norm term, :func:`nci_score`.
+
+    Liu & Qin, "Detecting Out-of-Distribution through the Lens of Neural Collapse", CVPR 2025; the reference is
+    OpenOOD v1.5's ``nci_postprocessor.py`` (the authors' OpenOOD implementation): ``mu`` is the mean penultimate
+    feature of the ID training data, ``w_c`` the classifier's weight row of the predicted class (no bias), and the
+    norm term is the L1 norm of the uncentred feature.
+
+    Hyperparameters:
+        alpha: ``1e-4`` (OpenOOD nci.yml ``alpha``).
+    """
+
+    method = "nci"
+    defaults = {"alpha": 0.0001}
+    search_space = {"alpha": (0.0001, 0.001, 0.01, 0.1)}
+    search_space_source = "OpenOOD nci.yml: alpha_list [0.0001, 0.001, 0.01, 0.1]"
+    state_names = ("train_mean",)
+
+    def validate(self) -> None:
+        self._number("alpha", 0.0)
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        return {"train_mean": (self.feature_dim,)}
+
+    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        statistics = ClassStatistics(num_classes=1)
+        for features, _ in stream:
+            statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
+        self.check_fit_count(statistics.count)
+        self.train_mean = statistics.class_sums[0] / statistics.count
+
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        return nci_score(self.features(batch), self.head, self.train_mean, self.hyperparameters["alpha"])
