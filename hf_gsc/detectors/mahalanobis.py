@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import ClassVar, Iterator
 
 import torch
 
@@ -10,6 +10,13 @@ from ..features import ClassStatistics, mahalanobis_distances, tied_precision
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from .common import FittedDetector
+
+
+def l2_normalised(features: torch.Tensor) -> torch.Tensor:
+    """``z / ||z||_2`` row-wise in float64, as the Mahalanobis++ code (``features / torch.norm(features, dim=-1,
+    keepdim=True)``, no epsilon)."""
+    features = features.double()
+    return features / features.norm(dim=-1, keepdim=True)
 
 
 def mahalanobis_score(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
@@ -26,6 +33,8 @@ class TiedGaussianDetector(FittedDetector):
     """
 
     state_names = ("class_means", "precision")
+    #: Fit and score the L2-normalised feature ``z / ||z||_2`` (Mahalanobis++, Mueller & Hein, ICML 2025).
+    normalise_features: ClassVar[bool] = False
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.feature_dim + self.head.num_classes, "feature dim + classes, for a full-rank tied covariance"
@@ -38,10 +47,21 @@ class TiedGaussianDetector(FittedDetector):
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         statistics = ClassStatistics(self.head.num_classes, second_moment=True)
         for features, labels in stream:
-            statistics.update(features, labels)
+            statistics.update(self.shaped(features), labels)
         self.check_fit_count(statistics.count)
+        self._fit_statistics(statistics)
+
+    def _fit_statistics(self, statistics: ClassStatistics) -> None:
+        """Set the fitted tensors from the streamed statistics of the (shaped) ID training features."""
         self.class_means = statistics.class_means(self.method)
         self.precision = tied_precision(statistics.tied_covariance(self.method))
+
+    def shaped(self, features: torch.Tensor) -> torch.Tensor:
+        """The feature as fitted and scored: ``z``, or ``z / ||z||_2`` with :attr:`normalise_features` (float64)."""
+        return l2_normalised(features) if self.normalise_features else features
+
+    def features(self, batch: BackbonePass) -> torch.Tensor:
+        return self.shaped(super().features(batch))
 
 
 @register_detector
