@@ -153,9 +153,28 @@ class ClassStatistics:
         return (self.outer - between) / self.count
 
 
+#: Eigenvalues of a covariance below this fraction of its largest are treated as 0 by :func:`tied_precision`.
+#: Float64 statistics carry rounding noise of about ``D * 1e-16`` of the largest eigenvalue; 1e-10 is a thousand times
+#: above that for ``D`` up to 10^4, and below the smallest eigenvalue of any covariance worth inverting.
+PRECISION_RCOND = 1e-10
+
+
 def tied_precision(covariance: torch.Tensor) -> torch.Tensor:
-    """Pseudo-inverse of a symmetric covariance (``sklearn``'s ``pinvh``), float64."""
-    return torch.linalg.pinv(covariance.double(), hermitian=True)
+    """Pseudo-inverse of a symmetric covariance with a stated rank cutoff, float64: eigenvalues at or below
+    :data:`PRECISION_RCOND` times the largest count as 0.
+
+    Where the covariance is well conditioned this is its inverse, as ``sklearn``'s ``pinvh`` (the authors' code for
+    Mahalanobis, RMDS, GEM, Mahalanobis++). Where it is singular, pinvh's cutoff (``D * eps`` of the largest
+    eigenvalue) sits at the level of rounding noise, so whether it keeps a direction of zero variance (the
+    all-ones direction of ViT's LayerNorm features: every feature vector sums to the same value) depends on the
+    order of the sums, i.e. on the batch size, and a kept noise eigenvalue dominates the distances. Here that
+    direction is always dropped, and the fit no longer depends on batching.
+    """
+    covariance = covariance.double()
+    eigenvalues, eigenvectors = torch.linalg.eigh((covariance + covariance.T) / 2)
+    keep = eigenvalues > PRECISION_RCOND * eigenvalues.abs().max()
+    inverse = torch.where(keep, 1.0 / torch.where(keep, eigenvalues, torch.ones_like(eigenvalues)), 0.0)
+    return (eigenvectors * inverse) @ eigenvectors.T
 
 
 def mahalanobis_distances(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:

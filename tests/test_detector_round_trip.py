@@ -512,6 +512,10 @@ def test_every_method_is_served_by_the_pipeline(world, method, tmp_path):
     served = transformers.pipeline("ood-image-classification", model=str(tmp_path / method))(images)
     expected = detector(processor(images=images, return_tensors="pt")["pixel_values"].to(torch.float64))
     assert [answer["method"] for answer in served] == [method] * 3
-    assert [answer["is_ood"] for answer in served] == expected.is_ood.tolist()
+    # A score within rounding of the threshold is a tie that rounding decides (ASH-B's binarised features give many
+    # equal scores, the threshold among them): is_ood is compared away from it.
+    clear = [abs(score - detector.config.threshold) > 1e-9 * abs(detector.config.threshold)
+             for score in expected.ood_score.tolist()]
+    assert [a["is_ood"] for a, c in zip(served, clear) if c] == [o for o, c in zip(expected.is_ood.tolist(), clear) if c]
     torch.testing.assert_close(torch.tensor([answer["ood_score"] for answer in served], dtype=torch.float64),
                                expected.ood_score.double(), rtol=1e-6, atol=1e-6)

@@ -27,7 +27,7 @@ from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 ARCHS = ["vit", "resnet"]
 FITTED = sorted(name for name, cls in DETECTORS.items() if cls.needs_fit is True)  # GSC: per instance
 ALL_METHODS = sorted(DETECTORS)
-NUM_FIT = 64
+NUM_FIT = 128  # enough for every method at its defaults (NNGuide: k = 100 neighbours)
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -326,7 +326,7 @@ def test_registry_has_every_method():
         "knn", "vim", "gradnorm", "she", "gem", "conjnorm", "gsc", "gsc_ash",
     }
     assert expected <= set(DETECTORS)
-    assert FITTED == ["conjnorm", "dice", "gem", "knn", "mahalanobis", "react", "she", "vim"]
+    assert {"conjnorm", "dice", "gem", "knn", "mahalanobis", "react", "she", "vim"} <= set(FITTED)
 
 
 @pytest.mark.parametrize("name", FITTED)
