@@ -1,0 +1,197 @@
+"""AdaSCALE: adaptive activation scaling (Regmi, 2025), variants A (activation) and L (logit)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import torch
+from torch import nn
+
+from ..backbone_pass import BackbonePass
+from ..config import DetectorConfig
+from ..detector import register_detector
+from ..feature_capture import capture
+from ..features import LinearHead
+from ..precision import full_precision, parameter_dtype, step_dtype
+from ..scores import energy_score
+from .common import FittedDetector
+
+#: OpenOOD adascale_a.yml / adascale_l.yml ``percentile_list``: every pair ``[low, high]`` of 60, 65, ..., 95, 99.
+PERCENTILE_PAIRS: tuple[tuple[float, float], ...] = tuple(
+    (float(low), float(high)) for index, low in enumerate((60, 65, 70, 75, 80, 85, 90, 95, 99))
+    for high in (60, 65, 70, 75, 80, 85, 90, 95, 99)[index + 1:])
+
+
+def adascale_perturb(pixel_values: torch.Tensor, gradient: torch.Tensor, fraction: float) -> torch.Tensor:
+    """``x + 0.5 sign(g)`` on the ``int(C H W o)`` pixels with the *smallest* ``|g|`` of each sample, ``g`` the
+    gradient of its predicted logit; the other pixels unchanged (the authors' ``perturb``). ``(B, C, H, W)``."""
+    batch = pixel_values.shape[0]
+    flat = gradient.abs().reshape(batch, -1)
+    count = int(flat.shape[1] * fraction)
+    mask = torch.zeros_like(flat).scatter_(1, flat.topk(count, dim=1, largest=False).indices, 1.0)
+    return pixel_values + gradient.sign() * mask.view_as(gradient) * 0.5
+
+
+def shift_statistic(features: torch.Tensor, perturbed: torch.Tensor, k1: int, k2: int, lmbda: float) -> torch.Tensor:
+    """``Q' = sum_{top-k1 of z} relu(z_p) + lambda sum_{top-k2 of z} |z - z_p|``: how much the largest activations
+    move under the perturbation (the authors' ``get_percentile``); ``(B, D), (B, D) -> (B,)``."""
+    top1 = features.topk(k1, dim=1).indices
+    top2 = features.topk(k2, dim=1).indices
+    return perturbed.relu().gather(1, top1).sum(dim=1) + lmbda * (features - perturbed).abs().gather(1, top2).sum(dim=1)
+
+
+def adaptive_percentiles(statistic: torch.Tensor, reference: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """``low + (1 - ECDF(Q')) (high - low)`` per sample, the ECDF that of ``reference`` (sorted ``(M,)``, the ID
+    fitting samples' ``Q'``; statsmodels' ``ECDF``: the fraction of ``reference`` at or below ``Q'``)."""
+    below = torch.searchsorted(reference.contiguous(), statistic.to(reference.dtype).contiguous(), right=True)
+    return low + (1.0 - below.to(reference.dtype) / reference.numel()) * (high - low)
+
+
+def ada_scale(features: torch.Tensor, percentiles: torch.Tensor) -> torch.Tensor:
+    """``s1 / s2`` per sample: the sum of ``relu(z)`` over the sum of its ``k = n - round(n p / 100)`` largest
+    values, ``p`` the sample's percentile (the authors' ``ada_scale`` on ``relu(feature)``); ``(B, D) -> (B, 1)``."""
+    activations = features.relu()
+    n = activations.shape[1]
+    keep = n - torch.round(n * percentiles / 100.0).to(torch.long)
+    values = activations.topk(int(keep.max()), dim=1).values
+    kept = values * (torch.arange(values.shape[1], device=values.device)[None, :] < keep[:, None])
+    return activations.sum(dim=1, keepdim=True) / kept.sum(dim=1, keepdim=True)
+
+
+def adascale_logits(features: torch.Tensor, head: LinearHead, scale: torch.Tensor, logit_scaling: bool) -> torch.Tensor:
+    """AdaSCALE-A: ``W (z exp(s)) + b``; AdaSCALE-L: ``(W z + b) s^2`` (the authors' ``forward_threshold``)."""
+    if logit_scaling:
+        return head(features) * scale ** 2.0
+    return head(features * torch.exp(scale))
+
+
+class AdaSCALEDetector(FittedDetector):
+    """Energy of the logits after a per-sample SCALE whose percentile adapts to how much the sample's largest
+    activations move when a few of its least salient pixels are perturbed.
+
+    Regmi, "AdaSCALE: Adaptive Scaling for OOD Detection", 2025; the reference is OpenOOD v1.5's
+    ``adascale_postprocessor.py`` and ``networks/adascale_net.py`` (the authors' implementation). Per sample:
+
+    1. ``g`` = gradient of the predicted logit w.r.t. the input; the ``o`` fraction of pixels with the smallest
+       ``|g|`` move by ``0.5 sign(g)`` (:func:`adascale_perturb`, in normalised pixel units as in the code);
+    2. ``Q'`` (:func:`shift_statistic`) from the penultimate features of the input and the perturbed input, with
+       ``k1 = int(D k1% / 100)`` and ``k2 = int(D k2% / 100)`` of the ``D`` feature coordinates;
+    3. its percentile is ``low + (1 - ECDF(Q')) (high - low)``, the ECDF that of the ID fitting samples' ``Q'``;
+    4. SCALE at that percentile on ``relu(z)`` (:func:`ada_scale`), then the energy of :func:`adascale_logits`.
+
+    Fitting (ID validation, as the authors' ``setup`` on ``id_loader_dict['val']``): the ``Q'`` of the fitting
+    samples, kept sorted (``M`` values). The authors keep ``num_samples`` rows drawn with an unseeded
+    ``torch.randperm``; here the draw is seeded (0), so a fit is reproducible. Cost: a forward with gradient, a
+    backward and a second forward of its own per batch, like ODIN (``one_pass = False``); the gradient step and the
+    perturbed forward run in float32 with autocast off (:mod:`hf_gsc.precision`), so ``--mixed-precision`` keeps the
+    step. Where ``int(D k / 100)`` is 0 (features narrower than 20 coordinates at ``k1 = 5``) the authors' code sums
+    over no coordinate, and so does this.
+
+    Hyperparameters:
+        percentile: ``[75, 85]`` (OpenOOD adascale_*.yml): the range of the adaptive percentile.
+        k1, k2: ``5``, ``1`` (% of the feature coordinates).
+        lmbda: ``10``. o: ``0.05`` (fraction of pixels perturbed).
+        num_samples: ``5000`` (fitting samples kept for the ECDF).
+    """
+
+    defaults = {"percentile": [75.0, 85.0], "k1": 5.0, "k2": 1.0, "lmbda": 10.0, "o": 0.05, "num_samples": 5000}
+    search_space = {"percentile": PERCENTILE_PAIRS}
+    search_space_source = ("OpenOOD adascale_a.yml / adascale_l.yml: percentile_list, every pair of [60, 65, 70, 75, "
+                           "80, 85, 90, 95, 99] (k1 [5], k2 [1], lmbda [10], o [0.05] fixed there)")
+    fit_split = "validation"
+    one_pass = False  # a forward with gradient, a backward and a perturbed forward of its own per batch
+    state_names = ("reference_statistic",)
+    logit_scaling: ClassVar[bool]
+
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
+        self._fit_statistics: list[torch.Tensor] | None = None
+
+    def validate(self) -> None:
+        pair = self.hyperparameters["percentile"]
+        if (not isinstance(pair, Sequence) or len(pair) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
+                or not 0 < pair[0] <= pair[1] < 100):
+            raise ValueError(f"{self.method}: percentile must be a pair [low, high] with 0 < low <= high < 100, got {pair!r}")
+        self._number("k1", 0.0, 100.0)
+        self._number("k2", 0.0, 100.0)
+        self._number("lmbda", 0.0)
+        self._number("o", 0.0, 1.0)
+        self._integer("num_samples", 1)
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        return {"reference_statistic": (None,)}
+
+    def feature_splits(self) -> tuple:
+        """Nothing from the shared pass: every feature comes from the method's own forwards (its pixel values)."""
+        return ()
+
+    # ------------------------------------------------------------------ the perturbation and Q'
+    def _features_with_gradient(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``z`` of ``pixel_values`` with its graph to the input (the base model's own forward, fed in its dtype)."""
+        features = capture(lambda: self.model(pixel_values=pixel_values.to(parameter_dtype(self.model))),
+                           self.model.get_submodule(self.split.module_path), module_input=True)
+        return features.flatten(1).to(pixel_values.dtype)
+
+    def _features_and_statistic(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(z (B, D), Q' (B,))`` of a batch: the forward with gradient, the backward, the perturbed forward, all
+        in float32 or wider with autocast off."""
+        hp = self.hyperparameters
+        with full_precision(pixel_values.device):
+            inputs = pixel_values.detach().to(step_dtype(pixel_values.dtype))
+            with torch.inference_mode(False), torch.enable_grad():
+                inputs = inputs.clone().requires_grad_(True)
+                features = self._features_with_gradient(inputs)
+                logits = features @ self.head_weight.to(features.dtype).T + self.head_bias.to(features.dtype)
+                predicted_logit = logits.gather(1, logits.detach().argmax(dim=1, keepdim=True)).sum()
+                (gradient,) = torch.autograd.grad(predicted_logit, inputs)
+            features = features.detach()
+            perturbed_inputs = adascale_perturb(inputs.detach(), gradient, hp["o"])
+            with torch.no_grad():
+                perturbed = self._features_with_gradient(perturbed_inputs)
+            dim = features.shape[1]
+            statistic = shift_statistic(features, perturbed, int(dim * hp["k1"] / 100), int(dim * hp["k2"] / 100),
+                                        hp["lmbda"])
+        return features, statistic
+
+    # ------------------------------------------------------------------ fitting: the ID samples' Q'
+    def fit_begin(self) -> None:
+        self._fit_statistics = []
+
+    def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
+        self._fit_statistics.append(self._features_and_statistic(batch.pixel_values)[1].double().cpu())
+
+    def fit_end(self) -> None:
+        statistics, self._fit_statistics = torch.cat(self._fit_statistics or [torch.empty(0)]), None
+        self.check_fit_count(statistics.numel())
+        if statistics.numel() > self.hyperparameters["num_samples"]:
+            order = torch.randperm(statistics.numel(), generator=torch.Generator().manual_seed(0))
+            statistics = statistics[order[: self.hyperparameters["num_samples"]]]
+        self.reference_statistic = statistics.sort().values.to(self.device)
+        self.fitted = True
+
+    # ------------------------------------------------------------------ scoring
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        features, statistic = self._features_and_statistic(batch.pixel_values)
+        low, high = self.hyperparameters["percentile"]
+        with full_precision(features.device):
+            percentiles = adaptive_percentiles(statistic, self.reference_statistic.to(features.device), low, high)
+            scale = ada_scale(features, percentiles.to(features.dtype))
+            head = LinearHead(self.head_weight.to(features.dtype), self.head_bias.to(features.dtype))
+            return energy_score(adascale_logits(features, head, scale, self.logit_scaling))
+
+
+@register_detector
+class AdaSCALEADetector(AdaSCALEDetector):
+    """AdaSCALE-A: the adaptive scale multiplies the activations, ``W (z exp(s)) + b`` (see :class:`AdaSCALEDetector`)."""
+
+    method = "adascale_a"
+    logit_scaling = False
+
+
+@register_detector
+class AdaSCALELDetector(AdaSCALEDetector):
+    """AdaSCALE-L: the adaptive scale multiplies the logits, ``(W z + b) s^2`` (see :class:`AdaSCALEDetector`)."""
+
+    method = "adascale_l"
+    logit_scaling = True

@@ -1,0 +1,119 @@
+"""AdaSCALE-A and -L against OpenOOD's adascale_postprocessor / adascale_net (the authors' code), written again with
+per-batch autograd on the models' public outputs, numpy's searchsorted for statsmodels' ECDF."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import logsumexp
+
+from hf_gsc.detectors import get_detector
+
+from test_detectors import classifier, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
+
+#: Settings that matter on 16-wide features: k1 = 50% -> 8 coordinates, k2 = 25% -> 4 (the defaults 5% and 1% of
+#: 16 round down to none), o = 0.1, a wide percentile range.
+SETTINGS = dict(percentile=[60.0, 90.0], k1=50.0, k2=25.0, lmbda=10.0, o=0.1)
+
+
+def _net(setting, x):
+    """OpenOOD's ``net(data, return_feature=True)`` on the tiny models: (logits, penultimate feature)."""
+    if setting.arch == "vit":
+        feature = setting.model.vit(x).last_hidden_state[:, 0]
+    else:
+        feature = setting.model.resnet(x).pooler_output.flatten(1)
+    return classifier(setting.model, setting.arch)(feature), feature
+
+
+def _perturbed_features(setting, data, o):
+    """The authors' postprocess up to the perturbed feature (sum of predicted logits backward, perturb)."""
+    data = data.clone().requires_grad_(True)
+    output, feature = _net(setting, data)
+    labels = output.detach().argmax(dim=1)
+    output[torch.arange(len(labels)), labels].backward(torch.ones(len(labels), dtype=output.dtype))
+    grad = data.grad.detach()
+    b, c, h, w = data.shape
+    n_pixels = int(c * h * w * o)
+    abs_grad = grad.abs().view(b, c * h * w)
+    _, topk_indices = torch.topk(abs_grad, n_pixels, dim=1, largest=False)
+    mask = torch.zeros_like(abs_grad, dtype=torch.uint8).scatter_(1, topk_indices, 1).view(b, c, h, w)
+    data_ood = data.detach() + grad.sign() * mask * 0.5
+    with torch.no_grad():
+        _, feature_perturbed = _net(setting, data_ood)
+    return feature.detach(), feature_perturbed
+
+
+def _q(feature, feature_perturbed, k1_, k2_, lmbda):
+    top = torch.topk(feature, dim=1, k=k1_)[1]
+    topk_feature_perturbed = torch.gather(torch.relu(feature_perturbed), 1, top)
+    top = torch.topk(feature, dim=1, k=k2_)[1]
+    topk_feature_shift = torch.gather((feature - feature_perturbed).abs(), 1, top)
+    return (topk_feature_perturbed.sum(dim=1) + lmbda * topk_feature_shift.sum(dim=1)).numpy()
+
+
+def reference_adascale(setting, logit_scaling: bool, fit_batches, x_test, settings) -> np.ndarray:
+    dim = setting.F_fit.shape[1]
+    k1_, k2_ = int(dim * settings["k1"] / 100), int(dim * settings["k2"] / 100)
+    sum_log = np.concatenate([_q(*_perturbed_features(setting, x, settings["o"]), k1_, k2_, settings["lmbda"])
+                              for x, _ in fit_batches])
+    feature, feature_perturbed = _perturbed_features(setting, x_test, settings["o"])
+    q = _q(feature, feature_perturbed, k1_, k2_, settings["lmbda"])
+    ecdf = np.searchsorted(np.sort(sum_log), q, side="right") / sum_log.size  # statsmodels ECDF
+    low, high = settings["percentile"]
+    percentiles = low + (1 - ecdf) * (high - low)
+    x = torch.relu(feature).numpy()  # ada_scale
+    n = x.shape[1]
+    scales = []
+    for row, p in zip(x, percentiles):
+        k = n - int(np.round(n * p / 100.0))
+        scales.append(row.sum() / np.sort(row)[::-1][:k].sum())
+    scales = np.array(scales)[:, None]
+    W, b = setting.W, setting.b
+    if logit_scaling:
+        logits = (feature.numpy() @ W.T + b) * scales ** 2.0
+    else:
+        logits = (feature.numpy() * np.exp(scales)) @ W.T + b
+    return logsumexp(logits, axis=1)
+
+
+@pytest.mark.parametrize("method, logit_scaling", [("adascale_a", False), ("adascale_l", True)])
+def test_adascale_matches_the_authors_code(setting, method, logit_scaling):  # noqa: F811
+    batches = setting.batches()
+    expected = reference_adascale(setting, logit_scaling, batches, setting.x_test, SETTINGS)
+    detector = get_detector(method, setting.model, **SETTINGS)
+    detector.fit(batches)
+    assert detector.reference_statistic.shape == (len(setting.labels),)
+    np.testing.assert_allclose(detector.score(setting.x_test).numpy(), expected, rtol=1e-9)
+
+
+def test_adascale_percentile_adapts(setting):  # noqa: F811
+    """A perturbation that moves nothing (o = 0) gives every sample the same Q' and so the same percentile: the
+    scores then equal SCALE-like scaling at one percentile, and differ from the adaptive ones."""
+    adaptive = get_detector("adascale_a", setting.model, **SETTINGS)
+    adaptive.fit(setting.batches())
+    fixed = get_detector("adascale_a", setting.model, **{**SETTINGS, "o": 0.0})
+    fixed.fit(setting.batches())
+    assert not np.allclose(adaptive.score(setting.x_test).numpy(), fixed.score(setting.x_test).numpy())
+
+
+def test_adascale_keeps_its_step_under_bf16_autocast(setting):  # noqa: F811
+    """Under bf16 autocast the method's own passes run with autocast off: the scores equal those without autocast."""
+    model = setting.model.float()
+    try:
+        detector = get_detector("adascale_l", model, **SETTINGS)
+        x_fit = setting.x_fit.float()
+        detector.fit([(x_fit[i:i + 32], None) for i in range(0, len(x_fit), 32)])
+        x = setting.x_test.float()
+        plain = detector.score(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under_autocast = detector.score(x)
+        torch.testing.assert_close(under_autocast, plain, rtol=1e-5, atol=1e-5)
+    finally:
+        setting.model.double()
+
+
+@pytest.mark.parametrize("bad", [[85.0, 75.0], [0.0, 50.0], [75.0], "75,85"])
+def test_adascale_refuses_a_bad_percentile_range(setting, bad):  # noqa: F811
+    with pytest.raises(ValueError, match="percentile must be a pair"):
+        get_detector("adascale_a", setting.model, percentile=bad)
