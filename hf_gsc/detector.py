@@ -18,7 +18,6 @@ pytorch-ood's ``predict_features``), so several detectors on one model share one
 
 from __future__ import annotations
 
-import difflib
 import functools
 import warnings
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from .backbone_pass import BackbonePass, run_backbone
 from .config import DetectorConfig, bind_config
 from .push import HubPush
 from .inputs import check_pixel_values, labelled_batches
-from .registry import DETECTORS, detector_class, get_detector, register_detector
+from .registry import DETECTORS, detector_class, get_detector, register_detector, suggest_names
 from .serialization import DetectorFiles
 from .split_points import SplitPoint
 from .thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, threshold_for
@@ -359,15 +358,6 @@ def check_state(
                              "it was fitted for another model or settings")
         if not torch.isfinite(tensor).all():
             raise ValueError(f"{where} holds NaN or infinite values; fit the detector again")
-
-
-def suggest_names(unknown: Sequence[str], known: Sequence[str]) -> str:
-    """``" (did you mean 'x'?)"`` for the first unknown name with a close known one, else ``""``."""
-    for name in unknown:
-        close = difflib.get_close_matches(name, list(known), n=1)
-        if close:
-            return f" (did you mean {close[0]!r} instead of {name!r}?)"
-    return ""
 
 
 __all__ = [

@@ -7,6 +7,7 @@ Each method's module registers its class with :func:`register_detector`; ``impor
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,15 +26,33 @@ def register_detector(cls: type["OODDetector"]) -> type["OODDetector"]:
     return cls
 
 
+def suggest_names(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """``" (did you mean 'x' instead of 'y'?)"`` for the first unknown name with a close known one (the same name in
+    another case first: ``kNN`` -> ``knn``), else ``""``. The one did-you-mean of methods and hyperparameters."""
+    for name in unknown:
+        close = closest_name(name, known)
+        if close is not None:
+            return f" (did you mean {close!r} instead of {name!r}?)"
+    return ""
+
+
+def closest_name(name: str, known: Sequence[str]) -> str | None:
+    """The known name closest to ``name``: the same name in another case, else ``difflib``'s nearest (or ``None``)."""
+    lowered = {candidate.lower(): candidate for candidate in known}
+    if name.lower() in lowered:
+        return lowered[name.lower()]
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return close[0] if close else None
+
+
 def detector_class(method: str) -> type["OODDetector"]:
     """The registered class of ``method``; the error lists the registered methods and the nearest one."""
     try:
         return DETECTORS[method]
     except KeyError:
-        close = difflib.get_close_matches(str(method), DETECTORS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"unknown method {method!r}{hint}; registered methods: {', '.join(sorted(DETECTORS))}"
+            f"unknown method {method!r}{suggest_names([str(method)], DETECTORS)}; registered methods: "
+            f"{', '.join(sorted(DETECTORS))}"
         ) from None
 
 

@@ -161,7 +161,7 @@ def split_kwargs(
     base-model argument: it raises here, naming the nearest hyperparameter, instead of failing inside the base
     model's ``__init__``.
     """
-    import difflib
+    from .registry import closest_name
 
     overrides = {k: v for k, v in kwargs.items() if k in hyperparameter_names}
     hub = {k: v for k, v in kwargs.items() if k in HUB_KWARGS}
@@ -169,13 +169,11 @@ def split_kwargs(
     for name in rest:
         if name in MODEL_LOADING_KWARGS or name.startswith("_"):
             continue
-        lowered = {known.lower(): known for known in hyperparameter_names}
-        close = [lowered[name.lower()]] if name.lower() in lowered else difflib.get_close_matches(
-            name, sorted(hyperparameter_names), n=1, cutoff=0.6)
-        if close:
+        close = closest_name(name, hyperparameter_names)
+        if close is not None:
             raise TypeError(
                 f"from_pretrained got an unknown keyword argument {name!r}; did you mean the hyperparameter "
-                f"{close[0]!r}? (known: {', '.join(sorted(hyperparameter_names))})"
+                f"{close!r}? (known: {', '.join(sorted(hyperparameter_names))})"
             )
     return overrides, hub, rest
 

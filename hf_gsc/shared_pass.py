@@ -43,12 +43,15 @@ def shared_pass(
 
 
 def fit_together(
-    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str = "id_train_batches"
+    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str = "id_train_batches",
+    errors: dict[str, str] | None = None,
 ) -> list[OODDetector]:
     """Fit every detector of ``detectors`` that needs it from one backbone pass per batch of ``id_batches``
     (batches of ``(pixel_values, labels)``, mappings, or images as ``calibrate`` takes them). Returns the fitted ones.
 
-    All of them must fit on the same data (the same ``fit_split``) and wrap the same base model.
+    All of them must fit on the same data (the same ``fit_split``) and wrap the same base model. ``errors``: where
+    given, a detector whose fit raises is left out of the rest of the pass and its method mapped to the reason, while
+    the others go on (a full-table evaluation does not die for one method); otherwise the error propagates.
     """
     to_fit = [detector for detector in detectors if detector.needs_fit]
     if not to_fit:
@@ -56,25 +59,40 @@ def fit_together(
             detector.fitted = True
         return []
     # No batch at all is left to each detector's own count check, which says how many samples it needs.
-    fit_from_passes(to_fit, id_batches, name, allow_empty=True)
-    return to_fit
+    fit_from_passes(to_fit, id_batches, name, allow_empty=True, errors=errors)
+    return [detector for detector in to_fit if errors is None or detector.method not in errors]
 
 
 def fit_from_passes(
-    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str, allow_empty: bool = False
+    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str, allow_empty: bool = False,
+    errors: dict[str, str] | None = None,
 ) -> None:
     """``fit_begin`` / ``fit_update`` with one shared backbone pass per batch / ``fit_end`` for every detector of
-    ``detectors`` (on one base model), whether or not it says it needs a fit."""
+    ``detectors`` (on one base model), whether or not it says it needs a fit. ``errors``: see :func:`fit_together`
+    (the data's own errors, an unreadable image, always propagate)."""
     shared_model(detectors)
     first = detectors[0]
-    for detector in detectors:
-        detector.fit_begin()
+    live = list(detectors)
+
+    def each(step: Any) -> None:
+        for detector in list(live):
+            if errors is None:
+                step(detector)
+                continue
+            try:
+                step(detector)
+            except Exception as error:  # noqa: BLE001  (any failure of one method's fit skips that method)
+                errors[detector.method] = f"fit failed: {type(error).__name__}: {error}"
+                live.remove(detector)
+
+    each(lambda detector: detector.fit_begin())
     for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor, allow_empty=allow_empty):
-        batch = shared_pass(detectors, first._check_pixel_values(pixel_values), logits=False)
+        if not live:
+            break
+        batch = shared_pass(live, first._check_pixel_values(pixel_values), logits=False)
         labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
-        for detector in detectors:
-            detector.fit_update(batch, labels)
-    for detector in detectors:
-        detector.fit_end()
+        each(lambda detector: detector.fit_update(batch, labels))
+    each(lambda detector: detector.fit_end())
+
 
 __all__ = ["fit_from_passes", "fit_together", "shared_model", "shared_pass"]

@@ -6,6 +6,8 @@ that hf_gsc refuses it or recomputes, and that nothing outside the folder is rea
 
 from __future__ import annotations
 
+import re
+
 import io
 import json
 import logging
@@ -269,7 +271,7 @@ def test_method_results_refuse_non_finite_scores_naming_method_and_split():
         method_results(good, good, {"mnist": good, "noise": bad}, method="odin")
 
 
-def test_evaluation_stops_at_non_finite_scores_before_caching_them(tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_evaluation_skips_a_method_with_non_finite_scores_without_caching_them(tiny, tmp_path, monkeypatch):  # noqa: F811
     from hf_gsc.detectors.msp import MSPDetector
 
     real = MSPDetector.score_batch
@@ -280,8 +282,9 @@ def test_evaluation_stops_at_non_finite_scores_before_caching_them(tiny, tmp_pat
         return scores
 
     monkeypatch.setattr(MSPDetector, "score_batch", nan_score)
-    with pytest.raises(NonFiniteScoreError, match=r"method 'msp' gave \d+ non-finite .* on split 'id_test'"):
-        runner.run_evaluation(_argv(tiny, tmp_path / "nan"))
+    results = runner.run_evaluation(_argv(tiny, tmp_path / "nan"))
+    assert re.match(r"method 'msp' gave \d+ non-finite .* on split 'id_test'", results["skipped"]["msp"])
+    assert "msp" not in results["methods"] and results["methods"]  # the others are reported
     assert not (tmp_path / "nan" / "scores" / "msp" / "id_test.safetensors").exists()
 
 

@@ -91,16 +91,19 @@ def fit_detectors(
     num_workers: int = 0,
     on_error: OnError = "raise",
     source: str = "",
-) -> None:
+) -> dict[str, str]:
     """Main process: load each valid saved fit; fit the others, one backbone pass per batch for every method of a
     fit split, and save them; then every other process loads them.
 
+    A method whose fit fails (too few samples, a class without samples, ...) is not saved: it is returned, mapped to
+    the reason, on every process, and the others are fitted and saved as usual.
     ``on_error``: an unreadable image raises, naming ``ID {split} ({source})``, its row and file, or is left out.
     """
     from tqdm.auto import tqdm
 
     from ..detectors import fit_together
 
+    failed: dict[str, str] = {}
     if accelerator.is_main_process:
         pending = []
         for name in to_fit:
@@ -118,8 +121,8 @@ def fit_detectors(
             counted = _Counted(tqdm(loader, desc=f"fit {', '.join(group)}", leave=False))
             with accelerator.autocast():
                 fit_together([detectors[name] for name in group], device_batches(counted, accelerator.device, on_error),
-                             name=f"ID {split} data")
-            for name in group:
+                             name=f"ID {split} data", errors=failed)
+            for name in [name for name in group if name not in failed]:
                 directory = fit_dir(output_dir, name)
                 make_dirs(output_dir, Path(DETECTORS_DIR) / name)  # refuses a link on the way leading out of output_dir
                 save_state(detectors[name].fitted_state(), directory / STATE_FILE)
@@ -127,10 +130,18 @@ def fit_detectors(
                                                                    "num_samples": counted.count,
                                                                    NUM_SKIPPED_KEY: counted.skipped}))
     accelerator.wait_for_everyone()
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        holder = [failed]
+        broadcast_object_list(holder, from_process=0)
+        failed = holder[0]
     if not accelerator.is_main_process:
         for name in to_fit:
-            path = fit_dir(output_dir, name) / STATE_FILE
-            detectors[name].load_fitted_state(read_state(path), source=str(path))
+            if name not in failed:
+                path = fit_dir(output_dir, name) / STATE_FILE
+                detectors[name].load_fitted_state(read_state(path), source=str(path))
+    return failed
 
 
 __all__ = ["DETECTORS_DIR", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]

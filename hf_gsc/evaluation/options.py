@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +105,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     run = parser.add_argument_group("run")
     run.add_argument(
         "--methods", default=None,
-        help=f"comma list of registered methods, or 'all' (default: those registered of {','.join(DEFAULT_METHODS)}; "
-        "--list-methods shows them all)",
+        help=f"comma list of registered methods, or 'all', or 'all,-NAME,-NAME' (every method but those; default: "
+        f"those registered of {','.join(DEFAULT_METHODS)}; --list-methods shows them all)",
     )
     run.add_argument("--list-methods", action=_ListMethods, help="list every registered method, one per line, and exit")
     run.add_argument("--output-dir", required=True, help="results, score cache, fitted detectors, plots")
@@ -172,29 +172,44 @@ def registered_methods() -> dict[str, Any]:
 
 
 def parse_methods(text: str | None) -> list[str]:
-    """``"gsc, msp"`` -> ``["gsc", "msp"]``; ``"all"`` -> every registered method; ``None`` -> the registered
-    :data:`DEFAULT_METHODS`.
+    """``"gsc, msp"`` -> ``["gsc", "msp"]``; ``"all"`` -> every registered method; ``"all,-she,-knn"`` -> every
+    registered method but those; ``None`` -> the registered :data:`DEFAULT_METHODS`.
 
-    Unknown or repeated names raise :class:`InputError`.
+    Unknown or repeated names raise :class:`InputError` naming the nearest registered one.
     """
     registered = registered_methods()
     if text is None:
         return [name for name in DEFAULT_METHODS if name in registered]
-    if text.strip() == "all":  # every registered method, the full comparison table
-        return sorted(registered)
-    methods = [name.strip() for name in text.split(",") if name.strip()]
-    if not methods:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
         raise InputError(f"--methods is empty; registered methods: {', '.join(sorted(registered))}")
-    unknown = [name for name in methods if name not in registered]
-    if unknown:
-        raise InputError(
-            f"--methods: unknown method(s) {', '.join(map(repr, unknown))}; "
-            f"registered methods: {', '.join(sorted(registered))}"
-        )
+    excluded = [name[1:].strip() for name in names if name.startswith("-")]
+    if excluded and names[0] != "all":
+        raise InputError(f"--methods {text!r}: '-NAME' excludes a method from 'all' and must follow it "
+                         "(--methods all,-she,-knn)")
+    methods = sorted(registered) if names[0] == "all" else names
+    if names[0] == "all" and len(names) > 1 + len(excluded):
+        raise InputError(f"--methods {text!r}: after 'all' only '-NAME' exclusions may follow")
+    _check_names(methods if names[0] != "all" else excluded, registered)
+    if names[0] == "all":
+        methods = [name for name in methods if name not in excluded]
+        if not methods:
+            raise InputError(f"--methods {text!r} excludes every registered method")
     repeated = sorted({name for name in methods if methods.count(name) > 1})
     if repeated:
         raise InputError(f"--methods: {', '.join(repeated)} given more than once")
     return methods
+
+
+def _check_names(names: Sequence[str], registered: Mapping[str, Any]) -> None:
+    unknown = [name for name in names if name not in registered]
+    if unknown:
+        from ..registry import suggest_names
+
+        raise InputError(
+            f"--methods: unknown method(s) {', '.join(map(repr, unknown))}{suggest_names(unknown, sorted(registered))}; "
+            f"registered methods: {', '.join(sorted(registered))}"
+        )
 
 
 def _parse_value(text: str) -> Any:

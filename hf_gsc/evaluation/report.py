@@ -258,6 +258,9 @@ def markdown_table(
         from .tuning import markdown_lines
 
         lines += markdown_lines(results["tuning"])
+    if results.get("skipped"):
+        lines += ["", "Skipped (could not be fitted or scored on this model and data; every other method is reported):"]
+        lines += [f"* `{name}`: {reason}" for name, reason in results["skipped"].items()]
     mismatch = label_warning(results.get("label_check") or {"status": None})
     if mismatch:
         lines += ["", f"**Warning:** {mismatch}."]

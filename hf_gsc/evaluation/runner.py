@@ -282,19 +282,29 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
             "visible_gpus": torch.cuda.device_count(),
         }), flush=True)
     on_error = "skip" if args.skip_unreadable_images else "raise"
+    # A method that cannot be fitted or scored on this model and data is skipped, with its reason, and the others go
+    # on: a full table never dies for one method (its fits and score files are kept for a rerun either way).
+    skipped: dict[str, str] = {}
     try:
-        fit_detectors(accelerator, detectors, to_fit, plan.fit_data, plan.fit_fingerprints, transform,
-                      args.batch_size, output_dir, args.seed, args.overwrite, num_workers, on_error,
-                      source=args.benchmark or args.id_dataset)
+        skipped.update(fit_detectors(accelerator, detectors, to_fit, plan.fit_data, plan.fit_fingerprints, transform,
+                                     args.batch_size, output_dir, args.seed, args.overwrite, num_workers, on_error,
+                                     source=args.benchmark or args.id_dataset))
         seconds, splits = score_missing(accelerator, plan, missing, detectors, model, transform, cache,
-                                        args.batch_size, num_workers, on_error)
+                                        args.batch_size, num_workers, on_error, skipped=skipped)
     except UndecodableImageError as error:
         raise UndecodableImageError(f"{error} (fix or remove the file, or pass --skip-unreadable-images to leave "
                                     "such images out; finished splits are kept and not scored again)") from None
+    if accelerator.is_main_process:
+        for name, reason in skipped.items():
+            print(f"skipped {name}: {reason}", flush=True)
+    detectors = {name: detector for name, detector in detectors.items() if name not in skipped}
+    if not detectors:
+        raise RuntimeError("every method was skipped: " + "; ".join(f"{n}: {r}" for n, r in skipped.items()))
     if not accelerator.is_main_process:
         return None
 
     results, id_scores, ood_scores, correct = collect_results(args, plan, cache, detectors)
+    results["skipped"] = skipped
     results["ood_datasets"] = dict(parsed["extra_ood"])  # NAME -> SPEC of each --ood-dataset
     if tuning is not None:
         results["tuning"] = tuning

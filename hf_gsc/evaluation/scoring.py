@@ -17,7 +17,7 @@ import torch
 from . import loop
 from ..data.decoding import OnError
 from .loop import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY, ScoreCache, make_dataloader
-from .metrics import check_finite_scores
+from .metrics import NonFiniteScoreError, check_finite_scores
 from .plan import BASE_MODEL, EvaluationPlan, num_rows
 
 
@@ -32,11 +32,15 @@ def score_missing(
     batch_size: int,
     num_workers: int = 0,
     on_error: OnError = "raise",
+    skipped: dict[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Score each split with its missing methods (one backbone pass per batch for all of them, see
     :func:`batch_scorer`) and save the files (main process).
 
     ``on_error``: what an image that cannot be decoded does (see :func:`~hf_gsc.evaluation.loop.score_split`).
+    ``skipped``: method -> reason. A method whose scoring raises, or whose scores on a split are not all finite, is
+    added to it (the same on every process: the decision is taken on the gathered scores), its file for that split
+    is not written, and it is not scored on the later splits; the other methods go on.
 
     Returns ``(method -> split -> scoring seconds of that method on this process (the shared backbone pass is
     :data:`BACKBONE_KEY`), split -> {"seconds", "num_samples", "images_per_second"})``: the split's wall time covers
@@ -44,12 +48,14 @@ def score_missing(
     """
     seconds: dict[str, dict[str, float]] = {name: {} for name in [BACKBONE_KEY, *detectors]}
     throughput: dict[str, dict[str, float]] = {}
+    skipped = {} if skipped is None else skipped
     for split, dataset in plan.splits.items():
-        names = missing[split]
+        names = [name for name in missing[split] if name not in skipped]
         if not names:
             continue
+        errors: dict[str, str] = {}
         scorer = batch_scorer(model, {name: detectors[name] for name in names if name != BASE_MODEL},
-                              BASE_MODEL in names, seconds, split)
+                              BASE_MODEL in names, seconds, split, errors)
         dataloader = make_dataloader(dataset, transform, batch_size, num_workers, accelerator.device,
                                      accelerator.process_index, accelerator.num_processes,
                                      dataset_name=f"{split} ({plan.sources[split]})")
@@ -64,7 +70,11 @@ def score_missing(
                              "images_per_second": round(count / elapsed, 2) if elapsed > 0 else None}
         for name in names:  # on every process (they hold the same gathered scores), before any file is written
             if name != BASE_MODEL:
-                check_finite_scores(outputs[name], name, split)
+                try:
+                    check_finite_scores(outputs[name], name, split)
+                except NonFiniteScoreError as error:
+                    skipped[name] = f"scoring failed: {errors[name]}" if name in errors else str(error)
+        names = [name for name in names if name not in skipped]
         if accelerator.is_main_process:
             for name in names:
                 key = PREDICTIONS_KEY if name == BASE_MODEL else SCORE_KEY
@@ -87,11 +97,14 @@ def batch_scorer(
     predictions: bool,
     seconds: dict[str, dict[str, float]],
     split: str,
+    errors: dict[str, str] | None = None,
 ) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
     """``pixel_values -> {method: ood_score, ...}`` (and the base model's predicted classes under
     :data:`~hf_gsc.evaluation.plan.BASE_MODEL` when ``predictions``), from one backbone pass that captures what every
     detector reads (:func:`hf_gsc.shared_pass.shared_pass`). Adds each part's wall time to ``seconds[name][split]``
-    (host time: on CUDA, launch time unless the part itself waits for the device)."""
+    (host time: on CUDA, launch time unless the part itself waits for the device). ``errors``: where given, a method
+    whose scoring raises gets NaN scores for the batch (the gathered NaN then skips it on every process) and its first
+    error is kept there, method -> message."""
     from ..backbone_pass import run_backbone
     from ..shared_pass import shared_pass
     from ..precision import parameter_dtype
@@ -112,7 +125,14 @@ def batch_scorer(
         out = {}
         for name, detector in detectors.items():
             begin = time.perf_counter()
-            out[name] = detector.score_batch(batch).to(pixel_values.device)
+            if errors is None:
+                out[name] = detector.score_batch(batch).to(pixel_values.device)
+            else:
+                try:
+                    out[name] = detector.score_batch(batch).to(pixel_values.device)
+                except Exception as error:  # noqa: BLE001  (one method's failure skips that method only)
+                    errors.setdefault(name, f"{type(error).__name__}: {error}")
+                    out[name] = torch.full((pixel_values.shape[0],), float("nan"), device=pixel_values.device)
             add(name, begin)
         if predictions:
             out[BASE_MODEL] = batch.model_logits().argmax(dim=-1)
