@@ -92,3 +92,18 @@ def test_a_failed_run_keeps_its_fits_and_scores_and_a_rerun_resumes(tiny, tmp_pa
     monkeypatch.setattr(runner, "score_missing", spy)
     results = runner.run_evaluation(_argv(tiny, tmp_path, "knn,energy"))
     assert scored == [] and set(results["methods"]) == {"knn", "energy"}  # nothing computed again
+
+
+def test_a_rerun_reuses_the_saved_tuning_search(tiny, tmp_path, monkeypatch):  # noqa: F811
+    from hf_gsc.evaluation import tuning
+
+    monkeypatch.setattr(tuning, "search_spaces", lambda: {"msp": {"temperature": (3.0, 7.0)}})
+    first = runner.run_evaluation(_argv(tiny, tmp_path, "msp,energy,knn", "--tune"))
+    assert (tmp_path / runner.TUNING_RECORD).exists()
+    calls = []
+    real = tuning.tune_hyperparameters
+    monkeypatch.setattr(tuning, "tune_hyperparameters", lambda *a, **k: calls.append(1) or real(*a, **k))
+    second = runner.run_evaluation(_argv(tiny, tmp_path, "msp,energy,knn", "--tune"))
+    assert calls == [] and second["tuning"] == first["tuning"]
+    runner.run_evaluation(_argv(tiny, tmp_path, "msp,energy,knn", "--tune", "--seed", "1"))  # other inputs: searched
+    assert calls == [1]

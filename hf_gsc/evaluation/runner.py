@@ -22,6 +22,7 @@ Steps, the same under ``python`` and ``accelerate launch`` (any number of proces
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import time
 import warnings
@@ -59,10 +60,14 @@ from .plan import (
     needed_id_splits,
     num_rows,
 )
-from .report import jsonable, method_results, write_report
+from .report import jsonable, method_results, write_json, write_report
 from .run_info import check_process_count, data_description, run_header
 from .scoring import PREDICTIONS_KEY, score_missing
 from .timings import split_timings, update_timings
+
+
+#: The ``--tune`` search's record in the output folder, reused by a rerun with the same inputs.
+TUNING_RECORD = "tuning.json"
 
 
 def package_versions() -> dict[str, str]:
@@ -189,12 +194,33 @@ def _tune(
     fixed = {name: sorted(parsed["hyperparameters"].get(name, {})) for name in methods}
     if "gsc" in methods:
         fixed["gsc"] = sorted({*fixed["gsc"], *parsed["gsc_overrides"]})
-    record = tune_hyperparameters(
-        accelerator, model, methods, hyperparameters, fixed, id_splits, transform, benchmark=args.benchmark,
-        max_samples=args.max_samples, max_fit_samples=args.max_fit_samples, seed=args.seed,
-        batch_size=args.batch_size, num_workers=num_workers,
-        on_error="skip" if args.skip_unreadable_images else "raise")
-    record = _broadcast(accelerator, jsonable(record))
+    # The search's record is kept in OUTPUT/tuning.json as soon as it exists, keyed on everything it read, so that a
+    # rerun after a failure later in the run does not search again.
+    from .fingerprints import dataset_fingerprint, fingerprint, model_fingerprint
+
+    key = fingerprint(jsonable({
+        "version": __version__, "model": model_fingerprint(model), "methods": list(methods),
+        "hyperparameters": hyperparameters, "fixed": fixed, "benchmark": args.benchmark,
+        "data": {split: dataset_fingerprint(dataset) for split, dataset in id_splits.items()},
+        "max_samples": args.max_samples, "max_fit_samples": args.max_fit_samples, "seed": args.seed,
+        "skip_unreadable_images": args.skip_unreadable_images}))
+    saved_path = Path(args.output_dir) / TUNING_RECORD
+    record = None
+    if accelerator.is_main_process and not args.overwrite and saved_path.is_file():
+        saved = json.loads(saved_path.read_text())
+        record = saved.get("record") if saved.get("key") == key else None
+    record = _broadcast(accelerator, record)
+    if record is None:
+        record = tune_hyperparameters(
+            accelerator, model, methods, hyperparameters, fixed, id_splits, transform, benchmark=args.benchmark,
+            max_samples=args.max_samples, max_fit_samples=args.max_fit_samples, seed=args.seed,
+            batch_size=args.batch_size, num_workers=num_workers,
+            on_error="skip" if args.skip_unreadable_images else "raise")
+        record = _broadcast(accelerator, jsonable(record))
+        if accelerator.is_main_process:
+            write_json(saved_path, {"key": key, "record": record}, Path(args.output_dir))
+    elif accelerator.is_main_process:
+        print(f"tuning: reusing the search saved in {saved_path} (the same model, data and settings)", flush=True)
     for name, values in chosen_hyperparameters(record).items():
         hyperparameters[name] = {**hyperparameters[name], **values}
     if accelerator.is_main_process:
