@@ -102,6 +102,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     #: Whether :meth:`score_batch` needs nothing but the shared backbone pass (``False``: the method runs forwards
     #: and backwards of its own, as ODIN does, and is left out of the one-pass cost figures).
     one_pass: ClassVar[bool] = True
+    #: Hub tags of a saved detector's card besides the common ones.
+    card_tags: ClassVar[tuple[str, ...]] = ()
     needs_fit: bool = False
     fit_split: str = "train"
     min_fit_samples: int = 1

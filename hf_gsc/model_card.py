@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .registry import detector_class
 from .repo_ids import is_hub_id
 
 
@@ -68,14 +69,25 @@ def template_path() -> Path:
 
 def method_description(method: str) -> str:
     """One line on what ``method`` computes: the first paragraph of its class docstring."""
-    from .registry import detector_class
-
     import re
 
     doc = (detector_class(method).__doc__ or method).strip().split("\n\n")[0]
     text = " ".join(line.strip() for line in doc.splitlines())
     # reStructuredText to Markdown: :func:`name` and ``code`` become `name` and `code`.
     return re.sub(r"``([^`]+)``", r"`\1`", re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text))
+
+
+def selection_text(selection: Mapping[str, Any]) -> str:
+    """Why the evaluation chose this detector: its validation figures, the runner-up's, the rule and the data."""
+    ranked = list(selection["validation"])
+    chosen = selection["validation"][selection["method"]]
+    text = (f"Chosen among {len(ranked)} methods evaluated on the same model and data, on validation data only: mean "
+            f"validation AUROC {100 * chosen['auroc']:.2f}%, FPR95 (ID+) {100 * chosen['fpr95']:.2f}% over "
+            f"{', '.join(chosen['ood'])} ({selection['data']['ood']}).")
+    if len(ranked) > 1:
+        second = selection["validation"][ranked[1]]
+        text += f" Runner-up: `{ranked[1]}` (AUROC {100 * second['auroc']:.2f}%, FPR95 {100 * second['fpr95']:.2f}%)."
+    return text + f" Rule: {selection['rule']}."
 
 
 def render_model_card(
@@ -101,12 +113,13 @@ def render_model_card(
         license=license,
         # Only Hub ids belong in base_model metadata; the Hub rejects a local path.
         base_model=base_model if is_hub_id(base_model) else None,
-        tags=["out-of-distribution-detection", f"ood-{method.replace('_', '-')}", "image-classification"]
-        + (["gradient-short-circuit"] if method.startswith("gsc") else []),
+        tags=["out-of-distribution-detection", f"ood-{method.replace('_', '-')}", "image-classification",
+              *detector_class(method).card_tags],
         model_name=name,
         eval_results=eval_results or None,
     )
     hyperparameters = dict(values.get("hyperparameters") or {})
+    selection = (results or {}).get("selection") or {}
     return ModelCard.from_template(
         card_data,
         template_path=str(template),
@@ -123,6 +136,7 @@ def render_model_card(
         benchmark=(results or {}).get("benchmark"),
         id_accuracy=(results or {}).get("id_accuracy"),
         results_table=results_table,
+        selection=selection_text(selection) if selection.get("method") == method else None,
         plots=list(plots),
         hf_gsc_version=values.get("hf_gsc_version"),
         license=license,

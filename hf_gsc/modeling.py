@@ -101,6 +101,7 @@ class GSCForImageClassification(OODDetector):
     search_space = {"mask_ratio": (0.01, 0.05, 0.1, 0.2)}
     search_space_source = "not in OpenOOD: the mask ratio around the paper's default 0.05"
     config_class = GSCConfig
+    card_tags = ("gradient-short-circuit",)
     state_names = ("fisher_diagonal",)
 
     def __init__(self, model: PreTrainedModel, config: GSCConfig | None = None, **overrides: Any) -> None:

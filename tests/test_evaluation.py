@@ -91,6 +91,7 @@ def _argv(tiny: dict[str, str], output_dir: Path, *extra: str) -> list[str]:
         "--model", tiny["model"], "--id-dataset", tiny["id"],
         "--ood-dataset", f"noise={tiny['noise']}", "--ood-dataset", f"flat={tiny['flat']}",
         "--methods", _methods(), "--output-dir", str(output_dir), "--batch-size", "4", "--no-plots",
+        "--no-selection",  # these runs are about the test table; the selection has tests/test_selection.py
         *extra,
     ]
     if "knn" in _methods():

@@ -123,7 +123,9 @@ def test_run_header_says_what_runs(tiny, tmp_path, capsys) -> None:
     assert "device cpu, 1 process, mixed precision no, 0 data workers per process" in header
     assert "methods: msp, energy" in header
     assert f"samples: ID test {SIZES['test']}, ID validation {SIZES['validation']}, OOD far 7" in header
-    assert "score files: 7 to compute, 0 from the cache" in header
+    # 2 methods x (ID test, ID validation, OOD far, the 2 generated OOD validation sets) + the base model on ID test
+    assert "score files: 11 to compute, 0 from the cache" in header
+    assert "OOD validation val_noise 4, OOD validation val_jigsaw 4" in header  # the selection's data, half of 9
 
 
 def test_processes_that_would_each_run_alone_are_refused() -> None:
@@ -268,7 +270,7 @@ def test_a_cached_rerun_keeps_the_timings_of_the_run_that_scored(tiny, tmp_path)
     first = runner.run_evaluation(_argv(tiny, tmp_path / "run"))
     again = runner.run_evaluation(_argv(tiny, tmp_path / "run"))
     scored, kept = first["seconds"]["splits_scored"], again["seconds"]["splits_scored"]
-    assert set(scored) == set(kept) == {"id_test", "id_validation", "ood_far"}
+    assert set(scored) == set(kept) == {"id_test", "id_validation", "ood_far", "val_ood_val_noise", "val_ood_val_jigsaw"}
     for split, entry in scored.items():
         assert entry["cached"] is False and kept[split]["cached"] is True
         assert {k: v for k, v in kept[split].items() if k != "cached"} == {k: v for k, v in entry.items() if k != "cached"}

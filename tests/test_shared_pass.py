@@ -39,7 +39,7 @@ def together(tiny, tmp_path_factory) -> Path:  # noqa: F811
 def test_a_method_scores_the_same_alone_and_with_the_others(tiny, together, tmp_path, method):  # noqa: F811
     runner.run_evaluation(_argv(tiny, tmp_path, method))
     alone, shared = _scores(tmp_path, method), _scores(together, method)
-    assert alone.keys() == shared.keys() == {"id_test", "id_validation", "ood_noise"}
+    assert alone.keys() == shared.keys() == {"id_test", "id_validation", "ood_noise", "val_ood_val_noise", "val_ood_val_jigsaw"}
     for split in alone:
         assert alone[split].keys() == shared[split].keys()
         for key in alone[split]:

@@ -87,13 +87,22 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     data.add_argument(
         "--id-dataset", default=None,
-        help="instead of --benchmark: ID data with train/validation/test splits "
-        "(local save_to_disk DatasetDict or Hub 'dataset_id[:config]')",
+        help="instead of --benchmark: ID data with train/validation/test splits: a folder with train/, validation/, "
+        "test/ subfolders of class folders (image folders), a local save_to_disk DatasetDict, or a Hub "
+        "'dataset_id[:config]'",
     )
     data.add_argument(
         "--ood-dataset", action="append", default=[], metavar="[NAME=]SPEC",
         help="an OOD split, repeatable: 'dataset_id[:config]:split' or a local path; NAME defaults from SPEC",
     )
+    data.add_argument(
+        "--val-ood-dataset", action="append", default=[], metavar="[NAME=]SPEC",
+        help="an OOD *validation* split for choosing the detector (the selection record), repeatable, like "
+        "--ood-dataset; default: OOD sets generated from half of ID validation, as --tune does (never a test split)",
+    )
+    data.add_argument("--no-selection", action="store_true",
+                      help="do not rank the methods on validation data nor choose one (skips scoring the OOD "
+                      "validation sets)")
     data.add_argument("--max-samples", type=int, default=None,
                       help="at most this many samples per split (random, --seed; with --streaming: the first ones)")
     data.add_argument("--max-fit-samples", type=int, default=10000, help="at most this many samples to fit a detector")
@@ -264,7 +273,7 @@ def _split_names(text: str | None) -> list[str] | None:
     return names
 
 
-def _parse_ood_dataset(item: str) -> tuple[str, str]:
+def _parse_ood_dataset(item: str, option: str = "--ood-dataset") -> tuple[str, str]:
     from ..data.splits import missing_local_folder
 
     name, sep, spec = item.partition("=")
@@ -273,10 +282,10 @@ def _parse_ood_dataset(item: str) -> tuple[str, str]:
         base = os.path.basename(os.path.normpath(item)) if os.path.exists(item) else item
         name = base.replace("/", "_").replace(":", "_")
     if not spec or not name:
-        raise InputError(f"--ood-dataset {item!r}: expected [NAME=]SPEC")
+        raise InputError(f"{option} {item!r}: expected [NAME=]SPEC")
     missing = missing_local_folder(spec)
     if missing is not None:
-        raise InputError(f"--ood-dataset {item!r}: no such folder {missing!r} (a local OOD split is a folder of "
+        raise InputError(f"{option} {item!r}: no such folder {missing!r} (a local OOD split is a folder of "
                          "images or a saved dataset; a Hub split is 'dataset_id[:config]:split')")
     return name, spec
 
@@ -396,10 +405,17 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
             GSCConfig(**gsc_overrides)
         except ValueError as error:
             raise InputError(f"GSC options: {error}") from None
+    val_ood = [_parse_ood_dataset(item, "--val-ood-dataset") for item in getattr(args, "val_ood_dataset", [])]
+    if val_ood and getattr(args, "no_selection", False):
+        raise InputError("--val-ood-dataset is for the selection, which --no-selection turns off: drop one of them")
+    repeated = sorted({name for name, _ in val_ood if [n for n, _ in val_ood].count(name) > 1})
+    if repeated:
+        raise InputError(f"--val-ood-dataset: split name(s) {', '.join(repeated)} used twice; name them with NAME=SPEC")
     return {
         "methods": methods,
         "ood_splits": ood_splits,
         "extra_ood": extra_ood,
+        "val_ood": val_ood,
         "hyperparameters": hyperparameters,
         "gsc_overrides": gsc_overrides,
     }

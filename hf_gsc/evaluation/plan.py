@@ -155,9 +155,14 @@ def make_plan(
     hyperparameters: Mapping[str, Mapping[str, Any]],
     id_splits: Mapping[str, Any],
     ood_splits: Mapping[str, Any],
+    validation_ood: Mapping[str, Any] | None = None,
+    validation_ood_source: str = "",
 ) -> EvaluationPlan:
     """Subsample the splits and fingerprint what each score depends on: the weights, the method and
-    its settings (and fit), the exact samples."""
+    its settings (and fit), the exact samples. ``validation_ood``: the OOD validation sets of the selection
+    (:mod:`.selection`), already subsampled, planned as ``val_ood_{name}``."""
+    from .selection import VAL_OOD_PREFIX
+
     model_fp = model_fingerprint(model)
     source = args.benchmark or args.id_dataset
     splits = {
@@ -167,12 +172,19 @@ def make_plan(
             OOD_PREFIX + name: subset(dataset, args.max_samples, args.seed, OOD_PREFIX + name)
             for name, dataset in ood_splits.items()
         },
+        **{VAL_OOD_PREFIX + name: dataset for name, dataset in (validation_ood or {}).items()},
     }
     ood_sources = dict(parsed["extra_ood"])
+    def split_source(split: str) -> str:
+        if split.startswith(VAL_OOD_PREFIX):
+            return f"{validation_ood_source} ({split[len(VAL_OOD_PREFIX):]})"
+        if split.startswith(OOD_PREFIX):
+            return ood_sources.get(split[len(OOD_PREFIX):], f"{source}/{split[len(OOD_PREFIX):]}")
+        return source
+
     descriptions = {
         split: {
-            "source": source if not split.startswith(OOD_PREFIX)
-            else ood_sources.get(split[len(OOD_PREFIX):], f"{source}/{split[len(OOD_PREFIX):]}"),
+            "source": split_source(split),
             "rows": num_rows(dataset),
             "max_samples": args.max_samples,
             "seed": args.seed,

@@ -231,6 +231,10 @@ def markdown_table(
         *table_lines(["Method", *map(title, columns)], map(cells, methods)),
         "",
     ]
+    if results.get("selection"):
+        from .selection import sentence
+
+        lines[4:4] = [sentence(results["selection"]), ""]  # above the test table: the decision first
     selective = all("selective" in entry for entry in methods.values())
     header = ["Method", "threshold", f"ID TPR at threshold (test, target {100 * _target_tpr(methods):.0f}%)"]
     if selective:
@@ -258,6 +262,10 @@ def markdown_table(
         from .tuning import markdown_lines
 
         lines += markdown_lines(results["tuning"])
+    if results.get("selection"):
+        from .selection import markdown_lines as selection_lines
+
+        lines += selection_lines(results["selection"])
     if results.get("skipped"):
         lines += ["", "Skipped (could not be fitted or scored on this model and data; every other method is reported):"]
         lines += [f"* `{name}`: {reason}" for name, reason in results["skipped"].items()]

@@ -59,6 +59,7 @@ from .plan import (
     missing_scores,
     needed_id_splits,
     num_rows,
+    subset,
 )
 from .report import jsonable, method_results, write_json, write_report
 from .run_info import check_process_count, data_description, run_header
@@ -66,6 +67,8 @@ from .scoring import PREDICTIONS_KEY, score_missing
 from .timings import split_timings, update_timings
 
 
+#: The folder (under ``OUTPUT/detectors/``) of the detector the selection chose.
+SELECTED = "selected"
 #: The ``--tune`` search's record in the output folder, reused by a rerun with the same inputs.
 TUNING_RECORD = "tuning.json"
 
@@ -162,6 +165,26 @@ def collect_results(
         "ood_groups": groups,
     }
     return results, id_scores, ood_scores, correct
+
+
+def _selection(plan: EvaluationPlan, cache: ScoreCache, detectors: Mapping[str, Any],
+               selection_data: tuple[dict[str, Any], list[int] | None, str],
+               throughput: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``results.json``'s ``selection`` from the score files of ID validation and the OOD validation sets."""
+    from .selection import VAL_OOD_PREFIX, selection_record
+
+    sets, id_rows, description = selection_data
+
+    def load(name: str, split: str) -> torch.Tensor:
+        data = cache.load(name, split, plan.score_fingerprints[(name, split)], num_rows(plan.splits[split]))
+        if data is None:
+            raise RuntimeError(f"score file {cache.path(name, split)} vanished or changed during the run; run again")
+        return data[SCORE_KEY]
+
+    validation = {name: load(name, ID_VALIDATION) for name in detectors}
+    ood = {name: {set_name: load(name, VAL_OOD_PREFIX + set_name) for set_name in sets} for name in detectors}
+    seconds = sum(throughput.get(VAL_OOD_PREFIX + set_name, {}).get("seconds", 0.0) for set_name in sets)
+    return selection_record(validation, ood, id_rows, description, seconds)
 
 
 def ood_groups_of(benchmark: str | None, ood_names: Sequence[str]) -> dict[str, list[str]]:
@@ -287,7 +310,17 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     label_check = compare_labels(class_names_of(id_splits["test"]), model_class_names(model.config))
     if accelerator.is_main_process and label_warning(label_check):
         warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
-    plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits)
+    selection_data = None  # (OOD validation sets, ID side rows, description): the data the detector is chosen on
+    if not getattr(args, "no_selection", False):
+        from .selection import selection_sets
+
+        selection_data = selection_sets(args, parsed, subset(id_splits["validation"], args.max_samples, args.seed,
+                                                             "validation"))
+        if not selection_data[0]:
+            warnings.warn(f"no selection: {selection_data[2]}", UserWarning, stacklevel=2)
+            selection_data = None
+    plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits,
+                     *(selection_data[0], selection_data[2]) if selection_data else ())
     _check_conformal_size(args, num_rows(plan.splits[ID_VALIDATION]))
 
     # Fit (main process) only the detectors that still have scores to compute, then score.
@@ -331,6 +364,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
 
     results, id_scores, ood_scores, correct = collect_results(args, plan, cache, detectors)
     results["skipped"] = skipped
+    if selection_data is not None:
+        results["selection"] = _selection(plan, cache, detectors, selection_data, splits)
     results["ood_datasets"] = dict(parsed["extra_ood"])  # NAME -> SPEC of each --ood-dataset
     if tuning is not None:
         results["tuning"] = tuning
@@ -373,7 +408,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
 
 def save_detectors(output_dir: Path, detectors: Mapping[str, Any], results: Mapping[str, Any], processor: Any) -> None:
     """Save each evaluated method as a detector folder ``detectors/{method}/`` (beside its fit): its threshold is the
-    one calibrated on ID validation for ``results.json``, and its card carries these results."""
+    one calibrated on ID validation for ``results.json``, and its card carries these results. The method the
+    selection chose is saved again as ``detectors/selected/``, its card saying why."""
     from .fitting import fit_dir
 
     for name, detector in detectors.items():
@@ -383,12 +419,18 @@ def save_detectors(output_dir: Path, detectors: Mapping[str, Any], results: Mapp
         if detector.image_processor is None:
             detector.image_processor = processor
         detector.save_pretrained(fit_dir(output_dir, name), results_dir=output_dir)
+    chosen = (results.get("selection") or {}).get("method")
+    if chosen in detectors:  # the decision, ready to publish: hf-gsc publish --detector-dir OUTPUT/detectors/selected
+        detectors[chosen].save_pretrained(fit_dir(output_dir, SELECTED), results_dir=output_dir)
+        print(f"selected {chosen} (validation only): saved as {fit_dir(output_dir, SELECTED)}", flush=True)
 
 
 def _split_label(split: str) -> str:
     """``id_test`` -> ``ID test``, ``ood_far`` -> ``OOD far``: the split names of ``results.md``."""
     if split.startswith(OOD_PREFIX):
         return f"OOD {split[len(OOD_PREFIX):]}"
+    if split.startswith("val_ood_"):
+        return f"OOD validation {split[len('val_ood_'):]}"
     return {ID_TEST: "ID test", ID_VALIDATION: "ID validation"}.get(split, split)
 
 

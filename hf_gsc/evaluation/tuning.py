@@ -140,6 +140,12 @@ class GeneratedImages:
     def __len__(self) -> int:
         return len(self.source)
 
+    def content_fingerprint(self) -> str:
+        """What the images depend on (the source rows, the kind, the seed), for the score cache."""
+        from .fingerprints import dataset_fingerprint, fingerprint
+
+        return fingerprint({"generated": self.kind, "seed": self.seed, "source": dataset_fingerprint(self.source)})
+
     def _make(self, value: Any, row: int) -> Any:
         from PIL import Image
 

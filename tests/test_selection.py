@@ -1,0 +1,92 @@
+"""Validation ranking and selection: every scored method ranked on validation data only, the choice recorded with
+its rule and table, stated in results.md, saved as detectors/selected with a card saying why; no test split is read
+for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_gsc import AutoOODDetector
+from hf_gsc.evaluation import runner
+from hf_gsc.evaluation.selection import SELECTION_RULE, VAL_OOD_PREFIX, validation_metrics
+from hf_gsc.evaluation.tuning import split_halves
+
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
+
+METHODS = "msp,energy,knn,mahalanobis"
+
+
+def _argv(tiny, output_dir: Path, *extra: str, ood: str = "noise") -> list[str]:  # noqa: F811
+    return ["--model", tiny["model"], "--id-dataset", tiny["id"], "--ood-dataset", f"{ood}={tiny[ood]}",
+            "--methods", METHODS, "--output-dir", str(output_dir), "--batch-size", "4", "--no-plots",
+            "--hyperparameter", "knn.k=3", *extra]
+
+
+@pytest.fixture(scope="module")
+def selected(tiny, tmp_path_factory):  # noqa: F811
+    output_dir = tmp_path_factory.mktemp("selected")
+    return output_dir, runner.run_evaluation(_argv(tiny, output_dir, "--save-detectors"))
+
+
+def test_every_method_is_ranked_on_validation_and_one_is_chosen(selected):
+    output_dir, results = selected
+    record = results["selection"]
+    assert set(record["validation"]) == set(results["methods"]) == set(METHODS.split(","))
+    assert record["rule"] == SELECTION_RULE and record["method"] in record["validation"]
+    best = max(record["validation"].values(), key=lambda entry: entry["auroc"])["auroc"]
+    assert record["validation"][record["method"]]["auroc"] == best
+    assert set(next(iter(record["validation"].values()))["ood"]) == {"val_noise", "val_jigsaw"}
+    markdown = (output_dir / "results.md").read_text()
+    assert markdown.index("Selected on validation data only") < markdown.index("| Method |")
+    assert "Validation ranking" in markdown
+
+
+def test_the_table_is_computed_from_the_validation_score_files_only(selected):
+    """ID side: the tune_select half of ID validation; OOD side: the generated validation sets."""
+    from safetensors.torch import load_file
+
+    output_dir, results = selected
+    record = results["selection"]
+    for name, entry in record["validation"].items():
+        validation = load_file(str(output_dir / "scores" / name / "id_validation.safetensors"))["ood_score"]
+        _, select_rows = split_halves(validation.numel(), 0)
+        ood = {s: load_file(str(output_dir / "scores" / name / f"{VAL_OOD_PREFIX}{s}.safetensors"))["ood_score"]
+               for s in entry["ood"]}
+        expected = validation_metrics(validation[torch.tensor(select_rows)], ood)
+        assert json.dumps(entry, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+def test_the_choice_does_not_depend_on_the_test_splits(tiny, tmp_path, selected):  # noqa: F811
+    """Other test OOD data, the same choice and the same validation table (test splits are never read for it)."""
+    _, results = selected
+    other = runner.run_evaluation(_argv(tiny, tmp_path, ood="flat"))
+    strip = lambda record: {k: v for k, v in record.items() if k != "seconds"}  # noqa: E731
+    assert strip(other["selection"]) == strip(results["selection"])
+    assert other["methods"] != results["methods"]  # the test figures did change
+
+
+def test_the_chosen_detector_is_saved_as_selected_with_its_reason(selected):
+    output_dir, results = selected
+    chosen = results["selection"]["method"]
+    folder = output_dir / "detectors" / "selected"
+    detector = AutoOODDetector.from_pretrained(folder)
+    assert detector.method == chosen
+    assert detector.config.threshold == pytest.approx(results["methods"][chosen]["threshold"])
+    card = (folder / "README.md").read_text()
+    assert "## Why this detector" in card and "on validation data only" in card
+
+
+def test_user_validation_ood_sets_and_no_selection(tiny, tmp_path):  # noqa: F811
+    given = runner.run_evaluation(_argv(tiny, tmp_path / "given", "--val-ood-dataset", f"flatval={tiny['flat']}"))
+    record = given["selection"]
+    assert "--val-ood-dataset flatval=" in record["data"]["ood"]
+    assert set(next(iter(record["validation"].values()))["ood"]) == {"flatval"}
+    assert record["data"]["num_samples"]["id"] == given["split_sizes"]["id_validation"]  # the whole ID validation
+    none = runner.run_evaluation(_argv(tiny, tmp_path / "none", "--no-selection"))
+    assert "selection" not in none
+    assert not list((tmp_path / "none" / "scores").rglob(f"{VAL_OOD_PREFIX}*"))
+    assert "Selected on" not in (tmp_path / "none" / "results.md").read_text()
