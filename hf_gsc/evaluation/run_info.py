@@ -14,6 +14,7 @@ workers, methods, split sizes), before any fitting or scoring.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,8 +22,18 @@ from .options import InputError
 
 
 def check_process_count(accelerator: Any, environ: Mapping[str, str] | None = None) -> None:
-    """Refuse a launch whose processes would each run alone (``WORLD_SIZE`` > 1 but one accelerate process)."""
+    """Refuse a launch whose processes would each run alone (``WORLD_SIZE`` > 1 but one accelerate process), and warn
+    when ``accelerate launch`` was asked for several processes but runs one: its simple launcher (``--cpu
+    --num_processes 2`` without ``--multi_gpu``) sets ``MASTER_ADDR`` / ``MASTER_PORT`` for them and starts a single
+    process, which would otherwise say nothing."""
     environ = os.environ if environ is None else environ
+    if (accelerator.num_processes == 1 and "WORLD_SIZE" not in environ and "MASTER_PORT" in environ
+            and "ACCELERATE_MIXED_PRECISION" in environ):
+        warnings.warn(
+            "accelerate launch was asked for several processes, but one runs: its simple launcher (e.g. --cpu "
+            "--num_processes 2) starts a single process. On CPUs use: ACCELERATE_USE_CPU=1 accelerate launch "
+            "--multi_gpu --num_processes N -m hf_gsc evaluate ...; on GPUs: accelerate launch --multi_gpu "
+            "--num_processes N ... (docs/evaluation.md)", UserWarning, stacklevel=2)
     launched = int(environ.get("WORLD_SIZE", "1") or 1)
     if launched > 1 and accelerator.num_processes == 1:
         raise InputError(
