@@ -40,6 +40,30 @@ def load_model(
     return model, processor, saved, processor_source
 
 
+def load_shipped(spec: str, revision: str | None = None, image_backend: str = "auto") -> tuple[Any, Any]:
+    """``(the saved detector of --detector, its image processor)``: the detector as it was saved (method, settings,
+    fitted state, threshold) on its base model. A classifier, or a detector without a threshold, is refused here."""
+    from ..data import load_image_processor
+    from ..serialization import load_detector_or_classifier
+
+    try:
+        model, detector, processor_source, hub = load_detector_or_classifier(spec, revision=revision)
+        if detector is None:
+            raise InputError(f"--detector {spec!r} is an image classifier, not a saved detector; evaluate methods on "
+                             "it with --model")
+        backend = None if image_backend == "auto" else image_backend
+        processor = detector.image_processor or load_image_processor(processor_source, backend=backend, **hub)
+    except (OSError, ValueError, KeyError) as error:
+        if isinstance(error, InputError):
+            raise
+        raise InputError(f"--detector {spec!r}: could not load the saved detector and its image processor: {error}") from None
+    if detector.config.threshold is None:
+        raise InputError(f"--detector {spec!r}: the saved {detector.method!r} detector has no threshold, so it makes no "
+                         "decision to check; calibrate it (detector.calibrate(...)) and save it again")
+    model.eval().requires_grad_(False)
+    return detector, processor
+
+
 def image_backend_of(processor: Any) -> str:
     """``"torchvision"`` or ``"pil"``: the backend a transformers image processor runs on (for ``results.json``)."""
     return "pil" if type(processor).__name__.endswith("Pil") else "torchvision"

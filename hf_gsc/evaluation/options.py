@@ -77,8 +77,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         description="OOD evaluation of GSC and baselines on a Hugging Face image classifier. "
         "Runs with `python` or `accelerate launch` (sharded over processes).",
     )
-    parser.add_argument("--model", required=True, help="image classifier or saved detector: local path or Hub id")
-    parser.add_argument("--revision", default=None, help="Hub revision of --model")
+    parser.add_argument("--model", default=None,
+                        help="image classifier (or a saved detector, whose settings become the defaults): local path "
+                        "or Hub id; the methods are fitted and calibrated on it")
+    parser.add_argument("--detector", default=None, metavar="FOLDER_OR_REPO_ID",
+                        help="instead of --model: evaluate this saved detector as it is (its method, settings, fitted "
+                        "state and threshold; no refit, no recalibration), with the TPR and FPR at its threshold")
+    parser.add_argument("--revision", default=None, help="Hub revision of --model or --detector")
     data = parser.add_argument_group("data")
     data.add_argument("--benchmark", default=None, help="registered benchmark, e.g. fmnist-ood or fmnist-openset")
     data.add_argument(
@@ -348,6 +353,21 @@ def _check_streaming(args: argparse.Namespace, extra_ood: Sequence[tuple[str, st
 
 def validate_args(args: argparse.Namespace) -> dict[str, Any]:
     """Cheap checks of every argument, before the model or data are loaded. Returns parsed values."""
+    detector = getattr(args, "detector", None)
+    if (args.model is None) == (detector is None):
+        raise InputError("give exactly one of --model (an image classifier: fit, calibrate and evaluate methods on it) "
+                         "and --detector (a saved detector, evaluated as it is)")
+    if detector is not None:
+        given = [option for option, value in (("--methods", args.methods), ("--hyperparameter", args.hyperparameter),
+                                               ("--tune", getattr(args, "tune", False)),
+                                               ("--save-detectors", getattr(args, "save_detectors", False)),
+                                               ("--val-ood-dataset", getattr(args, "val_ood_dataset", [])),
+                                               ("--conformal-delta", getattr(args, "conformal_delta", None)))
+                 if value]
+        given += [f"--{dest.replace('_', '-')}" for dest in GSC_OPTIONS if getattr(args, dest, None) is not None]
+        if given:
+            raise InputError(f"--detector evaluates a saved detector as it is (its method, settings, fitted state and "
+                             f"threshold): {', '.join(given)} would change it; use --model for that")
     methods = parse_methods(args.methods)
     _check_positive(args, "batch_size")
     _check_positive(args, "max_samples", allow_none=True)

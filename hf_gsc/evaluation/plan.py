@@ -157,10 +157,12 @@ def make_plan(
     ood_splits: Mapping[str, Any],
     validation_ood: Mapping[str, Any] | None = None,
     validation_ood_source: str = "",
+    shipped: bool = False,
 ) -> EvaluationPlan:
     """Subsample the splits and fingerprint what each score depends on: the weights, the method and
     its settings (and fit), the exact samples. ``validation_ood``: the OOD validation sets of the selection
-    (:mod:`.selection`), already subsampled, planned as ``val_ood_{name}``."""
+    (:mod:`.selection`), already subsampled, planned as ``val_ood_{name}``. ``shipped``: the detectors are saved ones
+    evaluated as they are (``--detector``): nothing is fitted, and their scores follow their saved fitted state."""
     from .selection import VAL_OOD_PREFIX
 
     model_fp = model_fingerprint(model)
@@ -196,8 +198,10 @@ def make_plan(
     fit_sets = {
         split: subset(id_splits[split], args.max_fit_samples, args.seed, f"fit_{split}")
         for split in dict.fromkeys(detector.fit_split for detector in detectors.values() if detector.needs_fit)
+        if not shipped
     }
-    fit_data = {name: fit_sets[detector.fit_split] for name, detector in detectors.items() if detector.needs_fit}
+    fit_data = {} if shipped else {name: fit_sets[detector.fit_split] for name, detector in detectors.items()
+                                    if detector.needs_fit}
     # What is in effect: every setting with its default filled in, and the library version (a formula fixed in a new
     # release must not reuse old scores).
     settings = {name: effective_hyperparameters(detector) for name, detector in detectors.items()}
@@ -208,6 +212,9 @@ def make_plan(
                            "seed": args.seed, "content": dataset_fingerprint(dataset)})
         for name, dataset in fit_data.items()
     }
+    if shipped:  # the saved fitted state is what the scores depend on
+        fit_fps = {name: fingerprint({name: tensor_fingerprint(tensor) for name, tensor in detector.fitted_state().items()})
+                   for name, detector in detectors.items()}
     score_fps = {
         (name, split): fingerprint({"model": model_fp, "method": name, "hyperparameters": settings.get(name, {}),
                                     "hf_gsc": __version__, "fit": fit_fps.get(name), "split": split,
@@ -217,6 +224,16 @@ def make_plan(
     }
     sources = {split: description["source"] for split, description in descriptions.items()}
     return EvaluationPlan(splits, sources, fit_data, fit_fps, score_fps)
+
+
+def tensor_fingerprint(tensor: torch.Tensor) -> str:
+    """Hash of a tensor's dtype, shape and values."""
+    import hashlib
+
+    data = tensor.detach().cpu().contiguous()
+    digest = hashlib.blake2b(f"{data.dtype}{tuple(data.shape)}".encode(), digest_size=16)
+    digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()
 
 
 def missing_scores(

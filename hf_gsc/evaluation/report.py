@@ -231,6 +231,12 @@ def markdown_table(
         *table_lines(["Method", *map(title, columns)], map(cells, methods)),
         "",
     ]
+    if results.get("detector"):  # --detector: the decision as shipped
+        shipped = results["detector"]
+        accepted = ", ".join(f"{name} {100 * value:.2f}%" for name, value in shipped["fpr_at_threshold"].items())
+        lines[4:4] = [f"Evaluated as saved: `{shipped['method']}` from {shipped['source']} at its shipped threshold "
+                      f"{shipped['threshold']:.6g} (no refit, no recalibration): ID test accepted "
+                      f"{100 * shipped['id_tpr_at_threshold']:.2f}%; OOD accepted (FPR at the threshold): {accepted}.", ""]
     if results.get("selection"):
         from .selection import sentence
 
@@ -289,7 +295,7 @@ def skipped_images_line(num_skipped: Mapping[str, Any]) -> str:
 
 def _target_tpr(methods: Mapping[str, Any]) -> float:
     entry = next(iter(methods.values()))
-    return float(entry.get("calibration", {}).get("tpr", 0.95))
+    return float((entry.get("calibration") or {}).get("tpr", 0.95))
 
 
 def write_report(output_dir: str | os.PathLike, results: Mapping[str, Any]) -> tuple[Path, Path]:

@@ -65,6 +65,8 @@ def run_header(info: Mapping[str, Any]) -> str:
         lines.append(f"  note: {gpus} GPUs visible but 1 process: "
                      f"accelerate launch --multi_gpu --num_processes {gpus} -m hf_gsc evaluate ... uses them all")
     lines.append(f"  methods: {', '.join(info['methods'])}")
+    if info.get("shipped"):
+        lines.append(f"  detector: {info['shipped']}")
     sizes = ", ".join(f"{split} {_size(rows)}" for split, rows in info["split_sizes"].items())
     lines.append(f"  samples: {sizes}")
     fits = info.get("fit_sizes") or {}

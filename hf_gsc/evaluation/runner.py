@@ -46,6 +46,7 @@ from .models import (
     image_backend_of,
     image_transform,
     load_model,
+    load_shipped,
 )
 from .options import InputError, check_output_dir, parse_args, validate_args
 from .plan import (
@@ -165,6 +166,29 @@ def collect_results(
         "ood_groups": groups,
     }
     return results, id_scores, ood_scores, correct
+
+
+def _at_shipped_threshold(entry: dict[str, Any], detector: Any, source: str, id_scores: torch.Tensor,
+                          ood_scores: Mapping[str, torch.Tensor], correct: torch.Tensor) -> dict[str, Any]:
+    """``--detector``: the method's entry re-read at the shipped threshold (not the one the report would calibrate):
+    ``threshold``, ``calibration`` (the saved record), ``id_tpr_at_threshold``, per OOD split ``fpr_at_threshold`` (the
+    fraction of OOD accepted as ID) and the selective accuracy; returns ``results.json``'s ``detector`` record."""
+    from .calibration import true_positive_rate
+    from .selective import selective_accuracy
+
+    threshold = float(detector.config.threshold)
+    entry["threshold"] = threshold
+    entry["calibration"] = detector.config.calibration or {"split": None, "note": "threshold set by hand"}
+    entry["id_tpr_at_threshold"] = true_positive_rate(id_scores, threshold)
+    for name, scores in ood_scores.items():
+        entry["ood"][name]["fpr_at_threshold"] = true_positive_rate(scores, threshold)
+    if "selective" in entry:
+        entry["selective"]["accuracy"] = selective_accuracy(id_scores, correct, threshold)["accuracy"]
+    return {"source": source, "method": detector.method, "threshold": threshold,
+            "calibration": detector.config.calibration, "hyperparameters": dict(detector.hyperparameters),
+            "evaluated_as": "saved: no refit, no recalibration",
+            "id_tpr_at_threshold": entry["id_tpr_at_threshold"],
+            "fpr_at_threshold": {name: values["fpr_at_threshold"] for name, values in entry["ood"].items()}}
 
 
 def _selection(plan: EvaluationPlan, cache: ScoreCache, detectors: Mapping[str, Any],
@@ -288,20 +312,37 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
 
     # Model and detectors first: an unknown split point fails here, before data is loaded. The main
     # process downloads (model, data) first, so that the others read its cache instead of racing it.
+    shipped = None  # --detector: a saved detector evaluated as it is
+    if getattr(args, "detector", None) is not None:
+        with accelerator.main_process_first():
+            shipped, processor = load_shipped(args.detector, args.revision, args.image_backend)
+        model = shipped.model
+        shipped.to(accelerator.device)
+        methods = [shipped.method]
+        hyperparameters = {shipped.method: dict(shipped.hyperparameters)}
+        detectors = {shipped.method: shipped}
+    else:
+        with accelerator.main_process_first():
+            model, processor, saved, _ = load_model(args.model, args.revision, args.image_backend)
+        model.to(accelerator.device)
+        if saved and args.methods is None:  # a saved detector as --model, no --methods: its own method, not the defaults
+            methods = list(saved)
+            parsed = {**parsed, "hyperparameters": {name: {} for name in methods}}
+            if accelerator.is_main_process:
+                print(f"--model is a saved {methods[0]!r} detector: evaluating {methods[0]!r} with its settings, fitted "
+                      f"and calibrated again here; to evaluate it as it was saved (its fitted state and threshold), "
+                      f"use --detector {args.model}", flush=True)
+        hyperparameters = {name: dict(values) for name, values in parsed["hyperparameters"].items()}
+        if "gsc" in methods:
+            hyperparameters["gsc"] = {**parsed["gsc_overrides"], **hyperparameters["gsc"]}
+        for name, values in saved.items():  # a saved detector given as --model: its settings, unless overridden
+            if name in methods:
+                hyperparameters[name] = {**values, **hyperparameters[name]}
+        for name in methods:  # defaults that depend on the model's image processor (ODIN's image_std), unless set
+            hyperparameters[name] = {**detector_class(name).model_defaults(processor), **hyperparameters[name]}
+        detectors = build_detectors(model, methods, hyperparameters)
     with accelerator.main_process_first():
-        model, processor, saved, _ = load_model(args.model, args.revision, args.image_backend)
-    model.to(accelerator.device)
-    hyperparameters = {name: dict(values) for name, values in parsed["hyperparameters"].items()}
-    if "gsc" in methods:
-        hyperparameters["gsc"] = {**parsed["gsc_overrides"], **hyperparameters["gsc"]}
-    for name, values in saved.items():  # a saved detector given as --model: its settings, unless overridden
-        if name in methods:
-            hyperparameters[name] = {**values, **hyperparameters[name]}
-    for name in methods:  # defaults that depend on the model's image processor (ODIN's image_std), unless set
-        hyperparameters[name] = {**detector_class(name).model_defaults(processor), **hyperparameters[name]}
-    detectors = build_detectors(model, methods, hyperparameters)
-    with accelerator.main_process_first():
-        id_splits, ood_splits = load_data(args, parsed, needed_id_splits(detectors))
+        id_splits, ood_splits = load_data(args, parsed, needed_id_splits({} if shipped is not None else detectors))
     transform = image_transform(processor, model)
     tuning = None
     if getattr(args, "tune", False):  # choose hyperparameters on validation data, then evaluate with them
@@ -311,7 +352,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     if accelerator.is_main_process and label_warning(label_check):
         warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
     selection_data = None  # (OOD validation sets, ID side rows, description): the data the detector is chosen on
-    if not getattr(args, "no_selection", False):
+    if not getattr(args, "no_selection", False) and shipped is None:  # one shipped detector: nothing to choose
         from .selection import selection_sets
 
         selection_data = selection_sets(args, parsed, subset(id_splits["validation"], args.max_samples, args.seed,
@@ -320,7 +361,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
             warnings.warn(f"no selection: {selection_data[2]}", UserWarning, stacklevel=2)
             selection_data = None
     plan = make_plan(args, parsed, model, detectors, hyperparameters, id_splits, ood_splits,
-                     *(selection_data[0], selection_data[2]) if selection_data else ())
+                     *(selection_data[0], selection_data[2]) if selection_data else (None, ""), shipped=shipped is not None)
     _check_conformal_size(args, num_rows(plan.splits[ID_VALIDATION]))
 
     # Fit (main process) only the detectors that still have scores to compute, then score.
@@ -330,7 +371,10 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     to_fit = [name for name in plan.fit_data if any(name in names for names in missing.values())]
     if accelerator.is_main_process:
         print(run_header({
-            "model": args.model, "data": data_description(args.benchmark, args.id_dataset, parsed["extra_ood"]),
+            "model": args.model or args.detector,
+            "data": data_description(args.benchmark, args.id_dataset, parsed["extra_ood"]),
+            **({"shipped": f"the saved {shipped.method!r} detector as it is: its settings, fitted state and threshold "
+                           f"{shipped.config.threshold:.6g} (no refit, no recalibration)"} if shipped is not None else {}),
             "device": accelerator.device, "num_processes": accelerator.num_processes,
             "mixed_precision": accelerator.mixed_precision, "num_workers": num_workers,
             "image_backend": image_backend_of(processor), "methods": methods,
@@ -364,6 +408,10 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
 
     results, id_scores, ood_scores, correct = collect_results(args, plan, cache, detectors)
     results["skipped"] = skipped
+    if shipped is not None:
+        results["model"] = args.detector
+        results["detector"] = _at_shipped_threshold(results["methods"][shipped.method], shipped, args.detector,
+                                                    id_scores[shipped.method], ood_scores[shipped.method], correct)
     if selection_data is not None:
         results["selection"] = _selection(plan, cache, detectors, selection_data, splits)
     results["ood_datasets"] = dict(parsed["extra_ood"])  # NAME -> SPEC of each --ood-dataset

@@ -1,0 +1,85 @@
+"""``hf-gsc evaluate --detector FOLDER_OR_REPO_ID`` scores a saved detector as it is: its method, settings, fitted
+state and threshold; no refit, no recalibration; the TPR and FPR at the shipped threshold; scores equal to the
+detector's own forward on the same images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_gsc import AutoOODDetector
+from hf_gsc.evaluation import runner
+from hf_gsc.evaluation.options import InputError
+
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
+
+
+@pytest.fixture(scope="module")
+def shipped(tiny, tmp_path_factory):  # noqa: F811
+    """A KNN detector fitted on a few training images, with a threshold set by hand, saved with its base model."""
+    import datasets
+
+    root = tmp_path_factory.mktemp("shipped")
+    detector = AutoOODDetector.from_pretrained(tiny["model"], method="knn", k=2)
+    train = datasets.load_from_disk(tiny["id"])["train"]
+    detector.fit(train.select(range(6)))  # a different fit than the evaluation would make (all of train)
+    detector.calibrate(datasets.load_from_disk(tiny["id"])["validation"], tpr=0.5)
+    detector.save_pretrained(root / "knn", save_base_model=True)
+    return root / "knn", detector
+
+
+def _argv(tiny, output_dir: Path, *extra: str) -> list[str]:  # noqa: F811
+    return ["--id-dataset", tiny["id"], "--ood-dataset", f"noise={tiny['noise']}", "--output-dir", str(output_dir),
+            "--batch-size", "4", "--no-plots", *extra]
+
+
+def test_the_saved_detector_is_evaluated_as_it_is(tiny, tmp_path, shipped, capsys):  # noqa: F811
+    folder, detector = shipped
+    results = runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder)))
+    assert "detector: the saved 'knn' detector as it is" in capsys.readouterr().out
+    entry = results["methods"]["knn"]
+    assert set(results["methods"]) == {"knn"} and entry["hyperparameters"]["k"] == 2
+    assert entry["threshold"] == detector.config.threshold  # not recalibrated (tpr 0.5, not the evaluation's 0.95)
+    assert entry["calibration"]["tpr"] == 0.5
+    assert not (tmp_path / "detectors").exists()  # nothing fitted
+    id_scores = load_file(str(tmp_path / "scores" / "knn" / "id_test.safetensors"))["ood_score"]
+    ood_scores = load_file(str(tmp_path / "scores" / "knn" / "ood_noise.safetensors"))["ood_score"]
+    assert entry["id_tpr_at_threshold"] == float((id_scores >= detector.config.threshold).double().mean())
+    assert entry["ood"]["noise"]["fpr_at_threshold"] == float((ood_scores >= detector.config.threshold).double().mean())
+    assert results["detector"]["evaluated_as"] == "saved: no refit, no recalibration"
+    assert "Evaluated as saved: `knn`" in (tmp_path / "results.md").read_text()
+
+
+def test_scores_equal_the_detectors_own_forward(tiny, tmp_path, shipped):  # noqa: F811
+    import datasets
+
+    folder, _ = shipped
+    runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder)))
+    loaded = AutoOODDetector.from_pretrained(folder)
+    images = list(datasets.load_from_disk(tiny["id"])["test"]["image"])
+    pixel_values = loaded.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        expected = loaded(pixel_values).ood_score.double()
+    scored = load_file(str(tmp_path / "scores" / "knn" / "id_test.safetensors"))["ood_score"]
+    torch.testing.assert_close(scored, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_options_that_would_change_the_shipped_detector_are_refused(tiny, tmp_path, shipped):  # noqa: F811
+    folder, _ = shipped
+    for extra in (["--methods", "knn"], ["--hyperparameter", "knn.k=3"], ["--tune"], ["--save-detectors"]):
+        with pytest.raises(InputError, match="as it is"):
+            runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder), *extra))
+    with pytest.raises(InputError, match="exactly one of --model"):
+        runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder), "--model", tiny["model"]))
+    with pytest.raises(InputError, match="not a saved detector"):
+        runner.run_evaluation(_argv(tiny, tmp_path, "--detector", tiny["model"]))
+
+
+def test_a_saved_detector_as_model_evaluates_its_own_method(tiny, tmp_path, shipped, capsys):  # noqa: F811
+    folder, _ = shipped
+    results = runner.run_evaluation(["--model", str(folder), *_argv(tiny, tmp_path)])
+    assert set(results["methods"]) == {"knn"} and results["methods"]["knn"]["hyperparameters"]["k"] == 2
+    assert f"use --detector {folder}" in capsys.readouterr().out
