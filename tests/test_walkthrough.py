@@ -337,7 +337,11 @@ def test_evaluate_on_two_processes_matches_one(walkthrough, one_process):
         for split, metrics in one["methods"][method]["ood"].items():
             assert two["methods"][method]["ood"][split] == pytest.approx(metrics, rel=1e-6, abs=1e-6), (method, split)
     files_one, files_two = _score_files(one_process), _score_files(output_dir)
-    assert files_one.keys() == files_two.keys() and len(files_one) == len(METHODS) * 3
+    # ID test, ID validation, the OOD split and the selection's two generated OOD validation sets
+    assert files_one.keys() == files_two.keys() and len(files_one) == len(METHODS) * 5
+    assert two["selection"]["method"] == one["selection"]["method"]
+    assert all(two["selection"]["validation"][m]["auroc"] == pytest.approx(entry["auroc"], abs=1e-6)
+               for m, entry in one["selection"]["validation"].items())
     for key, saved in files_one.items():
         np.testing.assert_allclose(files_two[key]["ood_score"].numpy(), saved["ood_score"].numpy(), rtol=1e-6,
                                    atol=1e-6, err_msg=str(key))
