@@ -217,6 +217,9 @@ def save_detector(
     """
     from .model_card import DEFAULT_LICENSE, render_model_card
 
+    if detector.needs_fit and not detector.fitted:  # it would save without its state and fail only when loaded
+        raise ValueError(f"the {detector.method!r} detector is not fitted, so it cannot be saved: call "
+                         f".fit(id_{detector.fit_split}_batches) first")
     results = table = None
     plots: list[Path] = []
     if results_dir is not None:
@@ -362,6 +365,13 @@ def resolve_detector_dir(name_or_path: str, **hub_kwargs: Any) -> str | None:
     if os.path.isdir(name_or_path):
         if is_detector_dir(name_or_path):
             return name_or_path
+        if os.path.isfile(os.path.join(name_or_path, STATE_FILE)):  # a detector folder that lost its config
+            raise FileNotFoundError(
+                f"{name_or_path} holds {STATE_FILE} but no {CONFIG_NAME}: a saved detector folder has {CONFIG_NAME} "
+                f"(method, hyperparameters, threshold, base model) beside {STATE_FILE}, README.md and, with "
+                "save_base_model=True, the base model's config.json and model.safetensors; save it again with "
+                "save_pretrained"
+            )
         if os.path.isfile(os.path.join(name_or_path, "config.json")):
             return None
         raise FileNotFoundError(
