@@ -303,7 +303,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         """
         scores = []
         for pixel_values, _ in labelled_batches(id_validation_data, "id_validation_data", self.image_processor,
-                                                batch_size):
+                                                batch_size, channels=self._expected_channels):
             with torch.no_grad():
                 scores.append(self.score(pixel_values).double().cpu())
         all_scores = torch.cat(scores)

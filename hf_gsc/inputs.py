@@ -75,25 +75,74 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".
 
 
 def _is_image(item: Any) -> bool:
+    import numpy as np
     from PIL import Image
 
-    return isinstance(item, (Image.Image, str, os.PathLike))
+    return isinstance(item, (Image.Image, str, os.PathLike)) or (isinstance(item, np.ndarray) and item.ndim in (2, 3))
 
 
-def _image_rows(data: Any, name: str) -> tuple[list[Any], list[Any] | None] | None:
-    """``(images, labels or None)`` when ``data`` holds images rather than ``pixel_values``, else ``None``."""
+def array_to_image(array: Any) -> Any:
+    """A NumPy image as a PIL image, as image processors take them: ``H x W`` (gray), ``H x W x 1``, ``H x W x 3``
+    (RGB) or ``H x W x 4`` (RGBA, made RGB); ``uint8``, or floating point in ``[0, 1]`` (scaled to 0..255). Anything
+    else is a ``ValueError`` saying what was expected."""
+    import numpy as np
+    from PIL import Image
+
+    array = np.asarray(array)
+    if array.ndim == 3 and array.shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)) or 0 in array.shape:
+        raise ValueError(f"a NumPy image must be H x W, H x W x 1, H x W x 3 or H x W x 4, got shape {array.shape}")
+    if np.issubdtype(array.dtype, np.floating):
+        if not np.isfinite(array).all() or array.min() < 0 or array.max() > 1:
+            raise ValueError("a floating-point NumPy image must hold values in [0, 1] (uint8 images hold 0..255), got "
+                             f"values in [{np.nanmin(array)}, {np.nanmax(array)}]")
+        array = np.round(array * 255.0)
+    elif array.dtype != np.uint8:
+        if array.min() < 0 or array.max() > 255:
+            raise ValueError(f"an integer NumPy image must hold values in 0..255, got {array.dtype} in "
+                             f"[{array.min()}, {array.max()}]")
+    image = Image.fromarray(array.astype(np.uint8))
+    return image.convert("RGB") if image.mode == "RGBA" else image
+
+
+def labels_by_name(names: list[str], label2id: Mapping[str, int] | None) -> list[int] | None:
+    """The model's class index of each class name (``label2id``), when every name is one of the model's labels (in
+    any order); ``None`` otherwise (the names cannot be mapped: the labels stay unknown)."""
+    if not label2id or not names or any(name not in label2id for name in names):
+        return None
+    return [int(label2id[name]) for name in names]
+
+
+def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None
+                ) -> tuple[list[Any], list[Any] | None] | None:
+    """``(images, labels or None)`` when ``data`` holds images rather than ``pixel_values``, else ``None``.
+
+    Labels are the model's class indices: a ``datasets.Dataset``'s ``label`` column (mapped by name when its
+    ``ClassLabel`` names are the model's labels in another order), or a class-folder tree's folder names (each folder
+    one of the model's labels, ``config.label2id``)."""
     column_names = getattr(data, "column_names", None)
     if column_names is not None and not isinstance(data, torch.Tensor):  # a datasets.Dataset
         if "image" not in column_names:
             raise ValueError(f"{name}: the dataset has no 'image' column (columns: {', '.join(column_names)})")
-        labels = data["label"] if "label" in column_names else None
-        return data["image"], labels
+        labels = list(data["label"]) if "label" in column_names else None
+        class_names = getattr(getattr(data, "features", {}).get("label"), "names", None)
+        mapping = labels_by_name(list(class_names), label2id) if class_names and labels is not None else None
+        if mapping is not None:
+            labels = [mapping[label] if label >= 0 else label for label in labels]
+        return list(data["image"]), labels
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if path.is_dir():
             files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
             if not files:
                 raise ValueError(f"{name}: the folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+            folders = sorted({file.relative_to(path).parts[0] for file in files if len(file.relative_to(path).parts) == 2})
+            nested = all(len(file.relative_to(path).parts) == 2 for file in files)
+            mapping = labels_by_name(folders, label2id) if nested else None
+            if mapping is not None:  # a class-folder tree: labels by name
+                index = dict(zip(folders, mapping))
+                return files, [index[file.relative_to(path).parts[0]] for file in files]
             return files, None
         if not path.is_file():
             raise FileNotFoundError(f"{name}: no such file or folder: {path}")
@@ -105,6 +154,16 @@ def _image_rows(data: Any, name: str) -> tuple[list[Any], list[Any] | None] | No
     return None
 
 
+def model_mode(image: Any, channels: int | None) -> Any:
+    """``image`` (PIL) in the mode a model of ``channels`` input channels takes: RGB for 3, L for 1 (a gray image for
+    an RGB model and the reverse would otherwise fail in the image processor's normalisation)."""
+    if channels == 3 and image.mode != "RGB":
+        return image.convert("RGB")
+    if channels == 1 and image.mode != "L":
+        return image.convert("L")
+    return image
+
+
 def _open_image(item: Any) -> Any:
     """A PIL image or a file, checked against the pixel limit from its header before it is decoded
     (:mod:`hf_gsc.image_limits`), as RGB (or L)."""
@@ -112,6 +171,8 @@ def _open_image(item: Any) -> Any:
 
     from .image_limits import check_image_size
 
+    if not isinstance(item, (Image.Image, str, os.PathLike)):  # a NumPy image
+        item = array_to_image(item)
     if isinstance(item, Image.Image):
         check_image_size(item)
         return item.convert("RGB") if item.mode not in ("RGB", "L") else item
@@ -121,12 +182,14 @@ def _open_image(item: Any) -> Any:
 
 
 def labelled_batches(
-    data: Any, name: str, image_processor: Any = None, batch_size: int = 32, allow_empty: bool = False
+    data: Any, name: str, image_processor: Any = None, batch_size: int = 32, allow_empty: bool = False,
+    label2id: Mapping[str, int] | None = None, channels: int | None = None,
 ) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
-    """:func:`batches`, and also images: a PIL image, a file or folder path, a list of those, or a
-    ``datasets.Dataset`` with an ``image`` column (and optionally ``label``), prepared ``batch_size`` at a time by
-    ``image_processor``."""
-    rows = None if data is None else _image_rows(data, name)
+    """:func:`batches`, and also images: a PIL image, a NumPy image, a file or folder path (a class-folder tree
+    gives labels by folder name through ``label2id``), a list of those, or a ``datasets.Dataset`` with an ``image``
+    column (and optionally ``label``, mapped by name through ``label2id``), prepared ``batch_size`` at a time by
+    ``image_processor``, in the mode a model of ``channels`` input channels takes (:func:`model_mode`)."""
+    rows = None if data is None else _image_rows(data, name, label2id)
     if rows is None:
         yield from batches(data, name, allow_empty)
         return
@@ -140,7 +203,7 @@ def labelled_batches(
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     for start in range(0, len(images), batch_size):
-        chunk = [_open_image(item) for item in images[start : start + batch_size]]
+        chunk = [model_mode(_open_image(item), channels) for item in images[start : start + batch_size]]
         pixel_values = image_processor(images=chunk, return_tensors="pt")["pixel_values"]
         chunk_labels = None if labels is None else torch.as_tensor(labels[start : start + batch_size])
         yield pixel_values, chunk_labels

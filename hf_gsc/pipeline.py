@@ -19,6 +19,8 @@ from transformers import Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 from transformers.image_utils import load_image
 
+from .inputs import array_to_image, model_mode
+
 from .auto import AutoOODDetector
 from .detector import OODDetector
 from .image_limits import open_image
@@ -64,7 +66,9 @@ class OODImageClassificationPipeline(Pipeline):
         return preprocess, {}, postprocess
 
     def preprocess(self, image: Any, timeout: float | None = None) -> dict[str, torch.Tensor]:
-        if not isinstance(image, (np.ndarray, torch.Tensor)):
+        if isinstance(image, np.ndarray):  # H x W, H x W x 3 or H x W x 4, uint8 or float in [0, 1]
+            image = model_mode(array_to_image(image), getattr(self.model.model.config, "num_channels", None))
+        elif not isinstance(image, torch.Tensor):
             # Opened lazily and its size checked from the header before load_image decodes it.
             image = load_image(open_image(image, timeout), timeout=timeout)
         return self.image_processor(images=image, return_tensors="pt").to(self.model.dtype)

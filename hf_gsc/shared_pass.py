@@ -86,7 +86,9 @@ def fit_from_passes(
                 live.remove(detector)
 
     each(lambda detector: detector.fit_begin())
-    for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor, allow_empty=allow_empty):
+    label2id = getattr(getattr(first.model, "config", None), "label2id", None)
+    for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor, allow_empty=allow_empty,
+                                                 label2id=label2id, channels=first._expected_channels):
         if not live:
             break
         batch = shared_pass(live, first._check_pixel_values(pixel_values), logits=False)

@@ -176,8 +176,9 @@ class FittedDetector(PenultimateDetector):
         features = batch.flat_features(self.split, "cpu")
         if labels is None:
             if self.needs_labels:
-                raise ValueError(f"detector {self.method!r} fits per-class statistics: pass (pixel_values, labels) "
-                                 "batches of ID training data")
+                raise ValueError(f"detector {self.method!r} fits per-class statistics and got no labels: pass a "
+                                 "class-folder tree whose folder names are the model's labels (config.label2id), a "
+                                 "datasets.Dataset with a 'label' column, or (pixel_values, labels) batches")
             labels = torch.zeros(features.shape[0], dtype=torch.long)
         self._fit_batches.append((features, labels))
 
