@@ -46,6 +46,10 @@ class OODDetectorOutput(ModelOutput):
         logits: ``(B, K)`` the base model's logits, unchanged.
         ood_score: ``(B,)`` higher = more in-distribution.
         is_ood: ``(B,)`` bool, ``not ood_score >= threshold`` (a NaN score is OOD); ``None`` while no threshold is set.
+
+    ``Trainer.predict`` returns as ``predictions`` the fields other than ``loss`` that are not ``None``, in this
+    order: ``(logits, ood_score, is_ood)``, or ``(logits, ood_score)`` before calibration. ``ood_score`` is float32
+    whatever the base model's dtype (float64 only for a float64 base model).
     """
 
     loss: torch.Tensor | None = None
