@@ -25,7 +25,8 @@ def reference_gen(logits: np.ndarray, gamma: float, top: int) -> np.ndarray:
 
 
 def exact_gen(logits, gamma: float, top: int) -> list[float]:
-    """The same formula at 500 significant digits (``decimal``), so that neither ``1 - p`` nor ``p`` rounds for gaps below ~1000."""
+    """The same formula at 500 significant digits (``decimal``): neither ``1 - p`` nor ``p`` rounds for logit gaps
+    below ~1000."""
     scores = []
     with localcontext() as context:
         context.prec = 500
