@@ -10,19 +10,23 @@ from .common import BaselineDetector
 
 
 def gen_score(logits: torch.Tensor, gamma: float, top: int) -> torch.Tensor:
-    """``-sum_{j in top M} p_j^gamma (1 - p_j)^gamma`` over the ``M`` largest softmax probabilities; ``(B, K) ->
-    (B,)``, float64.
+    """``-sum_{j in top M} p_j^gamma (1 - p_j)^gamma`` over the ``M`` largest softmax probabilities ``p`` of
+    ``logits``; ``(B, K) -> (B,)``, float64.
 
-    ``1 - p`` of the largest probability is computed as the sum of the other probabilities: for a confident sample
-    (a logit gap above ~17 in float32, ~37 in float64) ``1 - p`` rounds to 0 and the sample's ``(1 - p)^gamma``, the
-    term that separates it, would be lost.
+    Every term is ``exp(gamma (log p_j + log(1 - p_j)))``, from the logits, so that no factor rounds to 0 or 1:
+    ``1 - p`` of the largest probability rounds to 0 from a logit gap of ~17 in float32 (~37 in float64), and then
+    the term that tells confident samples apart, ``(1 - p_max)^gamma``, is lost; in float64 the small probabilities
+    themselves underflow from a gap of ~745, yet ``p^gamma`` is still far from 0 for the swept ``gamma`` (0.01).
+    ``log(1 - p_max)`` is the log of the other classes' mass, ``logsumexp(others) - logsumexp(all)``; for the
+    others ``p <= 1/2`` and ``log1p(-p)`` is exact.
     """
     logits = logits.double()
-    probabilities = torch.softmax(logits, dim=-1)
-    top_p, top_index = probabilities.topk(min(top, logits.shape[-1]), dim=-1)
-    complement = 1.0 - top_p  # exact for every probability but the largest (the others are at most 1/2)
-    complement[:, 0] = probabilities.scatter(-1, top_index[:, :1], 0.0).sum(dim=-1)  # the others' mass
-    return -(top_p.pow(gamma) * complement.pow(gamma)).sum(dim=-1)
+    log_p = torch.log_softmax(logits, dim=-1)
+    top_log_p, top_index = log_p.topk(min(top, logits.shape[-1]), dim=-1)
+    log_complement = torch.log1p(-top_log_p.exp())
+    others = logits.scatter(-1, top_index[:, :1], -torch.inf)
+    log_complement[:, 0] = torch.logsumexp(others, dim=-1) - torch.logsumexp(logits, dim=-1)
+    return -torch.exp(gamma * (top_log_p + log_complement)).sum(dim=-1)
 
 
 @register_detector
@@ -30,23 +34,26 @@ class GENDetector(BaselineDetector):
     """Generalized entropy of the top-``M`` softmax probabilities, :func:`gen_score` (negated: higher = more ID).
 
     Liu, Lochman, Zach, "GEN: Pushing the Limits of Softmax-Based Out-of-Distribution Detection", CVPR 2023 (code:
-    github.com/XixiLiu95/GEN; OpenOOD v1.5 ``gen_postprocessor.py``, the reference here). No fitting. The authors'
-    code sorts the probabilities and sums ``p^gamma (1 - p)^gamma`` over the last ``M``; here ``1 - p`` of the
-    largest probability is the sum of the others (the same number, without the float rounding to 0 for confident
-    samples). ``M`` above the number of classes takes them all, as slicing does in the authors' code.
+    github.com/XixiLiu95/GEN ``benchmark.py`` ``generalized_gamma_entropy``; OpenOOD v1.5 ``gen_postprocessor.py``,
+    the reference here, is the same function). No fitting. The authors' code sorts the softmax probabilities and
+    sums ``p^gamma (1 - p)^gamma`` over the last ``M``; here each term is computed in log space from the logits
+    (:func:`gen_score`): the same number, without ``1 - p`` rounding to 0 for confident samples. ``M`` above the
+    number of classes takes them all, as the slice ``[:, -M:]`` does in the authors' code. Paper and code agree.
 
     Hyperparameters:
-        gamma: ``0.1`` (OpenOOD gen.yml and the paper's ImageNet setting).
-        top: ``M = 100`` (OpenOOD gen.yml ``M``; the paper's ImageNet setting).
+        gamma: ``0.1`` (OpenOOD gen.yml ``gamma``; the authors' ``--gamma`` default and the paper's setting).
+        top: ``M = 100`` (OpenOOD gen.yml ``M``; the authors' ``--M`` default and the paper's ImageNet setting).
     """
 
     method = "gen"
     defaults = {"gamma": 0.1, "top": 100}
     search_space = {"gamma": (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0), "top": (10, 50, 100, 200, 500, 1000)}
-    search_space_source = "OpenOOD gen.yml: gamma_list [0.01, 0.1, 0.5, 1, 2, 5, 10] x M_list [10, 50, 100, 200, 500, 1000]"
+    search_space_source = ("OpenOOD gen.yml postprocessor_sweep: gamma_list [0.01, 0.1, 0.5, 1, 2, 5, 10] x "
+                           "M_list [10, 50, 100, 200, 500, 1000]")
     reads_logits = True
 
     def validate(self) -> None:
+        # gamma = 0 scores every sample alike (each term is 1); OpenOOD's smallest is 0.01.
         self._number("gamma", 0.0, low_open=True)
         self._integer("top", 1)
 

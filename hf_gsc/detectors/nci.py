@@ -13,8 +13,10 @@ from .common import FittedDetector
 
 
 def nci_score(features: torch.Tensor, head: LinearHead, train_mean: torch.Tensor, alpha: float) -> torch.Tensor:
-    """``w_c . (z - mu) / ||z - mu||_2 + alpha ||z||_1``, ``c`` the predicted class, ``w_c`` its weight row, ``mu``
-    the mean ID training feature; ``(B, D) -> (B,)``, float64."""
+    """``w_c . (z - mu) / ||z - mu||_2 + alpha ||z||_1``: ``c`` the predicted class (arg max of ``W z + b``, the
+    bias included), ``w_c`` its weight row (not normalised), ``mu`` the mean ID training feature; the first term is
+    the proximity of the centred feature to the class's weight, the second the norm filter; ``(B, D) -> (B,)``,
+    float64."""
     features = features.double()
     predicted = head(features).argmax(dim=-1)
     centred = features - train_mean.double()
@@ -26,10 +28,11 @@ def nci_score(features: torch.Tensor, head: LinearHead, train_mean: torch.Tensor
 class NCIDetector(FittedDetector):
     """Alignment of the centred feature with the predicted class's weight plus an L1 norm term, :func:`nci_score`.
 
-    Liu & Qin, "Detecting Out-of-Distribution through the Lens of Neural Collapse", CVPR 2025; the reference is
-    OpenOOD v1.5's ``nci_postprocessor.py`` (the authors' OpenOOD implementation): ``mu`` is the mean penultimate
-    feature of the ID training data, ``w_c`` the classifier's weight row of the predicted class (no bias), and the
-    norm term is the L1 norm of the uncentred feature.
+    Liu & Qin, "Detecting Out-of-Distribution through the Lens of Neural Collapse", CVPR 2025 (code: github.com/
+    litianliu/NCI-OOD, which is OpenOOD v1.5's ``nci_postprocessor.py``, the reference here): ``mu`` is the mean
+    penultimate feature of the ID training data, ``c`` the arg max of the logits (bias included), ``w_c`` the
+    classifier's weight row of that class (the bias is not used in the proximity term, and ``w_c`` is not divided
+    by its norm), and the norm term is the L1 norm of the uncentred feature ``z``.
 
     Hyperparameters:
         alpha: ``1e-4`` (OpenOOD nci.yml ``alpha``).
@@ -38,16 +41,18 @@ class NCIDetector(FittedDetector):
     method = "nci"
     defaults = {"alpha": 0.0001}
     search_space = {"alpha": (0.0001, 0.001, 0.01, 0.1)}
-    search_space_source = "OpenOOD nci.yml: alpha_list [0.0001, 0.001, 0.01, 0.1]"
+    search_space_source = "OpenOOD nci.yml postprocessor_sweep: alpha_list [0.0001, 0.001, 0.01, 0.1]"
     state_names = ("train_mean",)
 
     def validate(self) -> None:
+        # alpha = 0 is the proximity term alone; a negative alpha would reward the small norms the filter rejects.
         self._number("alpha", 0.0)
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"train_mean": (self.feature_dim,)}
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        # The mean in float64 (ClassStatistics), over every training sample, one class: OpenOOD's np.mean.
         statistics = ClassStatistics(num_classes=1)
         for features, _ in stream:
             statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
