@@ -96,11 +96,22 @@ class AdaSCALEDetector(FittedDetector):
     Where ``int(D k / 100)`` is 0 (features narrower than 20 coordinates at ``k1 = 5``) the authors' code sums
     over no coordinate, and so does this.
 
+    Names of ``k1`` and ``k2``: as in OpenOOD's code and yml, ``k1`` counts the coordinates of the correction term
+    ``C_o`` (the perturbed activations) and ``k2`` those of the shift ``Q``. The paper names them the other way
+    round (``Q`` over the top ``k1 = 1%``, ``C_o`` over the top ``k2 = 5%``): the same numbers at the defaults. The
+    authors' own repository (github.com/sudarshanregmi/AdaSCALE, commit 61e23f8, "swap k1<=>k2 to ensure
+    consistency with paper") renamed them in its yml (``k1: 1, k2: 5``) and in ``set_hyperparam`` (the fit) but not
+    in ``get_percentile`` (scoring), so there the fitted ECDF is that of ``C_o`` over 5% and ``Q`` over 1% while a
+    scored sample's ``Q'`` takes ``C_o`` over 1% and ``Q`` over 5%; that mismatch is not reproduced here (OpenOOD,
+    the reference, uses one ``Q'`` for both). That repository also fixes ``p_min = 60`` and tunes ``p_max`` only
+    (its README; 8 of OpenOOD's 36 pairs).
+
     Hyperparameters:
-        percentile: ``[75, 85]`` (OpenOOD adascale_*.yml): the range of the adaptive percentile.
-        k1, k2: ``5``, ``1`` (% of the feature coordinates).
-        lmbda: ``10``. o: ``0.05`` (fraction of pixels perturbed).
-        num_samples: ``5000`` (fitting samples kept for the ECDF).
+        percentile: ``[75, 85]`` (OpenOOD adascale_*.yml ``postprocessor_args``): the range ``[p_min, p_max]`` of
+            the adaptive percentile (the yml notes ``[80, 85]`` as best for ResNet-50).
+        k1, k2: ``5``, ``1`` (% of the feature coordinates; same yml).
+        lmbda: ``10``. o: ``0.05`` (fraction of pixels perturbed; same yml; the step ``0.5`` is fixed in the code).
+        num_samples: ``5000`` (fitting samples kept for the ECDF; same yml).
     """
 
     defaults = {"percentile": [75.0, 85.0], "k1": 5.0, "k2": 1.0, "lmbda": 10.0, "o": 0.05, "num_samples": 5000}
