@@ -135,8 +135,8 @@ def test_adascale_scores_inside_inference_mode(setting):  # noqa: F811
 def test_adascale_variants_and_grid_points_share_one_perturbation(setting):  # noqa: F811
     """In one pass, detectors with the same ``o`` share the gradient step and the perturbed forward (2 forwards),
     one with another ``o`` makes its own (2 more); each scores as it does alone."""
-    settings = {"a": ("adascale_a", {}), "l": ("adascale_l", {}), "a_70_80": ("adascale_a", {"percentile": [70.0, 80.0]}),
-                "a_o": ("adascale_a", {"o": 0.2})}
+    settings = {"a": ("adascale_a", {}), "l": ("adascale_l", {}),
+                "a_70_80": ("adascale_a", {"percentile": [70.0, 80.0]}), "a_o": ("adascale_a", {"o": 0.2})}
     detectors = {name: get_detector(method, setting.model, **{**SETTINGS, **extra})
                  for name, (method, extra) in settings.items()}
     fit_together(list(detectors.values()), setting.batches(limit=32))
