@@ -87,14 +87,16 @@ def test_adascale_matches_the_authors_code(setting, method, logit_scaling):  # n
     np.testing.assert_allclose(detector.score(setting.x_test).numpy(), expected, rtol=1e-9)
 
 
-def test_adascale_percentile_adapts(setting):  # noqa: F811
-    """A perturbation that moves nothing (o = 0) gives every sample the same Q' and so the same percentile: the
-    scores then equal SCALE-like scaling at one percentile, and differ from the adaptive ones."""
-    adaptive = get_detector("adascale_a", setting.model, **SETTINGS)
-    adaptive.fit(setting.batches())
-    fixed = get_detector("adascale_a", setting.model, **{**SETTINGS, "o": 0.0})
-    fixed.fit(setting.batches())
-    assert not np.allclose(adaptive.score(setting.x_test).numpy(), fixed.score(setting.x_test).numpy())
+def test_adascale_percentile_adapts_through_the_fit(setting):  # noqa: F811
+    """With ``p_min = p_max`` the fitted ECDF cannot matter: fits on different ID samples score alike. With a range
+    they do not: each sample's percentile (here over a wide range, so that it moves k on 12 coordinates) follows
+    where its Q' falls among the fitted ones."""
+    fits = [(setting.x_fit[:16], None)], [(setting.x_fit[16:32], None)]
+    x = setting.x_fit[32:48]  # ID-like samples, whose Q' fall among the fitted ones
+    for percentile, alike in (([75.0, 75.0], True), ([5.0, 95.0], False)):
+        first, second = (get_detector("adascale_a", setting.model, **{**SETTINGS, "percentile": percentile}).fit(fit)
+                         for fit in fits)
+        assert torch.equal(first.score(x), second.score(x)) == alike
 
 
 def test_adascale_keeps_its_step_under_bf16_autocast(setting):  # noqa: F811
@@ -116,9 +118,9 @@ def test_adascale_keeps_its_step_under_bf16_autocast(setting):  # noqa: F811
 def test_adascale_keeps_num_samples_of_the_fit(setting):  # noqa: F811
     """Above ``num_samples`` the ECDF keeps that many of the fitting samples' Q' (the authors' random subset)."""
     full = get_detector("adascale_a", setting.model, **SETTINGS)
-    full.fit(setting.batches())
+    full.fit(setting.batches(limit=48))
     subset = get_detector("adascale_a", setting.model, **SETTINGS, num_samples=20)
-    subset.fit(setting.batches())
+    subset.fit(setting.batches(limit=48))
     kept = subset.reference_statistic
     assert kept.shape == (20,) and bool((kept[1:] >= kept[:-1]).all())
     assert bool(torch.isin(kept, full.reference_statistic).all()) and len(set(kept.tolist())) == 20
