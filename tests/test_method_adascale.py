@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.special import logsumexp
 
-from hf_gsc.detectors import get_detector
+from hf_gsc.detectors import DetectorBundle, fit_together, get_detector
 
 from test_detectors import classifier, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
@@ -87,14 +87,16 @@ def test_adascale_matches_the_authors_code(setting, method, logit_scaling):  # n
     np.testing.assert_allclose(detector.score(setting.x_test).numpy(), expected, rtol=1e-9)
 
 
-def test_adascale_percentile_adapts(setting):  # noqa: F811
-    """A perturbation that moves nothing (o = 0) gives every sample the same Q' and so the same percentile: the
-    scores then equal SCALE-like scaling at one percentile, and differ from the adaptive ones."""
-    adaptive = get_detector("adascale_a", setting.model, **SETTINGS)
-    adaptive.fit(setting.batches())
-    fixed = get_detector("adascale_a", setting.model, **{**SETTINGS, "o": 0.0})
-    fixed.fit(setting.batches())
-    assert not np.allclose(adaptive.score(setting.x_test).numpy(), fixed.score(setting.x_test).numpy())
+def test_adascale_percentile_adapts_through_the_fit(setting):  # noqa: F811
+    """With ``p_min = p_max`` the fitted ECDF cannot matter: fits on different ID samples score alike. With a range
+    they do not: each sample's percentile (here over a wide range, so that it moves k on 12 coordinates) follows
+    where its Q' falls among the fitted ones."""
+    fits = [(setting.x_fit[:16], None)], [(setting.x_fit[16:32], None)]
+    x = setting.x_fit[32:48]  # ID-like samples, whose Q' fall among the fitted ones
+    for percentile, alike in (([75.0, 75.0], True), ([5.0, 95.0], False)):
+        first, second = (get_detector("adascale_a", setting.model, **{**SETTINGS, "percentile": percentile}).fit(fit)
+                         for fit in fits)
+        assert torch.equal(first.score(x), second.score(x)) == alike
 
 
 def test_adascale_keeps_its_step_under_bf16_autocast(setting):  # noqa: F811
@@ -109,6 +111,77 @@ def test_adascale_keeps_its_step_under_bf16_autocast(setting):  # noqa: F811
         with torch.autocast("cpu", dtype=torch.bfloat16):
             under_autocast = detector.score(x)
         torch.testing.assert_close(under_autocast, plain, rtol=1e-5, atol=1e-5)
+    finally:
+        setting.model.double()
+
+
+def test_adascale_keeps_num_samples_of_the_fit(setting):  # noqa: F811
+    """Above ``num_samples`` the ECDF keeps that many of the fitting samples' Q' (the authors' random subset)."""
+    full = get_detector("adascale_a", setting.model, **SETTINGS)
+    full.fit(setting.batches(limit=48))
+    subset = get_detector("adascale_a", setting.model, **SETTINGS, num_samples=20)
+    subset.fit(setting.batches(limit=48))
+    kept = subset.reference_statistic
+    assert kept.shape == (20,) and bool((kept[1:] >= kept[:-1]).all())
+    assert bool(torch.isin(kept, full.reference_statistic).all()) and len(set(kept.tolist())) == 20
+
+
+def test_adascale_scores_inside_inference_mode(setting):  # noqa: F811
+    detector = get_detector("adascale_l", setting.model, **SETTINGS)
+    detector.fit(setting.batches(limit=32))
+    with torch.inference_mode():
+        inside = detector.score(setting.x_test)
+    torch.testing.assert_close(inside, detector.score(setting.x_test), rtol=1e-12, atol=0)
+
+
+def test_adascale_variants_and_grid_points_share_one_perturbation(setting):  # noqa: F811
+    """In one pass, detectors with the same ``o`` share the gradient step and the perturbed forward (2 forwards),
+    one with another ``o`` makes its own (2 more); each scores as it does alone."""
+    settings = {"a": ("adascale_a", {}), "l": ("adascale_l", {}),
+                "a_70_80": ("adascale_a", {"percentile": [70.0, 80.0]}), "a_o": ("adascale_a", {"o": 0.2})}
+    detectors = {name: get_detector(method, setting.model, **{**SETTINGS, **extra})
+                 for name, (method, extra) in settings.items()}
+    fit_together(list(detectors.values()), setting.batches(limit=32))
+    alone = {name: get_detector(method, setting.model, **{**SETTINGS, **extra}).fit(setting.batches(limit=32))
+             for name, (method, extra) in settings.items()}
+    calls = []
+    hook = setting.model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        together = DetectorBundle(detectors).scores(setting.x_test)
+    finally:
+        hook.remove()
+    assert len(calls) == 4
+    for name, detector in alone.items():
+        torch.testing.assert_close(together[name], detector.score(setting.x_test), rtol=1e-12, atol=0)
+        torch.testing.assert_close(detectors[name].reference_statistic, detector.reference_statistic, rtol=0, atol=0)
+
+
+def _rounding_edge(n: int) -> tuple[float, float, float]:
+    """``(p, same, other)``: ``n p / 100`` rounds to ``m`` in float64 but to ``m + 1`` from ``float32(p)``; ``same``
+    gives ``m`` and ``other`` ``m + 1`` in any precision."""
+    for m in range(n // 2, n - 1):
+        for step in range(1, 50):
+            p = (m + 0.5) * 100 / n - step * 1e-7
+            in64 = round(n * p / 100)
+            in32 = int(torch.round(n * torch.tensor(p, dtype=torch.float32) / 100.0))
+            if in64 == m and in32 == m + 1:
+                return p, (m + 0.25) * 100 / n, (m + 0.75) * 100 / n
+    raise AssertionError(f"no float32 rounding edge for n = {n}")
+
+
+def test_adascale_rounds_the_percentile_in_float64_on_a_float32_model(setting):  # noqa: F811
+    """The authors' percentiles are float64 (numpy): ``k = n - round(n p / 100)`` from a float64 ``p``, also for a
+    float32 model, where a float32 ``p`` would round ``n p / 100`` the other way (``k`` one off)."""
+    model = setting.model.float()
+    try:
+        edge, same, other = _rounding_edge(setting.F_fit.shape[1])
+        x_fit, x = setting.x_fit[:16].float(), setting.x_test.float()
+        scores = {}
+        for name, p in {"edge": edge, "same": same, "other": other}.items():
+            detector = get_detector("adascale_a", model, **{**SETTINGS, "percentile": [p, p]})
+            scores[name] = detector.fit([(x_fit, None)]).score(x)
+        torch.testing.assert_close(scores["edge"], scores["same"], rtol=0, atol=0)
+        assert not torch.allclose(scores["edge"], scores["other"])
     finally:
         setting.model.double()
 

@@ -49,10 +49,13 @@ def adaptive_percentiles(statistic: torch.Tensor, reference: torch.Tensor, low: 
 
 def ada_scale(features: torch.Tensor, percentiles: torch.Tensor) -> torch.Tensor:
     """``s1 / s2`` per sample: the sum of ``relu(z)`` over the sum of its ``k = n - round(n p / 100)`` largest
-    values, ``p`` the sample's percentile (the authors' ``ada_scale`` on ``relu(feature)``); ``(B, D) -> (B, 1)``."""
+    values, ``p`` the sample's percentile (the authors' ``ada_scale`` on ``relu(feature)``); ``(B, D) -> (B, 1)``.
+
+    ``k`` is computed in float64 whatever the features' dtype: the authors' percentiles come from numpy (float64),
+    and a float32 ``p`` can move ``n p / 100`` across a rounding boundary (``k`` one off)."""
     activations = features.relu()
     n = activations.shape[1]
-    keep = n - torch.round(n * percentiles / 100.0).to(torch.long)
+    keep = n - torch.round(n * percentiles.to(torch.float64) / 100.0).to(torch.long)
     values = activations.topk(int(keep.max()), dim=1).values
     kept = values * (torch.arange(values.shape[1], device=values.device)[None, :] < keep[:, None])
     return activations.sum(dim=1, keepdim=True) / kept.sum(dim=1, keepdim=True)
@@ -81,17 +84,34 @@ class AdaSCALEDetector(FittedDetector):
 
     Fitting (ID validation, as the authors' ``setup`` on ``id_loader_dict['val']``): the ``Q'`` of the fitting
     samples, kept sorted (``M`` values). The authors keep ``num_samples`` rows drawn with an unseeded
-    ``torch.randperm``; here the draw is seeded (0), so a fit is reproducible. Cost: a forward with gradient, a
-    backward and a second forward of its own per batch, like ODIN (``one_pass = False``); the gradient step and the
-    perturbed forward run in float32 with autocast off (:mod:`hf_gsc.precision`), so ``--mixed-precision`` keeps the
-    step. Where ``int(D k / 100)`` is 0 (features narrower than 20 coordinates at ``k1 = 5``) the authors' code sums
+    ``torch.randperm``; here the draw is seeded (0), so a fit is reproducible. The authors fit the features and
+    compute ``Q'`` from them for each grid point (``set_hyperparam``); here ``Q'`` is computed at fit time, which
+    is the same numbers (``Q'`` of a sample depends on nothing else in the fit).
+
+    Cost: a forward with gradient, a backward and a second forward of its own per batch, like ODIN
+    (``one_pass = False``). They run in float32 with autocast off (:mod:`hf_gsc.precision`), so
+    ``--mixed-precision`` keeps the step, and the ``Q'`` of a fit matches that of scoring. Their result is kept on
+    the batch's pass, keyed on ``o``: AdaSCALE-A and -L, and every percentile of a tuning grid, share it, so the
+    first AdaSCALE detector scored on a batch carries the cost in per-method timings and the others almost none.
+    Where ``int(D k / 100)`` is 0 (features narrower than 20 coordinates at ``k1 = 5``) the authors' code sums
     over no coordinate, and so does this.
 
+    Names of ``k1`` and ``k2``: as in OpenOOD's code and yml, ``k1`` counts the coordinates of the correction term
+    ``C_o`` (the perturbed activations) and ``k2`` those of the shift ``Q``. The paper names them the other way
+    round (``Q`` over the top ``k1 = 1%``, ``C_o`` over the top ``k2 = 5%``): the same numbers at the defaults. The
+    authors' own repository (github.com/sudarshanregmi/AdaSCALE, commit 61e23f8, "swap k1<=>k2 to ensure
+    consistency with paper") renamed them in its yml (``k1: 1, k2: 5``) and in ``set_hyperparam`` (the fit) but not
+    in ``get_percentile`` (scoring), so there the fitted ECDF is that of ``C_o`` over 5% and ``Q`` over 1% while a
+    scored sample's ``Q'`` takes ``C_o`` over 1% and ``Q`` over 5%; that mismatch is not reproduced here (OpenOOD,
+    the reference, uses one ``Q'`` for both). That repository also fixes ``p_min = 60`` and tunes ``p_max`` only
+    (its README; 8 of OpenOOD's 36 pairs).
+
     Hyperparameters:
-        percentile: ``[75, 85]`` (OpenOOD adascale_*.yml): the range of the adaptive percentile.
-        k1, k2: ``5``, ``1`` (% of the feature coordinates).
-        lmbda: ``10``. o: ``0.05`` (fraction of pixels perturbed).
-        num_samples: ``5000`` (fitting samples kept for the ECDF).
+        percentile: ``[75, 85]`` (OpenOOD adascale_*.yml ``postprocessor_args``): the range ``[p_min, p_max]`` of
+            the adaptive percentile (the yml notes ``[80, 85]`` as best for ResNet-50).
+        k1, k2: ``5``, ``1`` (% of the feature coordinates; same yml).
+        lmbda: ``10``. o: ``0.05`` (fraction of pixels perturbed; same yml; the step ``0.5`` is fixed in the code).
+        num_samples: ``5000`` (fitting samples kept for the ECDF; same yml).
     """
 
     defaults = {"percentile": [75.0, 85.0], "k1": 5.0, "k2": 1.0, "lmbda": 10.0, "o": 0.05, "num_samples": 5000}
@@ -133,23 +153,35 @@ class AdaSCALEDetector(FittedDetector):
                            self.model.get_submodule(self.split.module_path), module_input=True)
         return features.flatten(1).to(pixel_values.dtype)
 
-    def _features_and_statistic(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(z (B, D), Q' (B,))`` of a batch: the forward with gradient, the backward, the perturbed forward, all
-        in float32 or wider with autocast off."""
-        hp = self.hyperparameters
+    def _perturbed_pair(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(z, z_p)``, each ``(B, D)`` without gradient: the features of ``pixel_values`` and of their
+        perturbation; the forward with gradient, the backward and the perturbed forward, all in float32 or wider
+        with autocast off."""
         with full_precision(pixel_values.device):
             inputs = pixel_values.detach().to(step_dtype(pixel_values.dtype))
             with torch.inference_mode(False), torch.enable_grad():
+                # clone(): tensors made under inference mode cannot be saved for backward.
                 inputs = inputs.clone().requires_grad_(True)
                 features = self._features_with_gradient(inputs)
                 logits = features @ self.head_weight.to(features.dtype).T + self.head_bias.to(features.dtype)
+                # One backward of the summed predicted logits gives each sample's own gradient (the authors'
+                # score.backward(ones)): the model is in eval mode, so samples do not interact.
                 predicted_logit = logits.gather(1, logits.detach().argmax(dim=1, keepdim=True)).sum()
                 (gradient,) = torch.autograd.grad(predicted_logit, inputs)
-            features = features.detach()
-            perturbed_inputs = adascale_perturb(inputs.detach(), gradient, hp["o"])
+            perturbed_inputs = adascale_perturb(inputs.detach(), gradient, self.hyperparameters["o"])
             with torch.no_grad():
                 perturbed = self._features_with_gradient(perturbed_inputs)
-            dim = features.shape[1]
+        return features.detach(), perturbed
+
+    def _features_and_statistic(self, batch: BackbonePass) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(z (B, D), Q' (B,))`` of a batch. ``(z, z_p)`` depend on the model and ``o`` only, so they are kept on
+        the pass (:meth:`~hf_gsc.backbone_pass.BackbonePass.memo`): both variants and every grid point of a tuning
+        run with the same ``o`` share one gradient step and one perturbed forward per batch."""
+        hp = self.hyperparameters
+        features, perturbed = batch.memo(("adascale_perturbation", self.split.module_path, float(hp["o"])),
+                                         lambda: self._perturbed_pair(batch.pixel_values))
+        dim = features.shape[1]
+        with full_precision(features.device):
             statistic = shift_statistic(features, perturbed, int(dim * hp["k1"] / 100), int(dim * hp["k2"] / 100),
                                         hp["lmbda"])
         return features, statistic
@@ -159,7 +191,7 @@ class AdaSCALEDetector(FittedDetector):
         self._fit_statistics = []
 
     def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
-        self._fit_statistics.append(self._features_and_statistic(batch.pixel_values)[1].double().cpu())
+        self._fit_statistics.append(self._features_and_statistic(batch)[1].double().cpu())
 
     def fit_end(self) -> None:
         statistics, self._fit_statistics = torch.cat(self._fit_statistics or [torch.empty(0)]), None
@@ -172,11 +204,11 @@ class AdaSCALEDetector(FittedDetector):
 
     # ------------------------------------------------------------------ scoring
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        features, statistic = self._features_and_statistic(batch.pixel_values)
+        features, statistic = self._features_and_statistic(batch)
         low, high = self.hyperparameters["percentile"]
         with full_precision(features.device):
             percentiles = adaptive_percentiles(statistic, self.reference_statistic.to(features.device), low, high)
-            scale = ada_scale(features, percentiles.to(features.dtype))
+            scale = ada_scale(features, percentiles)
             head = LinearHead(self.head_weight.to(features.dtype), self.head_bias.to(features.dtype))
             return energy_score(adascale_logits(features, head, scale, self.logit_scaling))
 
