@@ -325,13 +325,15 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         with accelerator.main_process_first():
             model, processor, saved, _ = load_model(args.model, args.revision, args.image_backend)
         model.to(accelerator.device)
-        if saved and args.methods is None:  # a saved detector as --model, no --methods: its own method, not the defaults
-            methods = list(saved)
-            parsed = {**parsed, "hyperparameters": {name: {} for name in methods}}
-            if accelerator.is_main_process:
-                print(f"--model is a saved {methods[0]!r} detector: evaluating {methods[0]!r} with its settings, fitted "
-                      f"and calibrated again here; to evaluate it as it was saved (its fitted state and threshold), "
-                      f"use --detector {args.model}", flush=True)
+        if saved and args.methods is None:
+            # Refused rather than guessed: "evaluate my saved detector" (--detector: its fitted state and threshold) and
+            # "fit methods on its base model with its settings as defaults" (--methods) are different runs; the
+            # default table would leave the saved method out and refitting it would not test what was shipped.
+            method = next(iter(saved))
+            raise InputError(f"--model {args.model!r} is a saved {method!r} detector: to evaluate it as it was saved "
+                             f"(its fitted state and threshold, no refit) use --detector {args.model}; to fit and "
+                             f"evaluate methods on its base model with its settings as defaults, name them with "
+                             f"--methods (e.g. --methods {method})")
         hyperparameters = {name: dict(values) for name, values in parsed["hyperparameters"].items()}
         if "gsc" in methods:
             hyperparameters["gsc"] = {**parsed["gsc_overrides"], **hyperparameters["gsc"]}
