@@ -278,6 +278,10 @@ def markdown_table(
     mismatch = label_warning(results.get("label_check") or {"status": None})
     if mismatch:
         lines += ["", f"**Warning:** {mismatch}."]
+    if results.get("ood_same_as_id_test"):
+        from .plan import same_as_test_warning
+
+        lines += ["", f"**Warning:** {same_as_test_warning(results['ood_same_as_id_test'])}."]
     mapping = (results.get("label_check") or {}).get("mapping")
     if mapping:
         pairs = ", ".join(f"`{data}` -> `{label}`" for data, label in mapping.items())

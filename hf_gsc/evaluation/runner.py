@@ -60,6 +60,8 @@ from .plan import (
     missing_scores,
     needed_id_splits,
     num_rows,
+    same_as_test_warning,
+    same_images,
     subset,
 )
 from .report import jsonable, method_results, write_json, write_report
@@ -352,6 +354,9 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         print(f"ID labels mapped to the model's id2label ({label_check['mapped_by']}): {pairs}", flush=True)
     if accelerator.is_main_process and label_warning(label_check):
         warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
+    same_as_test = [name for name, dataset in ood_splits.items() if same_images(dataset, id_splits["test"])]
+    if accelerator.is_main_process and same_as_test:
+        warnings.warn(same_as_test_warning(same_as_test), UserWarning, stacklevel=2)
     transform = image_transform(processor, model)
     tuning = None
     if getattr(args, "tune", False):  # choose hyperparameters on validation data, then evaluate with them
@@ -424,6 +429,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     if tuning is not None:
         results["tuning"] = tuning
     results["label_check"] = label_check
+    if same_as_test:
+        results["ood_same_as_id_test"] = same_as_test
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     # Timings of the passes that computed the scores used, this run's or an earlier one's (cached splits).
     records = update_timings(cache.root, plan.score_fingerprints, missing, splits, seconds)
