@@ -74,12 +74,17 @@ def _publish_detector(args: argparse.Namespace) -> str:
     from pathlib import Path
 
     from .auto import AutoOODDetector
+    from .repo_ids import is_hub_id
     from .serialization import RESULT_FILES, is_detector_dir
 
     folder = Path(args.detector_dir)
     if not folder.is_dir() or not is_detector_dir(folder):
         raise FileNotFoundError(f"--detector-dir {folder}: no saved detector there (no detector_config.json)")
     detector = AutoOODDetector.from_pretrained(str(folder))
+    base = detector.config.base_model_name_or_path
+    if not args.save_base_model and not is_hub_id(base):  # push_to_hub's own message names its Python argument
+        raise ValueError(f"--detector-dir {folder}: its base model {base!r} is not a Hub repo id, so nobody could "
+                         f"load {args.repo_id!r}; pass --save-base-model to upload the base weights with the detector")
     results_dir = folder if (folder / RESULT_FILES[0]).is_file() else None
     return detector.push_to_hub(args.repo_id, private=args.private, revision=args.revision,
                                 save_base_model=args.save_base_model, results_dir=results_dir)

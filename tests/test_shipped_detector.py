@@ -78,8 +78,11 @@ def test_options_that_would_change_the_shipped_detector_are_refused(tiny, tmp_pa
         runner.run_evaluation(_argv(tiny, tmp_path, "--detector", tiny["model"]))
 
 
-def test_a_saved_detector_as_model_evaluates_its_own_method(tiny, tmp_path, shipped, capsys):  # noqa: F811
+def test_a_saved_detector_as_model_without_methods_is_refused_with_the_hint(tiny, tmp_path, shipped):  # noqa: F811
+    """Before, ``--model SAVED_KNN`` evaluated the default methods and silently left KNN out."""
     folder, _ = shipped
-    results = runner.run_evaluation(["--model", str(folder), *_argv(tiny, tmp_path)])
+    with pytest.raises(InputError, match=rf"saved 'knn' detector: .* use --detector {folder}.*--methods knn"):
+        runner.run_evaluation(["--model", str(folder), *_argv(tiny, tmp_path)])
+    # Naming the methods keeps the saved settings as defaults (refitted, recalibrated here).
+    results = runner.run_evaluation(["--model", str(folder), *_argv(tiny, tmp_path), "--methods", "knn"])
     assert set(results["methods"]) == {"knn"} and results["methods"]["knn"]["hyperparameters"]["k"] == 2
-    assert f"use --detector {folder}" in capsys.readouterr().out

@@ -8,10 +8,17 @@ or the same ones in another order, gives a meaningless ID accuracy (0% in the wo
 
 Names are compared ignoring case, ``_`` / ``-`` versus spaces and surrounding whitespace (folder names such as
 ``ankle_boot`` match ``Ankle boot``).
+
+When every class name of the data is one of the model's (the same names in another order, or a subset), the
+labels are mapped by name (:func:`label_mapping`, :func:`map_labels`) before anything reads them: fits, scoring,
+ID accuracy. ``--label-map DATA_NAME=MODEL_LABEL,...`` (or a JSON file of the same pairs) gives the mapping where
+the names differ. ``label_check`` then records ``mapping`` (data name -> model label) and ``mapped_by``.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -79,6 +86,8 @@ def _listed(names: Sequence[Any]) -> str:
 def label_warning(record: Mapping[str, Any]) -> str | None:
     """The warning for a mismatch (``None`` when the names match or could not be compared)."""
     hint = "predictions are compared with labels by index, so the ID accuracy means nothing"
+    if record.get("mapping"):  # mapped by name or by --label-map: the accuracy compares the right classes
+        return None
     if record["status"] == ORDER_DIFFERS:
         shown = "; ".join(f"{p['index']} is {p['data']!r} in the data, {p['model']!r} in the model"
                           for p in record["positions"][:SHOWN])
@@ -89,8 +98,102 @@ def label_warning(record: Mapping[str, Any]) -> str | None:
                 f"in the data, {record['num_model_classes']} in the model; only in the data: "
                 f"{_listed(record['only_in_data']) or 'none'}; only in the model: "
                 f"{_listed(record['only_in_model']) or 'none'}): {hint}; give ID data of the model's classes "
-                "(class folders or ClassLabel names as in model.config.id2label)")
+                "(class folders or ClassLabel names as in model.config.id2label), or the mapping with "
+                "--label-map DATA_NAME=MODEL_LABEL,...")
     return None
+
+
+def parse_label_map(value: str | None) -> dict[str, str]:
+    """``--label-map``: ``DATA_NAME=MODEL_LABEL,...`` or the path of a JSON object ``{data name: model label}``.
+    Raises ``ValueError`` naming the option and the expected form."""
+    if not value:
+        return {}
+    expected = "DATA_NAME=MODEL_LABEL[,DATA_NAME=MODEL_LABEL...] or a .json file of {\"data name\": \"model label\"}"
+    if value.endswith(".json") or os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as handle:
+                pairs = json.load(handle)
+        except (OSError, json.JSONDecodeError) as error:
+            raise ValueError(f"--label-map {value!r}: could not read it as JSON ({error}); expected {expected}") from None
+        if not isinstance(pairs, dict) or not all(isinstance(v, (str, int)) for v in pairs.values()):
+            raise ValueError(f"--label-map {value!r}: expected a JSON object of data name -> model label")
+        return {str(k): str(v) for k, v in pairs.items()}
+    pairs = {}
+    for item in value.split(","):
+        data_name, sep, model_label = (part.strip() for part in item.partition("="))
+        if not sep or not data_name or not model_label:
+            raise ValueError(f"--label-map: {item.strip()!r} is not DATA_NAME=MODEL_LABEL; expected {expected}")
+        if data_name in pairs:
+            raise ValueError(f"--label-map: {data_name!r} is mapped twice")
+        pairs[data_name] = model_label
+    return pairs
+
+
+def label_mapping(data_names: Sequence[str], model_names: Sequence[str],
+                  given: Mapping[str, str] | None = None) -> list[int] | None:
+    """Data label index -> model class index, by name, with the ``--label-map`` pairs ``given`` first (a model label
+    given as a number not among the names is a class index); ``None`` when a data class stays unmapped (its name is
+    not the model's, or names two of the model's classes) and nothing was given. Raises ``ValueError`` when
+    ``given`` names a class the data or the model does not have, or leaves a data class unmapped."""
+    given = dict(given or {})
+    model_index: dict[str, list[int]] = {}
+    for index, name in enumerate(model_names):
+        model_index.setdefault(_normalized(name), []).append(index)
+    data_keys = {_normalized(name): name for name in data_names}
+    unknown = [name for name in given if _normalized(name) not in data_keys]
+    if unknown:
+        raise ValueError(f"--label-map: {_listed(unknown)} not among the ID data's class names "
+                         f"({_listed(list(data_names))})")
+    resolved = {}
+    for data_name, label in given.items():
+        matches = model_index.get(_normalized(label), [])
+        if not matches and label.isdigit() and int(label) < len(model_names):
+            matches = [int(label)]
+        if len(matches) != 1:
+            why = "names several of the model's classes; give its index" if matches else "is not a model label"
+            raise ValueError(f"--label-map {data_name}={label}: {label!r} {why} (model labels: "
+                             f"{_listed(list(model_names))})")
+        resolved[_normalized(data_name)] = matches[0]
+    mapping, unmapped = [], []
+    for name in data_names:
+        key = _normalized(name)
+        matches = model_index.get(key, [])
+        index = resolved[key] if key in resolved else (matches[0] if len(matches) == 1 else None)
+        unmapped += [name] if index is None else []
+        mapping.append(-1 if index is None else index)
+    if unmapped:
+        if given:
+            raise ValueError(f"--label-map leaves the ID data's class(es) {_listed(unmapped)} unmapped: give each a "
+                             f"model label (model labels: {_listed(list(model_names))})")
+        return None
+    return mapping
+
+
+def map_labels(dataset: Any, mapping: Sequence[int], model_names: Sequence[str]) -> Any:
+    """``dataset`` with its ``label`` column mapped through ``mapping`` (data index -> model index), a ``ClassLabel``
+    of the model's names. A ``datasets.Dataset`` gets a new label column (its images are not rewritten); a streamed
+    one maps lazily. Rows without a class (a negative label) keep it."""
+    import datasets
+
+    feature = datasets.ClassLabel(names=list(model_names))
+    table = list(mapping)
+
+    def mapped(labels: Sequence[int]) -> list[int]:
+        return [table[label] if 0 <= label < len(table) else label for label in labels]
+
+    if isinstance(dataset, datasets.Dataset):
+        labels = mapped(list(dataset["label"]))
+        return dataset.remove_columns("label").add_column("label", labels, feature=feature)
+    features = dataset.features.copy() if dataset.features is not None else None
+    if features is not None:
+        features["label"] = feature
+    return dataset.map(lambda batch: {"label": mapped(batch["label"])}, batched=True, features=features)
+
+
+def mapping_record(data_names: Sequence[str], model_names: Sequence[str], mapping: Sequence[int]) -> dict[str, str]:
+    """``label_check.mapping``: data name -> model label, for the classes whose index changes."""
+    return {str(name): str(model_names[index]) for position, (name, index) in enumerate(zip(data_names, mapping))
+            if index != position or _normalized(name) != _normalized(model_names[index])}
 
 
 __all__ = [
@@ -101,6 +204,10 @@ __all__ = [
     "LabelMismatchWarning",
     "class_names_of",
     "compare_labels",
+    "label_mapping",
     "label_warning",
+    "map_labels",
+    "mapping_record",
+    "parse_label_map",
     "model_class_names",
 ]

@@ -105,6 +105,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="an OOD *validation* split for choosing the detector (the selection record), repeatable, like "
         "--ood-dataset; default: OOD sets generated from half of ID validation, as --tune does (never a test split)",
     )
+    data.add_argument(
+        "--label-map", default=None, metavar="DATA_NAME=MODEL_LABEL,...",
+        help="which of the model's id2label classes each ID data class is (class folder or ClassLabel name = model "
+        "label, or its index), or a .json file of the same pairs; needed only where the names differ: the same names "
+        "in another order, or a subset, are mapped by name; recorded in results.json's label_check",
+    )
     data.add_argument("--no-selection", action="store_true",
                       help="do not rank the methods on validation data nor choose one (skips scoring the OOD "
                       "validation sets)")
@@ -431,8 +437,15 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
     repeated = sorted({name for name, _ in val_ood if [n for n, _ in val_ood].count(name) > 1})
     if repeated:
         raise InputError(f"--val-ood-dataset: split name(s) {', '.join(repeated)} used twice; name them with NAME=SPEC")
+    from .labels import parse_label_map
+
+    try:
+        label_map = parse_label_map(getattr(args, "label_map", None))
+    except ValueError as error:
+        raise InputError(str(error)) from None
     return {
         "methods": methods,
+        "label_map": label_map,
         "ood_splits": ood_splits,
         "extra_ood": extra_ood,
         "val_ood": val_ood,

@@ -226,6 +226,26 @@ def make_plan(
     return EvaluationPlan(splits, sources, fit_data, fit_fps, score_fps)
 
 
+def same_images(a: Any, b: Any) -> bool:
+    """Whether two (non-streamed) splits hold the same images in the same order: an OOD split that is the ID test
+    split scores AUROC 50 by construction. Hashed only when their sizes agree, so OOD data of another size costs
+    nothing; a stream is not read for this."""
+    if is_streamed(a) or is_streamed(b) or not hasattr(a, "select_columns") or not hasattr(b, "select_columns"):
+        return False
+    if len(a) != len(b) or "image" not in a.column_names or "image" not in b.column_names:
+        return False
+    if a is b:
+        return True
+    return dataset_fingerprint(a.select_columns(["image"])) == dataset_fingerprint(b.select_columns(["image"]))
+
+
+def same_as_test_warning(names: Sequence[str]) -> str:
+    """The warning (and ``results.md`` line) for OOD splits that are the ID test split's images."""
+    return (f"OOD split(s) {', '.join(map(repr, names))} hold the same images as the ID test split: their AUROC is "
+            "0.5 (50%) and their FPR95 about 95% by construction; give OOD data of other images (is --ood-dataset the "
+            "ID data?)")
+
+
 def tensor_fingerprint(tensor: torch.Tensor) -> str:
     """Hash of a tensor's dtype, shape and values."""
     import hashlib

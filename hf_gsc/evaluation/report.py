@@ -278,6 +278,14 @@ def markdown_table(
     mismatch = label_warning(results.get("label_check") or {"status": None})
     if mismatch:
         lines += ["", f"**Warning:** {mismatch}."]
+    if results.get("ood_same_as_id_test"):
+        from .plan import same_as_test_warning
+
+        lines += ["", f"**Warning:** {same_as_test_warning(results['ood_same_as_id_test'])}."]
+    mapping = (results.get("label_check") or {}).get("mapping")
+    if mapping:
+        pairs = ", ".join(f"`{data}` -> `{label}`" for data, label in mapping.items())
+        lines += ["", f"ID labels mapped to the model's id2label (by {results['label_check']['mapped_by']}): {pairs}."]
     skipped = skipped_images_line(results.get("num_skipped") or {})
     if skipped:
         lines += ["", skipped]

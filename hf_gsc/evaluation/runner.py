@@ -60,6 +60,8 @@ from .plan import (
     missing_scores,
     needed_id_splits,
     num_rows,
+    same_as_test_warning,
+    same_images,
     subset,
 )
 from .report import jsonable, method_results, write_json, write_report
@@ -325,13 +327,15 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         with accelerator.main_process_first():
             model, processor, saved, _ = load_model(args.model, args.revision, args.image_backend)
         model.to(accelerator.device)
-        if saved and args.methods is None:  # a saved detector as --model, no --methods: its own method, not the defaults
-            methods = list(saved)
-            parsed = {**parsed, "hyperparameters": {name: {} for name in methods}}
-            if accelerator.is_main_process:
-                print(f"--model is a saved {methods[0]!r} detector: evaluating {methods[0]!r} with its settings, fitted "
-                      f"and calibrated again here; to evaluate it as it was saved (its fitted state and threshold), "
-                      f"use --detector {args.model}", flush=True)
+        if saved and args.methods is None:
+            # Refused rather than guessed: "evaluate my saved detector" (--detector: its fitted state and threshold) and
+            # "fit methods on its base model with its settings as defaults" (--methods) are different runs; the
+            # default table would leave the saved method out and refitting it would not test what was shipped.
+            method = next(iter(saved))
+            raise InputError(f"--model {args.model!r} is a saved {method!r} detector: to evaluate it as it was saved "
+                             f"(its fitted state and threshold, no refit) use --detector {args.model}; to fit and "
+                             f"evaluate methods on its base model with its settings as defaults, name them with "
+                             f"--methods (e.g. --methods {method})")
         hyperparameters = {name: dict(values) for name, values in parsed["hyperparameters"].items()}
         if "gsc" in methods:
             hyperparameters["gsc"] = {**parsed["gsc_overrides"], **hyperparameters["gsc"]}
@@ -343,14 +347,21 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
         detectors = build_detectors(model, methods, hyperparameters)
     with accelerator.main_process_first():
         id_splits, ood_splits = load_data(args, parsed, needed_id_splits({} if shipped is not None else detectors))
+    # Labels by name, before anything reads them (fits, the tuning, the scores' labels, the ID accuracy).
+    id_splits, label_check = _check_labels(id_splits, model.config, parsed.get("label_map") or {})
+    if accelerator.is_main_process and label_check.get("mapping"):
+        pairs = ", ".join(f"{data!r} -> {label!r}" for data, label in label_check["mapping"].items())
+        print(f"ID labels mapped to the model's id2label ({label_check['mapped_by']}): {pairs}", flush=True)
+    if accelerator.is_main_process and label_warning(label_check):
+        warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
+    same_as_test = [name for name, dataset in ood_splits.items() if same_images(dataset, id_splits["test"])]
+    if accelerator.is_main_process and same_as_test:
+        warnings.warn(same_as_test_warning(same_as_test), UserWarning, stacklevel=2)
     transform = image_transform(processor, model)
     tuning = None
     if getattr(args, "tune", False):  # choose hyperparameters on validation data, then evaluate with them
         tuning, detectors = _tune(accelerator, args, parsed, model, methods, hyperparameters, id_splits, transform,
                                   num_workers)
-    label_check = compare_labels(class_names_of(id_splits["test"]), model_class_names(model.config))
-    if accelerator.is_main_process and label_warning(label_check):
-        warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
     selection_data = None  # (OOD validation sets, ID side rows, description): the data the detector is chosen on
     if not getattr(args, "no_selection", False) and shipped is None:  # one shipped detector: nothing to choose
         from .selection import selection_sets
@@ -418,6 +429,8 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     if tuning is not None:
         results["tuning"] = tuning
     results["label_check"] = label_check
+    if same_as_test:
+        results["ood_same_as_id_test"] = same_as_test
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     # Timings of the passes that computed the scores used, this run's or an earlier one's (cached splits).
     records = update_timings(cache.root, plan.score_fingerprints, missing, splits, seconds)
@@ -471,6 +484,39 @@ def save_detectors(output_dir: Path, detectors: Mapping[str, Any], results: Mapp
     if chosen in detectors:  # the decision, ready to publish: hf-gsc publish --detector-dir OUTPUT/detectors/selected
         detectors[chosen].save_pretrained(fit_dir(output_dir, SELECTED), results_dir=output_dir)
         print(f"selected {chosen} (validation only): saved as {fit_dir(output_dir, SELECTED)}", flush=True)
+
+
+def _check_labels(id_splits: Mapping[str, Any], config: Any, given: Mapping[str, str]) -> tuple[dict[str, Any],
+                                                                                                dict[str, Any]]:
+    """``(ID splits with their labels mapped to the model's classes, label_check)``. Each split is mapped by its own
+    class names (an image-folder split without some class folder numbers its classes differently); the record is
+    the test split's comparison plus ``mapping`` and ``mapped_by`` where labels were mapped."""
+    from .labels import MATCH, label_mapping, map_labels, mapping_record
+
+    model_names = model_class_names(config)
+    label_check = compare_labels(class_names_of(id_splits["test"]), model_names)
+    if given and (model_names is None or class_names_of(id_splits["test"]) is None):
+        raise InputError(f"--label-map: cannot map by name: {label_check.get('reason', 'no class names')}")
+    if model_names is None:
+        return dict(id_splits), label_check
+    mapped = {}
+    for split, dataset in id_splits.items():
+        names = class_names_of(dataset)
+        if names is None or (compare_labels(names, model_names)["status"] == MATCH and not given):
+            mapped[split] = dataset
+            continue
+        try:
+            mapping = label_mapping(names, model_names, given)
+        except ValueError as error:
+            raise InputError(f"ID {split!r} split: {error}") from None
+        if mapping is None:  # names that are not the model's: nothing to map by; the warning says so
+            mapped[split] = dataset
+            continue
+        mapped[split] = map_labels(dataset, mapping, model_names)
+        if split == "test" and mapping_record(names, model_names, mapping):
+            label_check = {**label_check, "mapping": mapping_record(names, model_names, mapping),
+                           "mapped_by": "--label-map" if given else "name"}
+    return mapped, label_check
 
 
 def _split_label(split: str) -> str:
