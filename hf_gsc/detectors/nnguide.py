@@ -102,14 +102,15 @@ class NNGuideDetector(FittedDetector):
     and is scored in chunks of :data:`BANK_CHUNK_ROWS` rows (no ``B x N`` similarity matrix). The fit itself holds
     the ``N x D`` fitting features on the CPU (as every fitted method here), and computes only the ``M`` bank rows.
 
-    Differences from the authors' code: (1) a bank of fewer than ``k`` rows is padded to ``k`` random rows instead of
-    faiss's padding; (2) inner products in the bank's dtype by torch instead of faiss (float32). Their ResNet-50
+    Differences from the authors' code: (1) where ``int(alpha N) < k`` the bank holds ``k`` rows (the first ``k`` of
+    the same random order) instead of faiss's padding of the missing neighbours with -3.4e38; (2) inner products in
+    the bank's dtype (float64 for a float64 model) by torch instead of faiss (float32). Their ResNet-50
     results use a ReAct-clipped backbone (``resnet50-react``: features clipped at the 95th percentile of the bank's
     activations) for both the bank and the queries: a choice of model, not of the detector, not made here.
     OpenOOD v1.5's ``nnguide_postprocessor.py`` differs from the authors': its normaliser is ``z / ||z|| + 1e-10``
     (the epsilon added to every coordinate), its bank is the *first* training batches until they hold more than
-    ``int(alpha N)`` images (so it depends on the batch size and the loader's order, class-sorted when not
-    shuffled), and its ``K`` is 100.
+    ``int(alpha N)`` images (so it depends on the batch size and on the loader's order; its evaluator does not
+    shuffle by default), and its ``K`` is 100.
 
     Hyperparameters:
         k: ``10`` (the authors' ``configs/detector/nnguide.yaml`` ``knn_k: 10``, also their code's fallback;
