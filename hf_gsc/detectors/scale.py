@@ -105,4 +105,5 @@ class SCALEDetector(BaselineDetector):
 
 
 # GSC's feature_shaping="scale" shapes F with SCALE's own math.
-register_feature_shaping("scale", FeatureShaping(shape=scale_shape, default_percentile=lambda model: DEFAULT_PERCENTILE))
+register_feature_shaping("scale", FeatureShaping(shape=scale_shape,
+                                                  default_percentile=lambda model: DEFAULT_PERCENTILE))
