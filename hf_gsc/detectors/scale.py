@@ -11,51 +11,80 @@ from ..backbone_pass import BackbonePass
 from ..backends.shaped import FeatureShaping, register_feature_shaping
 from ..config import DetectorConfig
 from ..detector import register_detector
+from ..features import linear_head
 from ..precision import full_precision, parameter_dtype, step_dtype
 from ..scores import energy_score
 from ..split_points import SplitPoint, resolve_split_point, validate_split_point_name
 from .ash import ash_keep_count
 from .common import BaselineDetector
 
-#: OpenOOD scale.yml and the SCALE paper's ImageNet ResNet-50 setting.
+#: The authors' ``configs/postprocessors/scale.yml`` ``percentile: 85`` (also OpenOOD's), their ImageNet-1K
+#: ResNet-50 setting.
 DEFAULT_PERCENTILE = 85.0
 
 
-def scale_shape(features: torch.Tensor, percentile: float) -> torch.Tensor:
-    """``z * exp(s1 / s2)`` of each row of ``features`` ``(B, n)``, as ``scale`` of the SCALE code: ``s1`` is the
-    sample's sum of activations, ``s2`` the sum of its ``k = n - round(n p / 100)`` largest; the feature itself is
-    not pruned (unlike ASH-S). Returns ``(B, n)``."""
+def scale_factor(features: torch.Tensor, percentile: float) -> torch.Tensor:
+    """``exp(s1 / s2)`` of each row of ``features`` ``(B, n)``, ``(B, 1)``: ``s1`` is the sample's sum of
+    activations, ``s2`` the sum of its ``k = n - round(n p / 100)`` largest (ASH's keep count, :func:`ash_keep_count`).
+
+    As the authors' ``scale()``, ``s2 = 0`` is not guarded: the factor is then infinite or NaN (ASH-S here leaves
+    such a sample unscaled instead). A NaN score is OOD here."""
     k = ash_keep_count(features.shape[1], percentile)
     if k < 1:
-        raise ValueError(f"SCALE at percentile {percentile} keeps no activation of {features.shape[1]}; lower it")
+        raise ValueError(f"SCALE: percentile {percentile} keeps no activation of {features.shape[1]} "
+                         f"(k = n - round(n p / 100) = {k}); lower the percentile")
     s1 = features.sum(dim=1, keepdim=True)
+    # The sum of the top-k values equals the authors' sum of the pruned tensor (zeros elsewhere).
     s2 = features.topk(k, dim=1).values.sum(dim=1, keepdim=True)
-    return features * torch.exp(s1 / s2)
+    return torch.exp(s1 / s2)
+
+
+def scale_shape(features: torch.Tensor, percentile: float) -> torch.Tensor:
+    """``z * exp(s1 / s2)`` of each row of ``features`` ``(B, n)`` (:func:`scale_factor`), as ``scale()`` of the
+    SCALE code: the whole feature is scaled, nothing is pruned (ASH-S scales the pruned feature). ``(B, n)``."""
+    return features * scale_factor(features, percentile)
 
 
 @register_detector
 class SCALEDetector(BaselineDetector):
-    """Energy of the logits of the scaled penultimate feature, :func:`scale_shape`.
+    """Energy of the logits of the scaled feature, ``logsumexp(W (z * exp(s1 / s2)) + b)``, :func:`scale_shape`.
 
     Xu, Chen, Franchi, Yao, "Scaling for Training Time and Post-hoc Out-of-distribution Detection Enhancement", ICLR
-    2024 (code: github.com/kai422/SCALE; OpenOOD v1.5 ``scale_postprocessor.py`` and ``networks/scale_net.py``, the
-    reference). No fitting: the scale is per sample. Where: like ASH, the activation that feeds the classifier
-    (``split_point="penultimate"``). A sample whose kept activations sum to 0 gets an infinite or NaN score, as in the
-    authors' code (which divides by that sum); a NaN score is OOD here.
+    2024. Reference: the authors' code (github.com/kai422/SCALE, an OpenOOD fork: ``openood/networks/scale_net.py``
+    ``scale`` and ``ScaleNet.forward_threshold``, ``openood/postprocessors/scale_postprocessor.py``), identical to
+    OpenOOD v1.5's. No fitting: the scale is per sample.
+
+    Where: like ASH, the activation that feeds the classifier (``split_point="penultimate"``: after global average
+    pooling for ResNet, the ``[CLS]`` token after the final LayerNorm for ViT); the authors' ``scale`` takes the
+    pooled ``(B, C, 1, 1)`` feature, so ``n = C``. ``split_point="final_encoder_output"`` scales the whole last
+    feature map (``n = C H W``, the same function on a 4-D input) before the head's pooling.
+
+    Code, followed here: ``exp(s1 / s2)`` from ASH-S's sums (``s2`` after pruning in place) multiplies a clone of the
+    activation taken *before* pruning, so the head sees the whole feature scaled; ``k`` uses ``np.round`` (half to
+    even), as :func:`ash_keep_count`. A sample whose kept activations sum to 0 gets an infinite or NaN score, as in
+    the code (no guard; ASH-S here guards it).
 
     Hyperparameters:
-        percentile: ``85`` (OpenOOD scale.yml; the paper's ImageNet setting).
+        percentile: ``85`` (the authors' scale.yml ``postprocessor_args``, the paper's ImageNet-1K setting; their
+            saved OpenOOD runs choose 65 on CIFAR-10/100 and 80 on ImageNet-200 by validation search).
         split_point: ``"penultimate"``.
     """
 
     method = "scale"
     defaults = {"percentile": DEFAULT_PERCENTILE, "split_point": "penultimate"}
-    search_space = {"percentile": (65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)}
-    search_space_source = "OpenOOD scale.yml: percentile_list [65, 70, 75, 80, 85, 90, 95]"
+    search_space = {"percentile": (50.0, 55.0, 60.0, 65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)}
+    search_space_source = ("the authors' configs/postprocessors/scale.yml: percentile_list [50, 55, ..., 95] "
+                           "(OpenOOD's scale.yml and the authors' saved runs sweep [65, 70, ..., 95])")
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
         self.split = resolve_split_point(self.model, self.hyperparameters["split_point"])
+        if self.split.name == "penultimate":
+            # n is known now (the head's input); another split's n is known at the first batch (scale_factor).
+            n = linear_head(self.model).feature_dim
+            if ash_keep_count(n, self.hyperparameters["percentile"]) < 1:
+                raise ValueError(f"scale: percentile {self.hyperparameters['percentile']} keeps none of the {n} "
+                                 "penultimate activations (k = n - round(n p / 100) = 0); lower the percentile")
 
     def feature_splits(self) -> tuple[SplitPoint, ...]:
         return (self.split,)
@@ -66,7 +95,7 @@ class SCALEDetector(BaselineDetector):
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         """The scaling (sums over the activations, ``exp(s1 / s2)``), the head and the energy in float32 or wider
-        with autocast off (:mod:`hf_gsc.precision`), as ASH's."""
+        with autocast off (:mod:`hf_gsc.precision`), as ASH's; a bf16 model's head gets the scaled feature in bf16."""
         features = batch.features(self.split)
         with full_precision(features.device), torch.no_grad():
             flat = features.flatten(1).to(step_dtype(features.dtype))
@@ -76,4 +105,5 @@ class SCALEDetector(BaselineDetector):
 
 
 # GSC's feature_shaping="scale" shapes F with SCALE's own math.
-register_feature_shaping("scale", FeatureShaping(shape=scale_shape, default_percentile=lambda model: DEFAULT_PERCENTILE))
+register_feature_shaping("scale", FeatureShaping(shape=scale_shape,
+                                                  default_percentile=lambda model: DEFAULT_PERCENTILE))
