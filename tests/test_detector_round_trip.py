@@ -239,6 +239,7 @@ D, K = 16, NUM_LABELS
 #: method -> (tensor, a wrong shape for it) written into detector_state.safetensors.
 WRONG_SHAPES = {
     "knn": ("bank", (64, D + 1)),
+    "nnguide": ("bank_guide", (64, D + 1)),
     "mahalanobis": ("precision", (D, D + 1)),
     "gem": ("class_means", (K + 1, D)),
     "vim": ("origin", (D + 1,)),

@@ -27,7 +27,7 @@ from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 ARCHS = ["vit", "resnet"]
 FITTED = sorted(name for name, cls in DETECTORS.items() if cls.needs_fit is True)  # GSC: per instance
 ALL_METHODS = sorted(DETECTORS)
-NUM_FIT = 128  # enough for every method at its defaults (NNGuide: k = 100 neighbours)
+NUM_FIT = 128  # enough for every method at its defaults, and well above the features' width
 
 
 # --------------------------------------------------------------------------- fixtures
