@@ -2,21 +2,62 @@
 
 from __future__ import annotations
 
+from typing import ClassVar, Iterator
+
+import torch
+
 from ..detector import register_detector
 from .mahalanobis import MahalanobisDetector
 
 
+def normalisable(method: str, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``stream`` unchanged, after checking that every fitting feature has a finite, non-zero L2 norm.
+
+    ``z / ||z||_2`` of a zero feature (a ResNet whose pooled ReLU output is all zero) is NaN, and one NaN in the
+    sums makes the covariance's eigendecomposition fail with an unrelated linear-algebra error; say so here instead,
+    at the batch. (Scoring such a feature gives NaN, which the detector decides as OOD.)
+    """
+    for features, labels in stream:
+        norms = features.double().norm(dim=-1)
+        bad = ~(torch.isfinite(norms) & (norms > 0))
+        if bad.any():
+            raise ValueError(f"detector {method!r} L2-normalises the penultimate features (z / ||z||_2), so every ID "
+                             f"fitting feature must be finite and non-zero; {int(bad.sum())} of the {len(bad)} in a "
+                             "fitting batch are not")
+        yield features, labels
+
+
+class NormalisedFeatures:
+    """Mixin for a tied-Gaussian detector (:class:`~hf_gsc.detectors.mahalanobis.TiedGaussianDetector`): fit and
+    score ``z / ||z||_2`` (Mahalanobis++), with the fitting features checked by :func:`normalisable`."""
+
+    normalise_features: ClassVar[bool] = True
+
+    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super()._fit(normalisable(self.method, stream))
+
+
 @register_detector
-class MahalanobisPPDetector(MahalanobisDetector):
+class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
     """Mahalanobis on the L2-normalised penultimate feature ``z / ||z||_2``, fitted and scored.
 
-    Mueller & Hein, "Mahalanobis++: Improving OOD Detection via Feature Normalization", ICML 2025 (code:
-    github.com/mueller-mp/maha-norm, ``mdsn_postprocessor.py``, the reference): the training features are normalised
-    before the class means and the tied covariance (sklearn ``EmpiricalCovariance`` of the class-centred features)
-    are fitted, and every scored feature is normalised the same way (no epsilon). The authors' code casts the
-    centred features to float32 before sklearn; here they stay float64 (on a near-singular covariance float32
-    changes the precision matrix, and the scores with it).
+    Mueller & Hein, "Mahalanobis++: Improving OOD Detection via Feature Normalization", ICML 2025. The reference is
+    the authors' code, github.com/mueller-mp/maha-norm, ``OpenOOD/openood/postprocessors/mdsn_postprocessor.py``:
+    OpenOOD's ``mds`` with ``all_feats = all_feats / torch.norm(all_feats, dim=-1, keepdim=True)`` after the
+    training features are gathered and ``features = features / torch.norm(features, dim=-1, keepdim=True)`` before
+    scoring (no epsilon; :func:`~hf_gsc.detectors.mahalanobis.l2_normalised`); then the class means, the tied
+    covariance of the class-centred normalised features (sklearn ``EmpiricalCovariance(assume_centered=False)``)
+    and ``max_c -(F - mu_c)^T Sigma^-1 (F - mu_c)``, as ``mahalanobis``.
+
+    Paper and code agree. Differences from the code, numerical only (as for ``rmds``): the authors normalise, centre
+    and score in float32 and fit sklearn on float32 centred features; here normalisation, statistics and distances
+    are float64 (returned as float32), and the precision is :func:`~hf_gsc.features.tied_precision`'s, with its
+    stated rank cutoff where sklearn's ``pinvh`` cuts at the level of rounding noise. A zero fitting feature, NaN in
+    the authors' code, is refused (:func:`normalisable`).
+
+    No hyperparameters.
     """
 
     method = "mahalanobis_pp"
-    normalise_features = True
+    search_space_source = "no hyperparameters (maha-norm's mdsn.yml has no postprocessor_sweep)"

@@ -7,15 +7,27 @@ import torch
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from ..features import ClassStatistics, mahalanobis_distances, tied_precision
-from .mahalanobis import TiedGaussianDetector
+from .mahalanobis import TiedGaussianDetector, mahalanobis_score
+
+
+def background_gaussian(statistics: ClassStatistics) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean ``(D,)`` and precision ``(D, D)`` of one Gaussian on all the fitting features, labels ignored, float64.
+
+    The covariance is ``(1/N) sum_i (F_i - mu_0)(F_i - mu_0)^T`` (sklearn ``EmpiricalCovariance`` of
+    ``F - mu_0``, as the authors' code), from the streamed sums: ``E[F F^T] - mu_0 mu_0^T``; its precision comes from
+    :func:`~hf_gsc.features.tied_precision`, as for the class-conditional Gaussians, so both inherit its rank cutoff.
+    """
+    mean = statistics.class_sums.sum(dim=0) / statistics.count
+    return mean, tied_precision(statistics.outer / statistics.count - torch.outer(mean, mean))
 
 
 def rmds_score(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor,
                background_mean: torch.Tensor, background_precision: torch.Tensor) -> torch.Tensor:
-    """``max_c [-d_c(z) + d_0(z)]``: the class-conditional squared Mahalanobis distances relative to the distance
-    ``d_0`` under one Gaussian of all ID training features; ``(B, D) -> (B,)``, float64."""
+    """``max_c [-d_c(F) + d_0(F)] = max_c -d_c(F) + d_0(F)``: the class-conditional squared Mahalanobis distances
+    ``d_c`` (shared precision) relative to the squared distance ``d_0`` under the background Gaussian; ``(B, D) ->
+    (B,)``, float64. ``d_0`` does not depend on ``c``, so the max over classes is the Mahalanobis score plus ``d_0``."""
     background = mahalanobis_distances(features, background_mean[None, :], background_precision)[:, 0]
-    return (-mahalanobis_distances(features, class_means, precision) + background[:, None]).amax(dim=1)
+    return mahalanobis_score(features, class_means, precision) + background
 
 
 @register_detector
@@ -23,13 +35,30 @@ class RMDSDetector(TiedGaussianDetector):
     """Relative Mahalanobis distance, :func:`rmds_score`.
 
     Ren, Fort, Liu, Roy, Padhy, Lakshminarayanan, "A Simple Fix to Mahalanobis Distance for Improving Near-OOD
-    Detection", 2021; the reference is OpenOOD v1.5's ``rmds_postprocessor.py``: class means and the tied covariance
-    of the class-centred ID training features (sklearn ``EmpiricalCovariance``) as for Mahalanobis, and a background
-    Gaussian: the mean and covariance of all ID training features. OpenOOD casts the centred features to float32
-    before sklearn; here the statistics are float64 throughout (the same estimator, without the rounding).
+    Detection", arXiv:2106.09022, 2021. The reference is OpenOOD v1.5's ``rmds_postprocessor.py``: on the ID
+    training features and their true labels, the class means and the tied covariance of the class-centred features
+    (sklearn ``EmpiricalCovariance(assume_centered=False)``, ``precision_ = pinvh(covariance_)``), exactly as for
+    ``mahalanobis``; and the background Gaussian (:func:`background_gaussian`): the mean of all the features and the
+    ``EmpiricalCovariance`` of all of them centred on it. The score is ``max_c`` over classes of
+    ``-d_c + d_0`` (OpenOOD's ``class_scores[:, c] - background_scores``, then ``torch.max``).
+
+    Paper and code agree (the paper's ``RMD_k = MD_k - MD_0`` and confidence ``-min_k RMD_k``, squared distances).
+    Differences from the code, all numerical:
+
+    * OpenOOD computes the class means in float32 and casts the centred features to float32 before sklearn, then
+      scores in float32. Here the statistics and the distances are float64 (returned as float32): with a float32
+      model the features are the same, but float32 statistics change the precision matrix where the covariance is
+      near-singular (ViT final-LayerNorm features), and ``-d_c + d_0`` is a difference of two large terms.
+    * sklearn's ``pinvh`` cuts eigenvalues at ``D * eps`` of the largest, the level of rounding noise, so on a
+      singular covariance (LayerNorm features sum to a constant) whether it inverts a noise eigenvalue depends on
+      the rounding; :func:`~hf_gsc.features.tied_precision` always drops eigenvalues below its stated cutoff
+      (``PRECISION_RCOND`` of the largest). On a well-conditioned covariance the two are the same inverse.
+
+    No hyperparameters.
     """
 
     method = "rmds"
+    search_space_source = "no hyperparameters (OpenOOD's rmds.yml has no postprocessor_sweep)"
     state_names = ("class_means", "precision", "background_mean", "background_precision")
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
@@ -38,9 +67,7 @@ class RMDSDetector(TiedGaussianDetector):
 
     def _fit_statistics(self, statistics: ClassStatistics) -> None:
         super()._fit_statistics(statistics)
-        mean = statistics.class_sums.sum(dim=0) / statistics.count
-        self.background_mean = mean
-        self.background_precision = tied_precision(statistics.outer / statistics.count - torch.outer(mean, mean))
+        self.background_mean, self.background_precision = background_gaussian(statistics)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return rmds_score(self.features(batch), self.class_means, self.precision, self.background_mean,

@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 from ..detector import register_detector
+from .mahalanobis_pp import NormalisedFeatures
 from .rmds import RMDSDetector
 
 
 @register_detector
-class RMDSPPDetector(RMDSDetector):
-    """RMDS on the L2-normalised penultimate feature ``z / ||z||_2``, fitted and scored.
+class RMDSPPDetector(NormalisedFeatures, RMDSDetector):
+    """RMDS (:func:`~hf_gsc.detectors.rmds.rmds_score`) on the L2-normalised penultimate feature ``z / ||z||_2``,
+    fitted and scored.
 
-    Mueller & Hein, "Mahalanobis++: Improving OOD Detection via Feature Normalization", ICML 2025 (code:
-    github.com/mueller-mp/maha-norm, ``rmdsn_postprocessor.py``, the reference): the training features are normalised
-    before the class and background Gaussians are fitted, and every scored feature the same way (no epsilon). As for
-    ``mahalanobis_pp``, the statistics stay float64 where the authors' code casts to float32.
+    Mueller & Hein, "Mahalanobis++: Improving OOD Detection via Feature Normalization", ICML 2025. The reference is
+    the authors' code, github.com/mueller-mp/maha-norm, ``OpenOOD/openood/postprocessors/rmdsn_postprocessor.py``:
+    OpenOOD's ``rmds`` with the training features normalised (``all_feats / torch.norm(all_feats, dim=-1,
+    keepdim=True)``, no epsilon) before the class Gaussians and the background Gaussian (mean and
+    ``EmpiricalCovariance`` of all normalised features) are fitted, and every scored feature normalised the same
+    way before ``max_c -d_c + d_0``.
+
+    Paper and code agree. Differences from the code, numerical only, as for ``rmds`` and ``mahalanobis_pp``: float64
+    normalisation, statistics and distances where the authors use float32 (returned as float32),
+    :func:`~hf_gsc.features.tied_precision`'s stated rank cutoff for both precisions, and a zero fitting feature
+    refused instead of NaN.
+
+    No hyperparameters.
     """
 
     method = "rmds_pp"
-    normalise_features = True
+    search_space_source = "no hyperparameters (maha-norm's rmdsn.yml has no postprocessor_sweep)"
