@@ -10,15 +10,23 @@ from ..features import ClassStatistics, mahalanobis_distances, tied_precision
 from .mahalanobis import TiedGaussianDetector, mahalanobis_score
 
 
-def background_gaussian(statistics: ClassStatistics) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean ``(D,)`` and precision ``(D, D)`` of one Gaussian on all the fitting features, labels ignored, float64.
+def background_gaussian(statistics: ClassStatistics, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean ``mu_0`` ``(D,)`` and precision ``(D, D)`` of one Gaussian on all the fitting features, labels ignored,
+    float64.
 
-    The covariance is ``(1/N) sum_i (F_i - mu_0)(F_i - mu_0)^T`` (sklearn ``EmpiricalCovariance`` of
-    ``F - mu_0``, as the authors' code), from the streamed sums: ``E[F F^T] - mu_0 mu_0^T``; its precision comes from
-    :func:`~hf_gsc.features.tied_precision`, as for the class-conditional Gaussians, so both inherit its rank cutoff.
+    The covariance is ``(1/N) sum_i (F_i - mu_0)(F_i - mu_0)^T`` (sklearn ``EmpiricalCovariance`` of ``F - mu_0``,
+    as the authors' code), written by the law of total covariance as the tied within-class covariance plus the
+    between-class one, ``sum_c (N_c / N) (mu_c - mu_0)(mu_c - mu_0)^T``: the same value, from the streamed
+    statistics, without subtracting ``mu_0 mu_0^T`` from the raw second moment (which would cancel digits where
+    the features sit far from the origin relative to their spread, as L2-normalised ones do). The precision comes
+    from :func:`~hf_gsc.features.tied_precision`, as for the class Gaussians, so both inherit its rank cutoff.
     """
-    mean = statistics.class_sums.sum(dim=0) / statistics.count
-    return mean, tied_precision(statistics.outer / statistics.count - torch.outer(mean, mean))
+    class_means = statistics.class_means(method)
+    weights = statistics.class_counts / statistics.count
+    mean = weights @ class_means
+    centred = class_means - mean
+    covariance = statistics.tied_covariance(method) + (centred * weights[:, None]).T @ centred
+    return mean, tied_precision(covariance)
 
 
 def rmds_score(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor,
@@ -67,7 +75,7 @@ class RMDSDetector(TiedGaussianDetector):
 
     def _fit_statistics(self, statistics: ClassStatistics) -> None:
         super()._fit_statistics(statistics)
-        self.background_mean, self.background_precision = background_gaussian(statistics)
+        self.background_mean, self.background_precision = background_gaussian(statistics, self.method)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return rmds_score(self.features(batch), self.class_means, self.precision, self.background_mean,
