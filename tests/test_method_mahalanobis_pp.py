@@ -57,7 +57,7 @@ def check_zero_feature_is_refused(method: str) -> None:
     zero = x.clone()
     zero[5] = -1.0  # relu(-1) = 0: a zero feature
     with pytest.raises(ValueError, match=rf"detector '{method}' L2-normalises .* every ID fitting feature must be "
-                                         r"finite and non-zero; 1 of the 20 in a fitting batch are not"):
+                                         r"finite and non-zero; a fitting batch has 1 of 20 zero or not finite"):
         get_detector(method, model).fit([(x[:20], labels[:20]), (zero[20:], labels[20:]), (zero[:20], labels[:20])])
     detector = get_detector(method, model).fit([(x[:20], labels[:20]), (x[20:], labels[20:])])
     scores = detector.score(zero[:8])

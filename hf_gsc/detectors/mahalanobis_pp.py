@@ -23,8 +23,8 @@ def normalisable(method: str, stream: Iterator[tuple[torch.Tensor, torch.Tensor]
         bad = ~(torch.isfinite(norms) & (norms > 0))
         if bad.any():
             raise ValueError(f"detector {method!r} L2-normalises the penultimate features (z / ||z||_2), so every ID "
-                             f"fitting feature must be finite and non-zero; {int(bad.sum())} of the {len(bad)} in a "
-                             "fitting batch are not")
+                             f"fitting feature must be finite and non-zero; a fitting batch has {int(bad.sum())} of "
+                             f"{len(bad)} zero or not finite")
         yield features, labels
 
 

@@ -17,8 +17,9 @@ def background_gaussian(statistics: ClassStatistics, method: str) -> tuple[torch
     The covariance is ``(1/N) sum_i (F_i - mu_0)(F_i - mu_0)^T`` (sklearn ``EmpiricalCovariance`` of ``F - mu_0``,
     as the authors' code), written by the law of total covariance as the tied within-class covariance plus the
     between-class one, ``sum_c (N_c / N) (mu_c - mu_0)(mu_c - mu_0)^T``: the same value, from the streamed
-    statistics, without subtracting ``mu_0 mu_0^T`` from the raw second moment (which would cancel digits where
-    the features sit far from the origin relative to their spread, as L2-normalised ones do). The precision comes
+    statistics, without subtracting ``mu_0 mu_0^T`` from the raw second moment (which cancels digits where the
+    features sit far from the origin relative to their spread, as L2-normalised ones do; the tied covariance is
+    :class:`~hf_gsc.features.ClassStatistics`' own, with whatever accuracy it has). The precision comes
     from :func:`~hf_gsc.features.tied_precision`, as for the class Gaussians, so both inherit its rank cutoff.
     """
     class_means = statistics.class_means(method)
