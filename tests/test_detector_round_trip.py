@@ -248,6 +248,9 @@ WRONG_SHAPES = {
     "she": ("patterns", (K, D + 1)),
     "conjnorm": ("prototypes", (K, D - 1)),
     "gsc": ("fisher_diagonal", (D + 1,)),
+    "mahalanobis_pp": ("class_means", (K + 1, D)),
+    "rmds": ("background_precision", (D, D + 1)),
+    "rmds_pp": ("background_mean", (D + 1,)),
 }
 
 
