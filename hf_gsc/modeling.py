@@ -216,12 +216,38 @@ class GSCForImageClassification(OODDetector):
 
     def feature_size(self) -> int | None:
         """Number of coordinates of ``F`` (what ``fisher_diagonal`` covers), from one backbone pass of two blank
-        images at the base model's ``config.image_size``; ``None`` where the config does not fix the input size."""
-        if self._expected_size is None:
+        images at the base model's ``config.image_size``, else at the size its image processor makes (a ResNet's
+        config fixes no size); ``None`` where neither fixes it."""
+        size = self._expected_size or self._processor_size()
+        if size is None:
             return None
         channels = self._expected_channels or 3
-        blank = torch.zeros(2, channels, *self._expected_size, dtype=self.dtype, device=self.device)
+        blank = torch.zeros(2, channels, *size, dtype=self.dtype, device=self.device)
         return self.backend.features_of(self.backbone_pass(blank, logits=False))[0].numel()
+
+    def _processor_size(self) -> tuple[int, int] | None:
+        """``(H, W)`` of what the image processor makes of an image, or ``None`` without a (working) processor."""
+        if self.image_processor is None:
+            return None
+        from PIL import Image
+
+        try:
+            pixel_values = self.image_processor(images=Image.new("RGB", (64, 64)), return_tensors="pt")["pixel_values"]
+        except Exception:  # noqa: BLE001 - a processor that cannot say its size leaves the check to the first forward
+            return None
+        return tuple(pixel_values.shape[-2:])
+
+    def _check_fisher(self, features: torch.Tensor) -> None:
+        """``fisher_diagonal`` covers every coordinate of ``F`` ``(B, ...)``: a length-1 one would broadcast into
+        wrong scores, another length fail deep in the step."""
+        fisher = self.fisher_diagonal
+        if fisher is not None and fisher.numel() != features[0].numel():
+            raise ValueError(
+                f"gsc: fitted tensor 'fisher_diagonal' has shape {tuple(fisher.shape)}, but the feature at "
+                f"split_point={self.config.split_point!r} has {features[0].numel()} coordinates (shape "
+                f"{tuple(features.shape[1:])}) for these inputs: it was fitted for another model, split point or input size; fit it "
+                "again (fit_fisher(id_train_batches))"
+            )
 
     # ------------------------------------------------------------------ inference
     def _linearize(self, batch: BackbonePass) -> Linearization:
@@ -238,6 +264,7 @@ class GSCForImageClassification(OODDetector):
     def step(self, batch: BackbonePass) -> tuple[Linearization, GSCStep]:
         """The linearisation and the GSC step (``g``, mask, ``F'``, updated logits, score) of a backbone pass."""
         linearization = self._linearize(batch)  # head linearised at F
+        self._check_fisher(linearization.features)
         step = gsc_step(  # g, mask, F' = S(F, g), updated logits, score
             linearization.head,
             linearization.read_part,

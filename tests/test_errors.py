@@ -162,3 +162,42 @@ def test_missing_card_template_leaves_no_half_written_folder(base_dir, tmp_path,
     with pytest.raises(FileNotFoundError, match="model card template ood_detector.md not found at .*nowhere"):
         GSCForImageClassification.from_pretrained(base_dir).save_pretrained(tmp_path / "detector")
     assert not (tmp_path / "detector").exists()
+
+
+@pytest.mark.parametrize("length", ["one", "d+3"])
+@pytest.mark.parametrize("processor", [True, False], ids=["with-processor", "without-processor"])
+def test_fisher_of_a_model_without_a_fixed_input_size_is_checked(length, processor, tmp_path):
+    """A ResNet's config fixes no input size: its saved image processor gives the size at load; without one the first
+    forward refuses a wrong length (a length-1 Fisher broadcast silently into wrong scores, d+3 failed deep inside)."""
+    from transformers import ViTImageProcessor
+
+    detector = GSCForImageClassification.from_pretrained(make_tiny_model("resnet").float(), selection="fisher")
+    images = torch.randn(6, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
+    detector.fit_fisher([(images, torch.arange(6) % NUM_LABELS)])
+    d = detector.fisher_diagonal.numel()
+    if processor:
+        detector.image_processor = ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    detector.save_pretrained(tmp_path, save_base_model=True)
+    n = 1 if length == "one" else d + 3
+    save_state({"fisher_diagonal": torch.ones(n)}, tmp_path / STATE_FILE)
+    if processor:
+        with pytest.raises(ValueError, match=rf"'fisher_diagonal' in .* has shape \({n},\), expected \({d},\)"):
+            GSCForImageClassification.from_pretrained(tmp_path)
+        return
+    loaded = GSCForImageClassification.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=rf"'fisher_diagonal' has shape \({n},\), but the feature .* has {d} coord"):
+        loaded.score(images[:2])
+    with pytest.raises(ValueError, match="'fisher_diagonal' has shape"):
+        loaded(images[:2])
+
+
+@pytest.mark.parametrize("method", ["kNN", "Mahalanobis", "VIM"])
+def test_a_method_in_another_case_gets_a_did_you_mean(method, base_dir):
+    from hf_gsc import AutoOODDetector
+    from hf_gsc.detectors import get_detector
+
+    expected = f"unknown method {method!r} \\(did you mean {method.lower()!r} instead of {method!r}\\?\\)"
+    with pytest.raises(ValueError, match=expected):
+        get_detector(method, make_tiny_model("vit"))
+    with pytest.raises(ValueError, match=expected):
+        AutoOODDetector.from_pretrained(base_dir, method=method)
