@@ -9,7 +9,7 @@ import os
 import tempfile
 from .model_card import DEFAULT_LICENSE
 from .repo_ids import is_hub_id
-from .serialization import save_detector
+from .serialization import check_savable, save_detector
 
 
 class HubError(RuntimeError):
@@ -35,11 +35,30 @@ def upload_folder_to_hub(
     token: str | bool | None = None,
     commit_message: str = "Upload with hf_gsc",
     kept: str | None = None,
+    create: bool = True,
 ) -> str:
     """``create_repo`` (exist_ok) + optional branch + ``upload_folder``; returns the commit URL.
 
-    ``kept``: what the error message says is left intact (default: the local ``folder``).
+    ``kept``: what the error message says is left intact (default: the local ``folder``). ``create=False``: the
+    repo and branch were made already (:func:`create_hub_repo`).
     """
+    from huggingface_hub import HfApi
+
+    kept = kept or f"Local files in {folder} are intact."
+    if create:
+        create_hub_repo(repo_id, private, revision, token, kept)
+    try:
+        commit = HfApi(token=token).upload_folder(repo_id=repo_id, folder_path=str(folder), revision=revision,
+                                                  commit_message=commit_message)
+    except Exception as error:  # noqa: BLE001 - rewrapped with the cause attached
+        raise _hub_error(f"could not push to {repo_id!r}", error, kept) from error
+    return str(getattr(commit, "commit_url", commit))
+
+
+def create_hub_repo(repo_id: str, private: bool = False, revision: str | None = None, token: str | bool | None = None,
+                    kept: str = "Nothing was written.") -> None:
+    """``create_repo`` (exist_ok) and the ``revision`` branch: the first request of a push, so that an offline or
+    unreachable Hub (or a refused token) fails before anything is written locally. Raises :class:`HubError`."""
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
@@ -47,10 +66,8 @@ def upload_folder_to_hub(
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision is not None:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
-        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder), revision=revision, commit_message=commit_message)
     except Exception as error:  # noqa: BLE001 - rewrapped with the cause attached
-        raise _hub_error(f"could not push to {repo_id!r}", error, kept or f"Local files in {folder} are intact.") from error
-    return str(getattr(commit, "commit_url", commit))
+        raise _hub_error(f"could not push to {repo_id!r}", error, kept) from error
 
 
 class HubPush:
@@ -85,13 +102,17 @@ class HubPush:
                 "Pass save_base_model=True to upload the base weights with the detector, or set "
                 "detector.config.base_model_name_or_path to the base model's Hub id"
             )
+        check_savable(self)
+        kept = "The detector in memory is unchanged; save_pretrained(folder) keeps a local copy."
+        # The Hub is reached first: offline, nothing (not the base model's shards) is written before the error.
+        create_hub_repo(repo_id, private, revision, token, kept)
         with tempfile.TemporaryDirectory() as folder:
             save_detector(self, folder, save_base_model=save_base_model, results_dir=results_dir, repo_id=repo_id,
                           license=license)
             return upload_folder_to_hub(
-                folder, repo_id, private, revision, token, commit_message or f"Upload {self.method} detector",
-                kept="The detector in memory is unchanged; save_pretrained(folder) keeps a local copy.",
+                folder, repo_id, private, revision, token, commit_message or f"Upload {self.method} detector", kept,
+                create=False,
             )
 
 
-__all__ = ["HubError", "HubPush", "upload_folder_to_hub"]
+__all__ = ["HubError", "HubPush", "create_hub_repo", "upload_folder_to_hub"]

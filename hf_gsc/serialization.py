@@ -202,6 +202,14 @@ def saved_base_reference(
     return None, None
 
 
+def check_savable(detector: "OODDetector") -> None:
+    """Refuse to save (or push) a detector that needs a fit and has none: it would be saved without its state and
+    fail only when loaded."""
+    if detector.needs_fit and not detector.fitted:
+        raise ValueError(f"the {detector.method!r} detector is not fitted, so it cannot be saved: call "
+                         f".fit(id_{detector.fit_split}_batches) first")
+
+
 def save_detector(
     detector: "OODDetector",
     directory: str | os.PathLike,
@@ -217,9 +225,7 @@ def save_detector(
     """
     from .model_card import DEFAULT_LICENSE, render_model_card
 
-    if detector.needs_fit and not detector.fitted:  # it would save without its state and fail only when loaded
-        raise ValueError(f"the {detector.method!r} detector is not fitted, so it cannot be saved: call "
-                         f".fit(id_{detector.fit_split}_batches) first")
+    check_savable(detector)
     results = table = None
     plots: list[Path] = []
     if results_dir is not None:
