@@ -49,7 +49,9 @@ class OODDetectorOutput(ModelOutput):
 
     ``Trainer.predict`` returns as ``predictions`` the fields other than ``loss`` that are not ``None``, in this
     order: ``(logits, ood_score, is_ood)``, or ``(logits, ood_score)`` before calibration. ``ood_score`` is float32
-    whatever the base model's dtype (float64 only for a float64 base model).
+    whatever the base model's dtype (float64 only for a float64 base model). ``label_ids`` are the dataset's
+    ``labels``. GSC's output has fields of its own: ``(logits, gsc_logits, ood_score, is_ood, predicted_class)``
+    (:class:`hf_gsc.GSCOutput`).
     """
 
     loss: torch.Tensor | None = None

@@ -28,7 +28,10 @@ def shared_model(detectors: Sequence[OODDetector]) -> nn.Module:
         if detector.model is not model:
             raise ValueError(
                 f"every detector of a bundle must wrap the same base model object; {detector.method!r} has another "
-                "(build them on one loaded model: AutoOODDetector.from_pretrained(model, method=...))"
+                "(a detector loaded on its own loads its own copy). Load the base model once and put every detector "
+                "on it: model = AutoModelForImageClassification.from_pretrained(base); a saved detector: "
+                "AutoOODDetector.from_pretrained(folder_or_repo_id, model=model); a new one: "
+                "AutoOODDetector.from_pretrained(model, method=...)"
             )
     return model
 

@@ -154,7 +154,7 @@ def test_alone_equals_bundle_of_every_method(world):
     for method, detector in world.detectors.items():
         alone = detector(world.x_test)
         assert torch.equal(scores[method], alone.ood_score), method
-        assert torch.equal(output.ood_scores[method], alone.ood_score), method
+        assert torch.equal(output.ood_score[method], alone.ood_score), method
         assert torch.equal(output.is_ood[method], alone.is_ood), method
     assert torch.equal(output.logits, world.model(pixel_values=world.x_test).logits)
 

@@ -132,3 +132,36 @@ def test_trainer_predict_keeps_labels(detector_dir, tmp_path):
     expected = detector(pixel_values)
     np.testing.assert_allclose(ood_score, expected.ood_score.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(logits, expected.logits.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("calibrated", [False, True], ids=["uncalibrated", "calibrated"])
+def test_trainer_predict_layout_of_a_detector(calibrated, tmp_path):
+    """The layout OODDetectorOutput's docstring states: predictions = (logits, ood_score[, is_ood])."""
+    from torch.utils.data import Dataset
+
+    from hf_gsc import AutoOODDetector
+
+    detector = AutoOODDetector.from_pretrained(make_tiny_model("vit").float(), method="energy")
+    pixel_values = torch.randn(6, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(3))
+    if calibrated:
+        detector.calibrate(pixel_values)
+
+    class Images(Dataset):
+        def __len__(self) -> int:
+            return 6
+
+        def __getitem__(self, index: int) -> dict:
+            return {"pixel_values": pixel_values[index], "labels": index % 3}
+
+    arguments = transformers.TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_eval_batch_size=4,
+                                               report_to=[], use_cpu=True)
+    prediction = transformers.Trainer(model=detector, args=arguments).predict(Images())
+    expected = detector(pixel_values)
+    assert prediction.label_ids.tolist() == [0, 1, 2, 0, 1, 2]
+    assert len(prediction.predictions) == (3 if calibrated else 2)
+    logits, ood_score = prediction.predictions[:2]
+    np.testing.assert_allclose(logits, expected.logits.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ood_score, expected.ood_score.numpy(), rtol=1e-5, atol=1e-6)
+    assert ood_score.dtype == np.float32
+    if calibrated:
+        np.testing.assert_array_equal(prediction.predictions[2], expected.is_ood.numpy())

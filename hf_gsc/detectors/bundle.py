@@ -1,16 +1,23 @@
 """Several detectors on one base model, scored (and fitted) from one backbone pass per batch.
 
     bundle = DetectorBundle({"knn": knn, "vim": vim, "gsc": gsc})   # all on the same base model
-    out = bundle(pixel_values)       # out.logits, out.ood_scores["knn"], out.is_ood["gsc"], ...
+    out = bundle(pixel_values)       # out.logits, out.ood_score["knn"], out.is_ood["gsc"], ...
     fit_together([knn, vim], id_train_batches)   # one pass over the fit data for both
 
 The backbone runs once with the union of what the detectors read (:mod:`hf_gsc.backbone_pass`); each detector
 then scores that pass with its own :meth:`~hf_gsc.detectors.OODDetector.score_batch`, so a detector's scores are
 the same alone or in a bundle. ODIN perturbs the input and runs its own passes from the batch's ``pixel_values``.
+
+Saved detectors join a bundle when loaded onto one base model object::
+
+    model = AutoModelForImageClassification.from_pretrained("google/vit-base-patch16-224")
+    knn = AutoOODDetector.from_pretrained("user/vit-knn", model=model)
+    vim = AutoOODDetector.from_pretrained("user/vit-vim", model=model)
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 import torch
@@ -29,14 +36,22 @@ class BundleOutput(ModelOutput):
     Attributes:
         loss: ``()`` cross-entropy of ``logits`` against ``labels`` when labels are given.
         logits: ``(B, K)`` the base model's logits.
-        ood_scores: detector name -> ``(B,)`` ``ood_score`` (higher = more in-distribution).
+        ood_score: detector name -> ``(B,)`` ``ood_score`` (higher = more in-distribution), as each detector's own
+            output names it.
         is_ood: detector name -> ``(B,)`` bool, or ``None`` for a detector without a threshold.
     """
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    ood_scores: dict[str, torch.Tensor] | None = None
+    ood_score: dict[str, torch.Tensor] | None = None
     is_ood: dict[str, torch.Tensor | None] | None = None
+
+    @property
+    def ood_scores(self) -> dict[str, torch.Tensor] | None:
+        """The former name of :attr:`ood_score` (attribute access only), kept working with a warning."""
+        warnings.warn("BundleOutput.ood_scores is now ood_score, as in every detector's output", FutureWarning,
+                      stacklevel=2)
+        return self.ood_score
 
 
 class DetectorBundle(nn.Module):
@@ -81,7 +96,7 @@ class DetectorBundle(nn.Module):
         return BundleOutput(
             loss=classifier_loss(batch.logits, labels),
             logits=batch.model_logits(),
-            ood_scores=scores,
+            ood_score=scores,
             is_ood={name: self.detectors[name].decide(score) for name, score in scores.items()},
         )
 
