@@ -246,8 +246,11 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         self.fitted = True
 
     def fit(self, id_train_batches: Iterable[Any]) -> "OODDetector":
-        """Fit on ID data: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and ``labels``),
-        streamed. A method that needs no fitting returns at once."""
+        """Fit on ID data, streamed: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and
+        ``labels``), or images prepared by ``image_processor``: a class-folder tree (labels by folder name through the
+        model's ``config.label2id``), a ``datasets.Dataset`` with ``image`` and ``label`` columns (its class names
+        mapped to the model's), a folder, file, PIL or NumPy image or a list of them (for methods that need no
+        labels). A method that needs no fitting returns at once."""
         from .shared_pass import fit_together
 
         fit_together([self], id_train_batches)

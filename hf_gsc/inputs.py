@@ -114,13 +114,23 @@ def labels_by_name(names: list[str], label2id: Mapping[str, int] | None) -> list
     return [int(label2id[name]) for name in names]
 
 
-def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None
+def _unknown_names(names: list[str], label2id: Mapping[str, int] | None) -> str:
+    """The names of ``names`` that are not the model's labels, and the model's labels, for an error message."""
+    known = sorted(label2id or {}, key=lambda label: (label2id or {})[label])
+    unknown = [label for label in names if label not in (label2id or {})]
+    shown = ", ".join(repr(label) for label in known[:20]) + (", ..." if len(known) > 20 else "")
+    return f"{', '.join(repr(label) for label in unknown[:10])} are not among the model's labels (config.label2id: {shown})"
+
+
+def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None, need_labels: bool = False
                 ) -> tuple[list[Any], list[Any] | None] | None:
     """``(images, labels or None)`` when ``data`` holds images rather than ``pixel_values``, else ``None``.
 
     Labels are the model's class indices: a ``datasets.Dataset``'s ``label`` column (mapped by name when its
     ``ClassLabel`` names are the model's labels in another order), or a class-folder tree's folder names (each folder
-    one of the model's labels, ``config.label2id``)."""
+    one of the model's labels, ``config.label2id``). With ``need_labels`` (a method fits per-class statistics),
+    images that cannot be labelled so, or a dataset whose class names are partly the model's, are a ``ValueError``
+    naming the names that do not match, here, before any image is read."""
     column_names = getattr(data, "column_names", None)
     if column_names is not None and not isinstance(data, torch.Tensor):  # a datasets.Dataset
         if "image" not in column_names:
@@ -130,6 +140,13 @@ def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None
         mapping = labels_by_name(list(class_names), label2id) if class_names and labels is not None else None
         if mapping is not None:
             labels = [mapping[label] if label >= 0 else label for label in labels]
+        elif need_labels and class_names and label2id and any(label in label2id for label in class_names):
+            # Some names match and some do not: the dataset's indices are not the model's, and no order is safe.
+            raise ValueError(f"{name}: the dataset's class names cannot be mapped to the model's labels: "
+                             f"{_unknown_names(list(class_names), label2id)}")
+        elif need_labels and labels is None:
+            raise ValueError(f"{name}: the dataset has no 'label' column, and this method fits per-class statistics "
+                             f"(columns: {', '.join(column_names)})")
         return list(data["image"]), labels
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
@@ -143,15 +160,27 @@ def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None
             if mapping is not None:  # a class-folder tree: labels by name
                 index = dict(zip(folders, mapping))
                 return files, [index[file.relative_to(path).parts[0]] for file in files]
+            if need_labels and not nested:
+                raise ValueError(f"{name}: this method fits per-class statistics, and {path} is not a class-folder "
+                                 "tree (one folder per class named as the model's label, its images directly inside)")
+            if need_labels:
+                raise ValueError(f"{name}: the class folders of {path} must be named as the model's labels: "
+                                 f"{_unknown_names(folders, label2id)}")
             return files, None
         if not path.is_file():
             raise FileNotFoundError(f"{name}: no such file or folder: {path}")
+        if need_labels:
+            raise ValueError(f"{name}: this method fits per-class statistics; one image file has no label (pass a "
+                             "class-folder tree, a datasets.Dataset with a 'label' column, or (pixel_values, labels) "
+                             "batches)")
         return [path], None
-    if _is_image(data):
-        return [data], None
-    if isinstance(data, (list, tuple)) and data and all(_is_image(item) for item in data):
-        return list(data), None
-    return None
+    images = [data] if _is_image(data) else list(data) if (
+        isinstance(data, (list, tuple)) and data and all(_is_image(item) for item in data)) else None
+    if images is not None and need_labels:
+        raise ValueError(f"{name}: this method fits per-class statistics, and images alone carry no labels (pass a "
+                         "class-folder tree, a datasets.Dataset with a 'label' column, or (pixel_values, labels) "
+                         "batches)")
+    return None if images is None else (images, None)
 
 
 def model_mode(image: Any, channels: int | None) -> Any:
@@ -183,13 +212,13 @@ def _open_image(item: Any) -> Any:
 
 def labelled_batches(
     data: Any, name: str, image_processor: Any = None, batch_size: int = 32, allow_empty: bool = False,
-    label2id: Mapping[str, int] | None = None, channels: int | None = None,
+    label2id: Mapping[str, int] | None = None, channels: int | None = None, need_labels: bool = False,
 ) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
     """:func:`batches`, and also images: a PIL image, a NumPy image, a file or folder path (a class-folder tree
     gives labels by folder name through ``label2id``), a list of those, or a ``datasets.Dataset`` with an ``image``
     column (and optionally ``label``, mapped by name through ``label2id``), prepared ``batch_size`` at a time by
     ``image_processor``, in the mode a model of ``channels`` input channels takes (:func:`model_mode`)."""
-    rows = None if data is None else _image_rows(data, name, label2id)
+    rows = None if data is None else _image_rows(data, name, label2id, need_labels)
     if rows is None:
         yield from batches(data, name, allow_empty)
         return

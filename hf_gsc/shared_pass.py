@@ -90,8 +90,12 @@ def fit_from_passes(
 
     each(lambda detector: detector.fit_begin())
     label2id = getattr(getattr(first.model, "config", None), "label2id", None)
+    # Images that cannot be labelled are refused before any is read where a method needs labels (with ``errors``,
+    # each such method fails on its own at its first batch and the others go on).
+    need_labels = errors is None and any(getattr(detector, "needs_labels", False) for detector in detectors)
     for pixel_values, labels in labelled_batches(id_batches, name, first.image_processor, allow_empty=allow_empty,
-                                                 label2id=label2id, channels=first._expected_channels):
+                                                 label2id=label2id, channels=first._expected_channels,
+                                                 need_labels=need_labels):
         if not live:
             break
         batch = shared_pass(live, first._check_pixel_values(pixel_values), logits=False)
