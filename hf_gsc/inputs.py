@@ -60,9 +60,12 @@ def batches(
         elif isinstance(batch, (tuple, list)) and batch:
             batch, labels = batch[0], (batch[1] if len(batch) > 1 else None)
         if not isinstance(batch, torch.Tensor):
+            # A stacked (N, H, W, C) NumPy array is a batch of images, not of pixel_values: say how to pass it.
+            images = (" (NumPy images: pass a list of H x W, H x W x 3 or H x W x 4 arrays)"
+                      if type(batch).__name__ == "ndarray" else "")
             raise TypeError(
                 f"{name} batch {index} must be a tensor, a (pixel_values, labels) tuple or a "
-                f"mapping with 'pixel_values'; got {type(batch).__name__}"
+                f"mapping with 'pixel_values'; got {type(batch).__name__}{images}"
             )
         seen = True
         yield batch, labels
@@ -92,7 +95,9 @@ def array_to_image(array: Any) -> Any:
     if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (3, 4)) or 0 in array.shape:
-        raise ValueError(f"a NumPy image must be H x W, H x W x 1, H x W x 3 or H x W x 4, got shape {array.shape}")
+        several = " (several images: pass a list of them)" if array.ndim == 4 else ""
+        raise ValueError(f"a NumPy image must be H x W, H x W x 1, H x W x 3 or H x W x 4, got shape "
+                         f"{array.shape}{several}")
     if np.issubdtype(array.dtype, np.floating):
         if not np.isfinite(array).all() or array.min() < 0 or array.max() > 1:
             raise ValueError("a floating-point NumPy image must hold values in [0, 1] (uint8 images hold 0..255), got "

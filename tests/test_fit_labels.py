@@ -1,6 +1,7 @@
 """Labelled fits refuse images they cannot label before reading any, naming what does not match: class folders that
 are not the model's labels, a dataset whose class names are partly the model's (its indices would be silently
-wrong), images without labels. A method that needs no labels still fits on them."""
+wrong), images without labels. A method that needs no labels still fits on them. A stacked NumPy batch says to pass
+a list."""
 
 from __future__ import annotations
 
@@ -101,3 +102,14 @@ def test_a_dataset_with_other_class_names_keeps_its_indices(named):
     pixel_values = processor(images=images, return_tensors="pt")["pixel_values"]
     from_batches = _detector("mahalanobis", model, processor).fit([(pixel_values, torch.tensor(labels))])
     torch.testing.assert_close(from_dataset.class_means, from_batches.class_means)
+
+
+def test_a_stacked_numpy_batch_says_to_pass_a_list(named):
+    from hf_gsc.inputs import array_to_image
+
+    model, processor, images = named
+    stacked = np.stack([np.asarray(image) for image in images])
+    with pytest.raises(TypeError, match="NumPy images: pass a list of H x W"):
+        _detector("energy", model, processor).calibrate(stacked)
+    with pytest.raises(ValueError, match=r"got shape \(60, 20, 20, 3\) \(several images: pass a list of them\)"):
+        array_to_image(stacked)
