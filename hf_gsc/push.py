@@ -102,7 +102,7 @@ class HubPush:
                 "Pass save_base_model=True to upload the base weights with the detector, or set "
                 "detector.config.base_model_name_or_path to the base model's Hub id"
             )
-        check_savable(self)
+        check_savable(self, results_dir)
         kept = "The detector in memory is unchanged; save_pretrained(folder) keeps a local copy."
         # The Hub is reached first: offline, nothing (not the base model's shards) is written before the error.
         create_hub_repo(repo_id, private, revision, token, kept)

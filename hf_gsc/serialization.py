@@ -202,12 +202,15 @@ def saved_base_reference(
     return None, None
 
 
-def check_savable(detector: "OODDetector") -> None:
-    """Refuse to save (or push) a detector that needs a fit and has none: it would be saved without its state and
-    fail only when loaded."""
+def check_savable(detector: "OODDetector", results_dir: str | os.PathLike | None = None) -> None:
+    """Refuse to save (or push) a detector that needs a fit and has none (it would be saved without its state and
+    fail only when loaded), or with a ``results_dir`` that is not this detector's or links outside itself: the local
+    checks a push makes before it reaches the Hub."""
     if detector.needs_fit and not detector.fitted:
         raise ValueError(f"the {detector.method!r} detector is not fitted, so it cannot be saved: call "
                          f".fit(id_{detector.fit_split}_batches) first")
+    if results_dir is not None:
+        check_results_match(read_results(results_dir)[0], detector, results_dir)
 
 
 def save_detector(

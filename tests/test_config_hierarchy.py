@@ -49,15 +49,16 @@ def test_a_baseline_config_has_typed_fields_and_names_itself_in_errors():
 
 
 def test_a_built_detector_keeps_its_settings_in_its_config_and_refuses_a_new_one(tmp_path):
-    detector = AutoOODDetector.from_pretrained(make_tiny_model("vit"), method="react", percentile=80)
-    assert type(detector.config).__name__ == "ReActConfig" and detector.config.percentile == 80.0
+    detector = AutoOODDetector.from_pretrained(make_tiny_model("vit"), method="ash_p", percentile=80)
+    assert type(detector.config).__name__ == "ASHPConfig" and detector.config.percentile == 80.0
     with pytest.raises(AttributeError, match="build a new detector"):
         detector.config.percentile = 95.0
     assert detector.config.percentile == 80.0
     detector.config.threshold = 1.5  # a fitted field, not a setting: assignable
     detector.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "detector_config.json").read_text())
-    assert saved["method"] == "react" and saved["hyperparameters"] == {"percentile": 80.0} and saved["threshold"] == 1.5
+    assert saved["method"] == "ash_p" and saved["hyperparameters"] == {"percentile": 80.0, "split_point": "penultimate"}
+    assert saved["threshold"] == 1.5
 
 
 def test_unknown_saved_hyperparameter_is_an_error_unless_a_newer_version_wrote_it(tmp_path):
