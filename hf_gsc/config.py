@@ -44,7 +44,9 @@ SETTING, FITTED, PROVENANCE = "setting", "fitted", "provenance"
 KINDS = (SETTING, FITTED, PROVENANCE)
 
 
-def _number(low: float, high: float, low_open: bool = False, optional: bool = False) -> Callable[[str, Any], Any]:
+def number_check(low: float, high: float, low_open: bool = False, optional: bool = False) -> Callable[[str, Any], Any]:
+    """A field check: a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``; ``None`` too with
+    ``optional``), returned as a float (1 and 1.0 are one setting)."""
     def check(name: str, value: Any) -> Any:
         if value is None and optional:
             return None
@@ -96,7 +98,7 @@ def _optional_string(name: str, value: Any) -> Any:
 
 
 def _threshold(name: str, value: Any) -> Any:
-    return None if value is None else float(_number(-math.inf, math.inf)(name, value))
+    return None if value is None else float(number_check(-math.inf, math.inf)(name, value))
 
 
 def _seed(name: str, value: Any) -> Any:
@@ -299,22 +301,22 @@ class GSCConfig(DetectorConfig):
 
     split_point: str = _field("final_encoder_output", SETTING, _split_point())
     earlier_split_point: str | None = _field(None, SETTING, _split_point(optional=True))
-    mask_ratio: float = _field(0.05, SETTING, _number(0.0, 1.0))
+    mask_ratio: float = _field(0.05, SETTING, number_check(0.0, 1.0))
     mask_size: str = _field("fixed", SETTING, _choice(MASK_SIZES))
-    gradient_mass: float | None = _field(None, FITTED, _number(0.0, 1.0, optional=True))
+    gradient_mass: float | None = _field(None, FITTED, number_check(0.0, 1.0, optional=True))
     selection: str = _field("gradient", SETTING, _choice(SELECTIONS))
     operation: str = _field("zero", SETTING, _choice(OPERATIONS))
-    alpha: float = _field(0.1, SETTING, _number(0.0, math.inf))
-    clip_bound: float = _field(1.0, SETTING, _number(0.0, math.inf))
-    beta: float = _field(0.5, SETTING, _number(0.0, 1.0))
+    alpha: float = _field(0.1, SETTING, number_check(0.0, math.inf))
+    clip_bound: float = _field(1.0, SETTING, number_check(0.0, math.inf))
+    beta: float = _field(0.5, SETTING, number_check(0.0, 1.0))
     approximation: str = _field("first_order", SETTING, _choice(APPROXIMATIONS))
     score: str = _field("energy", SETTING, _choice(SCORES))
     # Tiny temperatures overflow logits / T in float32 (NaN scores from about T < 1e-37); 1e-3 is far from that and
     # below any temperature in use (already a hard max for logits of ordinary size). hf_gsc.detectors.common too.
-    temperature: float = _field(1.0, SETTING, _number(1e-3, math.inf))
+    temperature: float = _field(1.0, SETTING, number_check(1e-3, math.inf))
     seed: int = _field(0, SETTING, _seed)
     feature_shaping: str = _field("none", SETTING, _feature_shaping)
-    shaping_percentile: float | None = _field(None, SETTING, _number(0.0, 100.0, optional=True))
+    shaping_percentile: float | None = _field(None, SETTING, number_check(0.0, 100.0, optional=True))
 
     #: Settings that decide what a detector builds (where ``F`` is taken, which backend linearises the head, the
     #: attention kernel): assigning one on a detector's config rebuilds the detector (see :func:`bind_config`).

@@ -24,8 +24,8 @@ def publish_results(
     token: str | bool | None = None,
     method: str | None = None,
 ) -> str:
-    """Upload an evaluation's results (JSON, table, plots) with a model card (of ``method``, by default GSC when it
-    was evaluated) to ``repo_id``.
+    """Upload an evaluation's results (JSON, table, plots) with a model card (of ``method``, by default the one the
+    evaluation's selection chose, else GSC when it was evaluated) to ``repo_id``.
 
     Raises:
         hf_gsc.safe_files.LinkError: a file to upload is a link leading out of ``results_dir`` (nothing is uploaded).
@@ -33,7 +33,8 @@ def publish_results(
     results, table, plots = read_results(results_dir)
     results, table = public_results(results, table)  # no local path leaves this machine
     methods = results.get("methods") or {}
-    method = method or ("gsc" if "gsc" in methods else next(iter(methods), "gsc"))
+    chosen = (results.get("selection") or {}).get("method")
+    method = method or (chosen if chosen in methods else "gsc" if "gsc" in methods else next(iter(methods), "gsc"))
     model = str(results.get("model"))
     values = {"method": method, "hyperparameters": (methods.get(method) or {}).get("hyperparameters") or {},
               "base_model_name_or_path": model if is_hub_id(model) else None, "hf_gsc_version": results.get(

@@ -24,7 +24,8 @@ from safetensors.torch import load_file
 
 from hf_gsc.data.decoding import UndecodableImageError
 from hf_gsc.evaluation import cli, fingerprints, loop, models, options, runner
-from hf_gsc.evaluation.calibration import calibrate_threshold, true_positive_rate
+from hf_gsc.evaluation.calibration import true_positive_rate
+from hf_gsc.thresholds import threshold_at_tpr as calibrate_threshold
 from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,7 +160,7 @@ def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
             assert (output_dir / "scores" / name / f"{split}.safetensors").is_file()
     assert {"hf_gsc", "torch", "transformers", "datasets", "accelerate"} <= set(saved["versions"])
     assert saved["config"]["batch_size"] == 4
-    assert saved["config"]["gsc"]["mask_ratio"] == saved["methods"]["gsc"]["hyperparameters"]["mask_ratio"]
+    assert "gsc" not in saved["config"]  # each method's settings are under methods.METHOD.hyperparameters
     table = (output_dir / "results.md").read_text()
     assert "| Method | noise | flat | Average |" in table and "FPR95 (ID+)↓ / FPR95 (OOD+)↓ / AUROC↑" in table
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..backbone_pass import BackbonePass
-from ..config import DetectorConfig, config_class_for
+from ..config import DetectorConfig, config_class_for, number_check
 from ..features import LinearHead, check_fit_samples, linear_head, penultimate_split
 from ..scores import ood_score
 from ..split_points import SplitPoint
@@ -73,12 +73,12 @@ class BaselineDetector(OODDetector):
         """Check ``self.hyperparameters``; raise ``ValueError`` naming the bad one."""
 
     def _number(self, name: str, low: float = -math.inf, high: float = math.inf, low_open: bool = False) -> float:
-        value = self.hyperparameters[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{self.method}: {name} must be a finite number, got {value!r}")
-        if value < low or value > high or (low_open and value == low):
-            raise ValueError(f"{self.method}: {name} must be in {'(' if low_open else '['}{low}, {high}], got {value!r}")
-        return value
+        """The hyperparameter ``name``, checked to be a finite number in the range (the one number check of every
+        config field, :func:`hf_gsc.config.number_check`); the error names the method and the hyperparameter."""
+        try:
+            return number_check(low, high, low_open)(name, self.hyperparameters[name])
+        except ValueError as error:
+            raise ValueError(f"{self.method}: {error}") from None
 
     def _integer(self, name: str, low: int = 1) -> int:
         value = self.hyperparameters[name]

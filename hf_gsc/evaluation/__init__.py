@@ -18,7 +18,7 @@ from typing import Any
 # Imported on first use (PEP 562): ``GSCForImageClassification.calibrate`` needs only :mod:`.calibration`, and a
 # serving install has none of the evaluation extras (datasets, accelerate, scikit-learn) the rest imports.
 _EXPORTS = {
-    "calibrate_threshold": "calibration", "calibration_record": "calibration", "true_positive_rate": "calibration",
+    "calibration_record": "calibration", "true_positive_rate": "calibration",
     "conformal_threshold": "calibration", "fpr_at_tpr_ood_positive": "metrics", "aurc": "selective",
     "risk_coverage_curve": "selective", "selective_accuracy": "selective",
     "main": "cli",
@@ -43,7 +43,6 @@ __all__ = [
     "InputError",
     "ScoreCache",
     "build_parser",
-    "calibrate_threshold",
     "calibration_record",
     "conformal_threshold",
     "fpr_at_tpr_ood_positive",

@@ -43,24 +43,6 @@ from ..thresholds import (  # noqa: F401  (re-exported: the core holds the rules
 )
 
 
-def calibrate_threshold(id_scores: ScoresLike, tpr: float = 0.95) -> float:
-    """Threshold that keeps a fraction ``tpr`` of the ID scores (``score >= threshold``).
-
-    Args:
-        id_scores: 1-D ``ood_score`` values (higher = more ID) of ID *validation* samples; a numpy
-            array, a torch tensor or a sequence of numbers.
-        tpr: target true-positive rate (fraction of ID accepted), in ``(0, 1]``.
-
-    Returns:
-        The threshold as a Python float: the k-th largest score with ``k`` the smallest integer such
-        that ``k / n >= tpr``. Ties are kept, so the achieved TPR on these scores is ``>= tpr``.
-
-    Raises:
-        ValueError: empty / non-1-D / non-finite ``id_scores``, or ``tpr`` outside ``(0, 1]``.
-    """
-    return threshold_at_tpr(id_scores, tpr)
-
-
 def true_positive_rate(id_scores: ScoresLike, threshold: float) -> float:
     """Fraction of ``id_scores`` accepted as ID (``score >= threshold``), e.g. on the ID test split."""
     if hasattr(id_scores, "detach"):
@@ -71,5 +53,5 @@ def true_positive_rate(id_scores: ScoresLike, threshold: float) -> float:
     return float(np.count_nonzero(scores >= threshold) / scores.size)
 
 
-__all__ = ["CalibrationMethod", "calibrate_threshold", "calibration_record", "conformal_order", "conformal_threshold",
+__all__ = ["CalibrationMethod", "calibration_record", "conformal_order", "conformal_threshold",
            "threshold_for", "true_positive_rate"]

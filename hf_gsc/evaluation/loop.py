@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from ..data.decoding import OnError, UndecodableImageError, check_on_error, decode_images, without_decoding
 from ..safe_files import save_file
 from .fingerprints import fingerprint, is_streamed
-from .options import InputError
+from .errors import InputError
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .options import InputError
+from .errors import InputError
 
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import GSCConfig
 from ..image_limits import max_image_pixels
+from .errors import InputError
 
 #: The default of ``--methods`` (and of ``make demo``): GSC and the main baselines that need no long
 #: fit, those of them that are registered.
@@ -30,10 +31,6 @@ IMAGE_BACKENDS = ("auto", "pil", "torchvision")
 GSC_OPTIONS = {
     (f"gsc_{name}" if name in ("score", "temperature", "seed") else name): name for name in GSCConfig.setting_names()
 }
-
-
-class InputError(ValueError):
-    """Bad command-line input, found before any expensive work; the message names the argument."""
 
 
 def describe_method(cls: type) -> str:

@@ -22,7 +22,7 @@ from .. import __version__
 from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
 from .loop import BASE_MODEL, ScoreCache
 from .models import effective_hyperparameters
-from .options import InputError
+from .errors import InputError
 
 #: Name of the ID test split and the ID validation split in the score cache.
 ID_TEST, ID_VALIDATION = "id_test", "id_validation"

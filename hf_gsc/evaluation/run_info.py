@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .options import InputError
+from .errors import InputError
 
 
 def check_process_count(accelerator: Any, environ: Mapping[str, str] | None = None) -> None:

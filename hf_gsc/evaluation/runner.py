@@ -436,8 +436,6 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     records = update_timings(cache.root, plan.score_fingerprints, missing, splits, seconds)
     splits_scored, method_seconds = split_timings(records, plan.score_fingerprints, splits, missing, created)
     config = {**jsonable(vars(args)), "methods": ",".join(methods)}
-    if "gsc" in results["methods"]:  # the effective GSCConfig settings, read by hf_gsc.hub for model cards
-        config["gsc"] = results["methods"]["gsc"]["hyperparameters"]
     results.update(
         num_processes=accelerator.num_processes,
         device=str(accelerator.device),
