@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of issue #17 in one run of at most ~8 minutes, its outputs under one folder.
+# Every GPU check in one run of at most ~8 minutes, its outputs under one folder.
 #
 # Through the device tool (one call), from the repository root:
 #   1. Here, once (and again when the data or the pinned versions change):
@@ -18,7 +18,8 @@
 #   1. device_tests: the tests skipped without CUDA (@pytest.mark.skipif(not torch.cuda.is_available(), ...),
 #      found by grep), one pytest process (two xdist workers only when torch.cuda.device_count() >= 2).
 #   2. eval_device_fp32, eval_device_bf16, eval_cpu_fp32: scripts/evaluate_ood.py on the ResNet reference model,
-#      fmnist-ood, gsc,msp,energy,odin,react, --max-samples 1000, on the GPU in fp32 and --mixed-precision bf16,
+#      fmnist-ood, gsc,msp,energy,odin,react,adascale_a,nnguide,mahalanobis_pp (the own-pass,
+#      chunked-bank and float64-statistics paths), --max-samples 1000, on the GPU in fp32 and --mixed-precision bf16,
 #      and the same fp32 command on the CPU (CUDA_VISIBLE_DEVICES= ACCELERATE_USE_CPU=1). summary.json compares
 #      each method's average AUROC / FPR95 on the GPU with the CPU run and records device, precision and images/s.
 #   3. cost_fp32, cost_bf16: scripts/benchmark_efficiency.py, ResNet-50, ViT-B/16 and Swin-T (random weights,
@@ -26,7 +27,7 @@
 #      peak memory (torch.cuda.max_memory_allocated).
 #   4. data_loading: scripts/benchmark_data_loading.py --model vit-b16-random --device cuda. Target: ViT-B/16
 #      end-to-end images/s through the evaluation's data loop at least 0.8x its model-only images/s.
-#   5. shared_pass: scripts/benchmark_shared_pass.py on the GPU (the evaluation with every method but ODIN against
+#   5. shared_pass: scripts/benchmark_shared_pass.py on the GPU (the evaluation with every one-pass method against
 #      KNN alone and MSP alone, one round; its JSON holds the ratios). Target: at most 1.5x KNN alone.
 #
 # Output (at most 8 files, as the device tool returns them): summary.json (each step's command, exit status,
@@ -197,7 +198,7 @@ fi
 
 # 2. The evaluation on the device in fp32 and bf16, then the same fp32 command on the CPU (last: it needs no GPU).
 EVALUATE=("$PYTHON" scripts/evaluate_ood.py --model hf_gsc/reference_models/resnet --benchmark fmnist-ood
-          --methods gsc,msp,energy,odin,react --max-samples "$MAX_SAMPLES" --seed 0 --no-plots --overwrite)
+          --methods gsc,msp,energy,odin,react,adascale_a,nnguide,mahalanobis_pp --max-samples "$MAX_SAMPLES" --seed 0 --no-plots --overwrite)
 step eval_device_fp32 75 env "${DEVICE_ENV[@]}" "${EVALUATE[@]}" --mixed-precision no --output-dir "$DETAILS/eval_device_fp32"
 step eval_device_bf16 75 env "${DEVICE_ENV[@]}" "${EVALUATE[@]}" --mixed-precision bf16 --output-dir "$DETAILS/eval_device_bf16"
 
