@@ -13,7 +13,8 @@ import torch
 from scipy import stats
 from sklearn.metrics import roc_curve
 
-from hf_gsc.evaluation.calibration import calibrate_threshold, calibration_record, conformal_order, conformal_threshold
+from hf_gsc.evaluation.calibration import calibration_record, conformal_order, conformal_threshold
+from hf_gsc.thresholds import threshold_at_tpr
 from hf_gsc.evaluation.metrics import fpr_at_tpr, fpr_at_tpr_ood_positive
 from hf_gsc.evaluation.report import markdown_table, method_results
 from hf_gsc.evaluation.selective import aurc, risk_coverage_curve, selective_accuracy
@@ -158,7 +159,7 @@ def test_conformal_threshold_keeps_the_tpr_with_probability_one_minus_delta():
     rng = np.random.default_rng(4)
     samples = rng.normal(size=(draws, n))
     conformal = np.mean([stats.norm.sf(conformal_threshold(s, tpr, delta)) >= tpr for s in samples])
-    quantile = np.mean([stats.norm.sf(calibrate_threshold(s, tpr)) >= tpr for s in samples])
+    quantile = np.mean([stats.norm.sf(threshold_at_tpr(s, tpr)) >= tpr for s in samples])
     exact = stats.binom.sf(conformal_order(n, tpr, delta) - 1, n, 1 - tpr)  # the guarantee's own probability
     sd = math.sqrt(exact * (1 - exact) / draws)
     assert exact >= 1 - delta
@@ -197,13 +198,13 @@ def test_method_results_report_both_conventions_groups_and_selective():
     assert entry["selective"]["accuracy"] == pytest.approx(correct[accepted].mean())
     assert entry["calibration"] == calibration_record("validation", 400, 0.95) == {
         "split": "validation", "num_samples": 400, "tpr": 0.95, "method": "quantile", "delta": None}
-    assert entry["threshold"] == calibrate_threshold(validation, 0.95)
+    assert entry["threshold"] == threshold_at_tpr(validation, 0.95)
 
 
 def test_method_results_with_a_conformal_delta():
     entry, _, validation, _, _ = _results(delta=0.05)
     assert entry["calibration"]["method"] == "conformal" and entry["calibration"]["delta"] == 0.05
-    assert entry["threshold"] == conformal_threshold(validation, 0.95, 0.05) < calibrate_threshold(validation, 0.95)
+    assert entry["threshold"] == conformal_threshold(validation, 0.95, 0.05) < threshold_at_tpr(validation, 0.95)
 
 
 def test_results_md_labels_the_conventions_and_shows_near_and_far():

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from hf_gsc.data.decoding import UndecodableImageError
 from hf_gsc.evaluation import cli, fingerprints, loop, models, options, runner
 from hf_gsc.evaluation.calibration import true_positive_rate
-from hf_gsc.thresholds import threshold_at_tpr as calibrate_threshold
+from hf_gsc.thresholds import threshold_at_tpr
 from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,15 +126,15 @@ def single_run(tiny: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
 
 
 # ------------------------------------------------------------------------------------- calibration
-def test_calibrate_threshold_matches_fpr95_rule() -> None:
+def test_threshold_at_tpr_matches_fpr95_rule() -> None:
     scores = np.random.default_rng(0).normal(size=101)
-    threshold = calibrate_threshold(torch.from_numpy(scores), tpr=0.95)
+    threshold = threshold_at_tpr(torch.from_numpy(scores), tpr=0.95)
     assert threshold == threshold_at_tpr(scores, 0.95)
     assert true_positive_rate(scores, threshold) >= 0.95
     assert true_positive_rate(scores, np.nextafter(threshold, np.inf)) < 0.95
-    assert calibrate_threshold([3.0, 3.0, 3.0], 0.5) == 3.0  # ties are kept
+    assert threshold_at_tpr([3.0, 3.0, 3.0], 0.5) == 3.0  # ties are kept
     with pytest.raises(ValueError, match="tpr"):
-        calibrate_threshold(scores, 0.0)
+        threshold_at_tpr(scores, 0.0)
 
 
 # ---------------------------------------------------------------------------------- results layout
@@ -172,7 +172,7 @@ def test_threshold_comes_from_validation_scores(single_run: tuple[Path, dict]) -
     for name, entry in results["methods"].items():
         validation = load_file(str(output_dir / "scores" / name / "id_validation.safetensors"))["ood_score"]
         test = load_file(str(output_dir / "scores" / name / "id_test.safetensors"))["ood_score"]
-        assert entry["threshold"] == calibrate_threshold(validation, 0.95)
+        assert entry["threshold"] == threshold_at_tpr(validation, 0.95)
         assert entry["id_tpr_at_threshold"] == true_positive_rate(test, entry["threshold"])
 
 
