@@ -86,3 +86,19 @@ def test_a_saved_detector_as_model_without_methods_is_refused_with_the_hint(tiny
     # Naming the methods keeps the saved settings as defaults (refitted, recalibrated here).
     results = runner.run_evaluation(["--model", str(folder), *_argv(tiny, tmp_path), "--methods", "knn"])
     assert set(results["methods"]) == {"knn"} and results["methods"]["knn"]["hyperparameters"]["k"] == 2
+
+
+def test_a_shipped_detector_on_the_loopback_hub_is_evaluated_by_repo_id(tiny, tmp_path, shipped):  # noqa: F811
+    from hub_server import LoopbackHub
+
+    folder, detector = shipped
+    local = runner.run_evaluation(_argv(tiny, tmp_path / "local", "--detector", str(folder)))
+    with LoopbackHub() as hub, hub.patch_client(cache_dir=tmp_path / "cache", token=hub.token):
+        AutoOODDetector.from_pretrained(folder).push_to_hub("user/knn-shipped", save_base_model=True)
+        by_id = runner.run_evaluation(_argv(tiny, tmp_path / "hub", "--detector", "user/knn-shipped"))
+    assert by_id["detector"]["source"] == "user/knn-shipped"
+    assert by_id["methods"]["knn"]["threshold"] == detector.config.threshold
+    for split in ("id_test", "ood_noise"):
+        torch.testing.assert_close(load_file(str(tmp_path / "hub" / "scores" / "knn" / f"{split}.safetensors"))["ood_score"],
+                                   load_file(str(tmp_path / "local" / "scores" / "knn" / f"{split}.safetensors"))["ood_score"])
+    assert by_id["methods"]["knn"]["ood"] == local["methods"]["knn"]["ood"]
