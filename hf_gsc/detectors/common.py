@@ -20,7 +20,7 @@ from torch import nn
 
 from ..backbone_pass import BackbonePass
 from ..config import DetectorConfig, config_class_for, number_check
-from ..features import LinearHead, check_fit_samples, linear_head, penultimate_split
+from ..features import ClassStatistics, LinearHead, check_fit_samples, linear_head, penultimate_split
 from ..scores import ood_score
 from ..split_points import SplitPoint
 from ..detector import OODDetector, suggest_names
@@ -192,6 +192,15 @@ class FittedDetector(PenultimateDetector):
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         raise NotImplementedError
+
+    def mean_feature(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """``(D,)`` float64 mean of the streamed ID features, every sample counted (the fit count checked): the
+        fitted state of the methods that centre on the training mean (DICE, NCI, fDBD)."""
+        statistics = ClassStatistics(num_classes=1)
+        for features, _ in stream:
+            statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
+        self.check_fit_count(statistics.count)
+        return statistics.class_sums[0] / statistics.count
 
     @property
     def feature_dim(self) -> int:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..config import DetectorConfig
-from ..features import ClassStatistics, LinearHead, percentile
+from ..features import LinearHead, percentile
 from ..scores import energy_score
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
@@ -58,11 +58,7 @@ class DICEDetector(FittedDetector):
         return {"mean_features": (self.feature_dim,)}
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        statistics = ClassStatistics(num_classes=1)
-        for features, labels in stream:
-            statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
-        self.check_fit_count(statistics.count)
-        self.mean_features = statistics.class_sums[0] / statistics.count
+        self.mean_features = self.mean_feature(stream)
 
     def _prepare(self) -> None:
         self.mask = dice_mask(self.head.weight, self.mean_features, self.hyperparameters["sparsity"])

@@ -8,7 +8,7 @@ import torch
 
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
-from ..features import ClassStatistics, LinearHead
+from ..features import LinearHead
 from .common import FittedDetector
 
 
@@ -73,11 +73,7 @@ class FDBDDetector(FittedDetector):
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
         # Fitted whatever distance_as_normalizer says, as OpenOOD does: the sweep switches it after fitting.
-        statistics = ClassStatistics(num_classes=1)
-        for features, _ in stream:
-            statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
-        self.check_fit_count(statistics.count)
-        self.train_mean = statistics.class_sums[0] / statistics.count
+        self.train_mean = self.mean_feature(stream)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         mean = self.train_mean if self.hyperparameters["distance_as_normalizer"] else None

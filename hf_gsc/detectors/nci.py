@@ -8,7 +8,7 @@ import torch
 
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
-from ..features import ClassStatistics, LinearHead
+from ..features import LinearHead
 from .common import FittedDetector
 
 
@@ -52,12 +52,8 @@ class NCIDetector(FittedDetector):
         return {"train_mean": (self.feature_dim,)}
 
     def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        # The mean in float64 (ClassStatistics), over every training sample, one class: OpenOOD's np.mean.
-        statistics = ClassStatistics(num_classes=1)
-        for features, _ in stream:
-            statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
-        self.check_fit_count(statistics.count)
-        self.train_mean = statistics.class_sums[0] / statistics.count
+        # The mean in float64 over every training sample: OpenOOD's np.mean.
+        self.train_mean = self.mean_feature(stream)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return nci_score(self.features(batch), self.head, self.train_mean, self.hyperparameters["alpha"])
