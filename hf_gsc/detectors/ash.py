@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
@@ -64,6 +64,19 @@ def default_ash_percentile(model: nn.Module, variant: str) -> float:
     return DEFAULT_PERCENTILE if spec is None else spec.ash_percentiles.get(variant, DEFAULT_PERCENTILE)
 
 
+def shaped_energy(batch: BackbonePass, split: SplitPoint, model: nn.Module,
+                  shaping: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Energy of the head at the shaped feature of ``split`` (ASH's and SCALE's score): the shaping (a percentile cut,
+    sums over thousands of activations, ``exp(s1 / s2)``), the head and the energy in float32 or wider with autocast
+    off (:mod:`hf_gsc.precision`); a bf16 model's head gets the shaped feature back in bf16 (its own modules)."""
+    features = batch.features(split)
+    with full_precision(features.device), torch.no_grad():
+        flat = features.flatten(1).to(step_dtype(features.dtype))
+        shaped = shaping(flat).view(features.shape)
+        logits = split.head(shaped.to(parameter_dtype(model)), batch.pixel_values)
+        return energy_score(logits.to(flat.dtype))
+
+
 class ASHDetector(BaselineDetector):
     """Energy of the logits recomputed through the head from the ASH-shaped activation.
 
@@ -107,12 +120,8 @@ class ASHDetector(BaselineDetector):
         """The backbone in whatever precision it runs in; the shaping (a percentile cut, sums over thousands of
         activations, ``exp(s1 / s2)``), the head and the energy in float32 with autocast off (:mod:`hf_gsc.precision`).
         A bf16 *model*'s head gets the shaped feature back in bf16 (its own modules) and its logits in float32."""
-        features = batch.features(self.split)
-        with full_precision(features.device), torch.no_grad():
-            flat = features.flatten(1).to(step_dtype(features.dtype))
-            shaped = ash_shape(flat, self.variant, self.hyperparameters["percentile"]).view(features.shape)
-            logits = self.split.head(shaped.to(parameter_dtype(self.model)), batch.pixel_values)
-            return energy_score(logits.to(flat.dtype))
+        percentile = self.hyperparameters["percentile"]
+        return shaped_energy(batch, self.split, self.model, lambda flat: ash_shape(flat, self.variant, percentile))
 
 
 @register_detector

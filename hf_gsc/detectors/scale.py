@@ -12,10 +12,8 @@ from ..backends.shaped import FeatureShaping, register_feature_shaping
 from ..config import DetectorConfig
 from ..detector import register_detector
 from ..features import linear_head
-from ..precision import full_precision, parameter_dtype, step_dtype
-from ..scores import energy_score
 from ..split_points import SplitPoint, resolve_split_point, validate_split_point_name
-from .ash import ash_keep_count
+from .ash import ash_keep_count, shaped_energy
 from .common import BaselineDetector
 
 #: The authors' ``configs/postprocessors/scale.yml`` ``percentile: 85`` (also OpenOOD's), their ImageNet-1K
@@ -96,12 +94,8 @@ class SCALEDetector(BaselineDetector):
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         """The scaling (sums over the activations, ``exp(s1 / s2)``), the head and the energy in float32 or wider
         with autocast off (:mod:`hf_gsc.precision`), as ASH's; a bf16 model's head gets the scaled feature in bf16."""
-        features = batch.features(self.split)
-        with full_precision(features.device), torch.no_grad():
-            flat = features.flatten(1).to(step_dtype(features.dtype))
-            shaped = scale_shape(flat, self.hyperparameters["percentile"]).view(features.shape)
-            logits = self.split.head(shaped.to(parameter_dtype(self.model)), batch.pixel_values)
-            return energy_score(logits.to(flat.dtype))
+        percentile = self.hyperparameters["percentile"]
+        return shaped_energy(batch, self.split, self.model, lambda flat: scale_shape(flat, percentile))
 
 
 # GSC's feature_shaping="scale" shapes F with SCALE's own math.
