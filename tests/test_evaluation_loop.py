@@ -232,4 +232,7 @@ def test_scoring_on_cuda_with_workers_and_pinned_memory() -> None:
     loader = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device=accelerator.device)
     outputs = loop.score_split(accelerator, loader, {"s": scorer})
     assert seen == ["cuda"] * 3
-    torch.testing.assert_close(outputs["s"], _to_tensor(_dataset()["image"]).flatten(1).sum(dim=1).double())
+    # A float32 sum on the GPU adds in another order than the CPU's: equal to float32's rounding, not bit for bit
+    # (measured on an H200: 1.3e-7 relative).
+    torch.testing.assert_close(outputs["s"], _to_tensor(_dataset()["image"]).flatten(1).sum(dim=1).double(),
+                               rtol=1e-6, atol=0)
