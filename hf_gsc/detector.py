@@ -251,7 +251,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         model's ``config.label2id``), a ``datasets.Dataset`` with ``image`` and ``label`` columns (its class names
         mapped to the model's), a folder, file, PIL or NumPy image or a list of them (for methods that need no
         labels). A method that needs no fitting returns at once."""
-        from .shared_pass import fit_together
+        from .backbone_pass import fit_together
 
         fit_together([self], id_train_batches)
         return self

@@ -411,7 +411,7 @@ class GSCForImageClassification(OODDetector):
         return self.fisher_diagonal
 
     def _fit_directly(self, kind: str, data: Any, name: str) -> None:
-        from .shared_pass import fit_from_passes
+        from .backbone_pass import fit_from_passes
 
         self._requested_fit = kind
         try:

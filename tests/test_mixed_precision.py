@@ -103,10 +103,10 @@ def test_entry_points_move_pixel_values_to_the_model_device(monkeypatch: pytest.
         seen.append(pixel_values.device)
         raise Reached
 
+    import hf_gsc.backbone_pass
     import hf_gsc.detector
-    import hf_gsc.shared_pass
 
-    for module in (hf_gsc.detector, hf_gsc.shared_pass):  # a detector's own passes, and its fits
+    for module in (hf_gsc.detector, hf_gsc.backbone_pass):  # a detector's own passes, and its fits
         monkeypatch.setattr(module, "run_backbone", run_backbone)
     labels = torch.zeros(images.shape[0], dtype=torch.long)
     for call in (lambda: detector(images), lambda: detector.calibrate(images),

@@ -14,7 +14,7 @@ from .. import modeling  # noqa: F401  (registers "gsc")
 # Every module of this package registers its method(s) on import: a new method is a new file, nothing else.
 for _module in sorted(_info.name for _info in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
-from ..shared_pass import fit_together
+from ..backbone_pass import fit_together
 from .bundle import BundleOutput, DetectorBundle
 
 __all__ = [

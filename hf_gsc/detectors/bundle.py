@@ -26,7 +26,7 @@ from transformers.utils import ModelOutput
 
 from ..backbone_pass import BackbonePass
 from ..detector import OODDetector, classifier_loss
-from ..shared_pass import shared_model, shared_pass
+from ..backbone_pass import run_backbone_for, shared_model
 
 
 @dataclass
@@ -73,7 +73,7 @@ class DetectorBundle(nn.Module):
         return next(iter(self.detectors.values())).model
 
     def backbone_pass(self, pixel_values: torch.Tensor, logits: bool = True) -> BackbonePass:
-        return shared_pass(list(self.detectors.values()), pixel_values, logits)
+        return run_backbone_for(list(self.detectors.values()), pixel_values, logits)
 
     def score_batch(self, batch: BackbonePass) -> dict[str, torch.Tensor]:
         """name -> ``(B,)`` ``ood_score`` of every detector from one pass."""

@@ -1,7 +1,7 @@
 """Fitting the detectors that need ID data (ReAct, KNN, Mahalanobis, ..., GSC's Fisher / adaptive mass), and reusing fits.
 
 The main process fits every detector of one ``fit_split`` from one backbone pass per batch over that split's data
-(:func:`hf_gsc.shared_pass.fit_together`), and saves each fitted state to ``detectors/{method}/`` with a ``fit.json``
+(:func:`hf_gsc.backbone_pass.fit_together`), and saves each fitted state to ``detectors/{method}/`` with a ``fit.json``
 holding the fit's fingerprint; the other processes wait and load it. A rerun reuses a saved fit whose fingerprint
 still matches. Batches reach the model's device and run under the accelerator's autocast, like the scoring batches;
 unreadable images raise or are left out (``on_error``) and ``fit.json`` records how many were.

@@ -86,7 +86,7 @@ def score_missing(
 
 
 #: Name of the one scorer :func:`batch_scorer` makes (its outputs are ``(SHARED, method)``).
-SHARED = "shared_pass"
+SHARED = "backbone_pass"
 #: Key of the shared backbone pass in the per-method scoring seconds.
 BACKBONE_KEY = "_backbone"
 
@@ -101,12 +101,11 @@ def batch_scorer(
 ) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
     """``pixel_values -> {method: ood_score, ...}`` (and the base model's predicted classes under
     :data:`~hf_gsc.evaluation.plan.BASE_MODEL` when ``predictions``), from one backbone pass that captures what every
-    detector reads (:func:`hf_gsc.shared_pass.shared_pass`). Adds each part's wall time to ``seconds[name][split]``
+    detector reads (:func:`hf_gsc.backbone_pass.run_backbone_for`). Adds each part's wall time to ``seconds[name][split]``
     (host time: on CUDA, launch time unless the part itself waits for the device). ``errors``: where given, a method
     whose scoring raises gets NaN scores for the batch (the gathered NaN then skips it on every process) and its first
     error is kept there, method -> message."""
-    from ..backbone_pass import run_backbone
-    from ..shared_pass import shared_pass
+    from ..backbone_pass import run_backbone, run_backbone_for
     from ..precision import parameter_dtype
 
     members = list(detectors.values())
@@ -119,7 +118,7 @@ def batch_scorer(
     def score(pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
         pixel_values = pixel_values.to(dtype)
         begin = time.perf_counter()
-        batch = (shared_pass(members, pixel_values, logits=predictions) if members
+        batch = (run_backbone_for(members, pixel_values, logits=predictions) if members
                  else run_backbone(model, pixel_values, (), logits=True))
         add(BACKBONE_KEY, begin)
         out = {}

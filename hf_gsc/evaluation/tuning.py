@@ -28,7 +28,7 @@ the reason and not chosen; a method none of whose points is usable keeps its set
 Cost: every grid point of every method is one more detector in one :class:`~hf_gsc.detectors.DetectorBundle`, so
 the search costs one backbone pass per batch of ``tune_select`` and of each OOD validation set (the head-level work
 of each grid point on top: cheap, except ODIN, which runs its own forward, backward and forward per grid point), plus
-one backbone pass per batch of the fit data for every grid point fitted on it (:func:`hf_gsc.shared_pass.fit_together`:
+one backbone pass per batch of the fit data for every grid point fitted on it (:func:`hf_gsc.backbone_pass.fit_together`:
 train, and ``tune_fit``). Its wall time is recorded as ``tuning.seconds`` in ``results.json``; it runs again on every
 ``--tune`` run (the choice is not cached; the scores computed with the chosen values are).
 """

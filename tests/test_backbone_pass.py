@@ -59,9 +59,6 @@ def test_one_backbone_pass_per_batch_for_all_methods(tiny, together, monkeypatch
         return real(model, pixel_values, splits, logits)
 
     monkeypatch.setattr(backbone_pass, "run_backbone", counted)
-    import hf_gsc.shared_pass as shared
-
-    monkeypatch.setattr(shared, "run_backbone", counted)
     runner.run_evaluation(_argv(tiny, tmp_path / "one", "knn,react"))
     one = list(calls)
     calls.clear()
