@@ -213,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     import datasets
 
     from hf_gsc.data import ImageTransform, num_channels
-    from hf_gsc.evaluation.loop import (IndexedImages, default_num_workers, make_accelerator, make_dataloader,
-                                        model_pixel_values, score_split)
+    from hf_gsc.evaluation.accelerator import make_accelerator
+    from hf_gsc.evaluation.loaders import IndexedImages, default_num_workers, make_dataloader, model_pixel_values
+    from hf_gsc.evaluation.loop import score_split
     from hf_gsc.evaluation.models import image_backend_of, image_transform, load_model
     from hf_gsc.scores import ood_score
 

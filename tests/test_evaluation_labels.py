@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_gsc.evaluation import labels, runner
-from hf_gsc.evaluation.loop import BASE_MODEL, PREDICTIONS_KEY
+from hf_gsc.evaluation.score_cache import BASE_MODEL, PREDICTIONS_KEY
 from hf_gsc.evaluation.labels import LabelMismatchWarning
 from hf_gsc.evaluation.options import InputError
 

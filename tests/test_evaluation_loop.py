@@ -18,8 +18,8 @@ import torch
 from PIL import Image
 
 from hf_gsc.data.decoding import UndecodableImageError
-from hf_gsc.evaluation import fitting, loop
-from hf_gsc.evaluation.loop import make_accelerator
+from hf_gsc.evaluation import fitting, loaders, loop, score_cache
+from hf_gsc.evaluation.accelerator import make_accelerator
 
 META = torch.device("meta")
 
@@ -73,7 +73,7 @@ def test_scoring_batches_reach_the_accelerator_device() -> None:
         seen.append(pixel_values.device.type)
         return pixel_values.flatten(1).sum(dim=1)
 
-    outputs = loop.score_split(accelerator, loop.make_dataloader(_dataset(), _to_tensor, 3), {"s": scorer})
+    outputs = loop.score_split(accelerator, loaders.make_dataloader(_dataset(), _to_tensor, 3), {"s": scorer})
     assert seen == ["meta"] * 3
     assert accelerator.gathered_devices == {"meta"}  # scores and labels
     assert outputs["s"].shape == (7,) and outputs["s"].dtype == torch.float64 and outputs["labels"].dtype == torch.int64
@@ -117,30 +117,30 @@ def _with_unreadable_row(row: int, n: int = 7) -> datasets.Dataset:
 
 
 def test_unreadable_image_raises_naming_dataset_row_and_file() -> None:
-    loader = loop.make_dataloader(_with_unreadable_row(5), _to_tensor, 3, dataset_name="ood_x")
+    loader = loaders.make_dataloader(_with_unreadable_row(5), _to_tensor, 3, dataset_name="ood_x")
     with pytest.raises(UndecodableImageError, match=r"^cannot decode the image of dataset 'ood_x', row 5, file broken_5.png: "):
         loop.score_split(make_accelerator(), loader, {"s": lambda x: x.flatten(1).sum(dim=1)})
     with pytest.raises(UndecodableImageError, match="row 5"):
-        list(loop.device_batches(loader, "cpu"))
+        list(loaders.device_batches(loader, "cpu"))
 
 
 def test_unreadable_image_is_left_out_in_order() -> None:
     """``on_error="skip"``: one output per readable image, in dataset order, and the count of the others."""
     scorer = lambda x: x.flatten(1).sum(dim=1)  # noqa: E731
-    loader = loop.make_dataloader(_with_unreadable_row(4), _to_tensor, 3)
+    loader = loaders.make_dataloader(_with_unreadable_row(4), _to_tensor, 3)
     outputs = loop.score_split(make_accelerator(), loader, {"s": scorer}, on_error="skip")
-    expected = loop.score_split(make_accelerator(), loop.make_dataloader(_dataset(), _to_tensor, 3), {"s": scorer})
+    expected = loop.score_split(make_accelerator(), loaders.make_dataloader(_dataset(), _to_tensor, 3), {"s": scorer})
     kept = [0, 1, 2, 3, 5, 6]
     torch.testing.assert_close(outputs["s"], expected["s"][kept])
     torch.testing.assert_close(outputs["labels"], expected["labels"][kept])
-    assert int(outputs[loop.NUM_SKIPPED_KEY]) == 1 and int(expected[loop.NUM_SKIPPED_KEY]) == 0
-    fitted = torch.cat([x for x, _ in loop.device_batches(loader, "cpu", on_error="skip")])
+    assert int(outputs[score_cache.NUM_SKIPPED_KEY]) == 1 and int(expected[score_cache.NUM_SKIPPED_KEY]) == 0
+    fitted = torch.cat([x for x, _ in loaders.device_batches(loader, "cpu", on_error="skip")])
     torch.testing.assert_close(fitted, _to_tensor(_dataset()["image"])[kept])
 
 
 def test_scorers_may_return_rows_and_mappings() -> None:
     """A scorer returns ``(B, ...)`` or ``{key: (B, ...)}``; the analyses collect matrices and several outputs."""
-    outputs = loop.score_split(make_accelerator(), loop.make_dataloader(_dataset(), _to_tensor, 3), {
+    outputs = loop.score_split(make_accelerator(), loaders.make_dataloader(_dataset(), _to_tensor, 3), {
         "matrix": lambda x: x.flatten(1)[:, :4],
         "several": lambda x: {"mean": x.mean(dim=(1, 2, 3)), "argmax": x.flatten(1).argmax(dim=1)},
     })
@@ -149,7 +149,7 @@ def test_scorers_may_return_rows_and_mappings() -> None:
     torch.testing.assert_close(outputs[("several", "mean")], expected.mean(dim=(1, 2, 3)).double())
     assert outputs[("several", "argmax")].dtype == torch.int64
     with pytest.raises(RuntimeError, match=r"returned shape \(2,\) for a batch of 3"):
-        loop.score_split(make_accelerator(), loop.make_dataloader(_dataset(), _to_tensor, 3), {"bad": lambda x: x[:2, 0, 0, 0]})
+        loop.score_split(make_accelerator(), loaders.make_dataloader(_dataset(), _to_tensor, 3), {"bad": lambda x: x[:2, 0, 0, 0]})
 
 
 def test_streamed_split_is_shared_between_processes_without_overlap() -> None:
@@ -157,7 +157,7 @@ def test_streamed_split_is_shared_between_processes_without_overlap() -> None:
     streamed = _dataset(11).to_iterable_dataset(num_shards=4)
     rows = []
     for rank in range(2):
-        loader = loop.make_dataloader(streamed, _to_tensor, 3, process_index=rank, num_processes=2)
+        loader = loaders.make_dataloader(streamed, _to_tensor, 3, process_index=rank, num_processes=2)
         rows.append(torch.cat([batch["pixel_values"].flatten(1) for batch in loader]))
     everything = _to_tensor(_dataset(11)["image"]).flatten(1)
     assert rows[0].shape[0] + rows[1].shape[0] == 11
@@ -170,8 +170,8 @@ def test_streamed_and_map_style_scores_agree() -> None:
         return x.flatten(1).std(dim=1)
 
     accelerator = make_accelerator()
-    mapped = loop.score_split(accelerator, loop.make_dataloader(_dataset(10), _to_tensor, 4), {"s": scorer})
-    streamed = loop.score_split(accelerator, loop.make_dataloader(_dataset(10).to_iterable_dataset(num_shards=2),
+    mapped = loop.score_split(accelerator, loaders.make_dataloader(_dataset(10), _to_tensor, 4), {"s": scorer})
+    streamed = loop.score_split(accelerator, loaders.make_dataloader(_dataset(10).to_iterable_dataset(num_shards=2),
                                                                    _to_tensor, 4), {"s": scorer})
     torch.testing.assert_close(streamed["s"], mapped["s"])
     torch.testing.assert_close(streamed["labels"], mapped["labels"])
@@ -194,18 +194,18 @@ def test_streamed_split_is_scored_as_it_is_read() -> None:
         read_at_first_batch.append(len(produced))
         return x.flatten(1).sum(dim=1)
 
-    outputs = loop.score_split(make_accelerator(), loop.make_dataloader(stream, _to_tensor, 4), {"s": scorer})
+    outputs = loop.score_split(make_accelerator(), loaders.make_dataloader(stream, _to_tensor, 4), {"s": scorer})
     assert outputs["s"].shape == (40,)
     assert read_at_first_batch[0] <= 8 < 40
 
 
 def test_loader_options_per_device() -> None:
-    cpu = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cpu")
+    cpu = loaders.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cpu")
     assert (cpu.num_workers, cpu.pin_memory, cpu.prefetch_factor, cpu.persistent_workers) == (2, False, 2, False)
-    cuda = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cuda")
-    assert (cuda.pin_memory, cuda.prefetch_factor) == (True, loop.CUDA_PREFETCH_FACTOR)
-    assert loop.default_num_workers("cpu") == 0
-    assert loop.default_num_workers("cuda") == min(4, __import__("os").cpu_count())
+    cuda = loaders.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cuda")
+    assert (cuda.pin_memory, cuda.prefetch_factor) == (True, loaders.CUDA_PREFETCH_FACTOR)
+    assert loaders.default_num_workers("cpu") == 0
+    assert loaders.default_num_workers("cuda") == min(4, __import__("os").cpu_count())
 
 
 def test_workers_score_as_the_main_process() -> None:
@@ -215,7 +215,7 @@ def test_workers_score_as_the_main_process() -> None:
     def scorer(x: torch.Tensor) -> torch.Tensor:
         return x.flatten(1).sum(dim=1)
 
-    with_workers, without = (loop.score_split(accelerator, loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=w),
+    with_workers, without = (loop.score_split(accelerator, loaders.make_dataloader(_dataset(), _to_tensor, 3, num_workers=w),
                                               {"s": scorer}) for w in (2, 0))
     assert torch.equal(with_workers["s"], without["s"]) and torch.equal(with_workers["labels"], without["labels"])
 
@@ -229,7 +229,7 @@ def test_scoring_on_cuda_with_workers_and_pinned_memory() -> None:
         seen.append(x.device.type)
         return x.flatten(1).sum(dim=1)
 
-    loader = loop.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device=accelerator.device)
+    loader = loaders.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device=accelerator.device)
     outputs = loop.score_split(accelerator, loader, {"s": scorer})
     assert seen == ["cuda"] * 3
     # A float32 sum on the GPU adds in another order than the CPU's: equal to float32's rounding, not bit for bit

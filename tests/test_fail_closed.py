@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from hf_gsc import GSCForImageClassification, safe_files
 from hf_gsc.cli import publish
 from hf_gsc.data.decoding import UndecodableImageError, decode_image
-from hf_gsc.evaluation import loop, options, runner
+from hf_gsc.evaluation import loop, options, runner, score_cache
 from hf_gsc.evaluation.metrics import NonFiniteScoreError
 from hf_gsc.evaluation.report import method_results, write_report
 from hf_gsc.image_limits import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_ENV, ImageTooLargeError, max_image_pixels
@@ -252,8 +252,8 @@ def test_a_score_file_that_does_not_fit_its_split_is_computed_again(
 
 
 def test_a_valid_score_file_is_reused_with_its_row_count(evaluated):
-    cache = loop.ScoreCache(evaluated[0])
-    from hf_gsc.evaluation.loop import score_file_problem
+    cache = score_cache.ScoreCache(evaluated[0])
+    from hf_gsc.evaluation.score_cache import score_file_problem
 
     tensors = load_file(str(cache.path("msp", "ood_noise")))
     assert score_file_problem("msp", tensors, 11) is None
@@ -348,15 +348,15 @@ def test_plots_and_scores_refuse_a_linked_folder_leading_outside(tmp_path, outsi
         write_plots(output_dir, {"msp": scores}, {"msp": {"noise": scores}}, results)
     (output_dir / "scores").symlink_to(outside.parent, target_is_directory=True)
     with pytest.raises(safe_files.LinkError, match=f"{output_dir / 'scores'} is a symbolic link"):
-        loop.ScoreCache(output_dir).save("msp", "id_test", {"ood_score": scores}, "fp")
+        score_cache.ScoreCache(output_dir).save("msp", "id_test", {"ood_score": scores}, "fp")
     assert sorted(p.name for p in outside.parent.iterdir()) == ["secret.txt"]
 
 
 def test_fit_json_and_score_files_replace_planted_links(tmp_path, outside):
     output_dir = tmp_path / "out"
-    path = loop.ScoreCache(output_dir).path("msp", "id_test")
+    path = score_cache.ScoreCache(output_dir).path("msp", "id_test")
     _plant(path, outside)
-    loop.ScoreCache(output_dir).save("msp", "id_test", {"ood_score": torch.zeros(3, dtype=torch.float64)}, "fp")
+    score_cache.ScoreCache(output_dir).save("msp", "id_test", {"ood_score": torch.zeros(3, dtype=torch.float64)}, "fp")
     assert outside.read_text() == SECRET and not path.is_symlink()
 
 

@@ -139,7 +139,7 @@ def test_processes_that_would_each_run_alone_are_refused() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="WORLD_SIZE=2 on a GPU machine would wait for a second process")
 def test_a_run_whose_processes_would_each_run_alone_stops_before_the_model(tiny, tmp_path, monkeypatch) -> None:
-    from hf_gsc.evaluation.loop import make_accelerator
+    from hf_gsc.evaluation.accelerator import make_accelerator
 
     make_accelerator(None)  # accelerate's shared state: this one process
     monkeypatch.setenv("WORLD_SIZE", "2")

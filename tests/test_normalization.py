@@ -14,7 +14,9 @@ from PIL import Image
 
 from hf_gsc.data import ImageTransform, PixelNormalization, deferred_normalization, load_image_processor
 from hf_gsc.data.normalization import apply_table, normalization_table, normalize_pixels
-from hf_gsc.evaluation.loop import device_batches, make_accelerator, make_dataloader, model_pixel_values, score_split
+from hf_gsc.evaluation.accelerator import make_accelerator
+from hf_gsc.evaluation.loaders import device_batches, make_dataloader, model_pixel_values
+from hf_gsc.evaluation.loop import score_split
 
 PIL_PROCESSORS = [("vit", "ViT"), ("convnext", "ConvNext"), ("deit", "DeiT"), ("clip", "CLIP"), ("beit", "Beit"),
                   ("levit", "Levit"), ("mobilenet_v2", "MobileNetV2"), ("poolformer", "PoolFormer"),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hf_gsc.evaluation import loop, options, runner, tuning
+from hf_gsc.evaluation import loaders, options, runner, tuning
 from test_evaluation import _argv, tiny  # noqa: F401  (the tiny model and data fixture)
 from test_variants import NoTestSplits
 
@@ -106,7 +106,7 @@ def tuned_run(tiny, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("tuned")
     seen = {"splits": None, "datasets": []}
     search = tuning.tune_hyperparameters
-    make_dataloader = loop.make_dataloader
+    make_dataloader = loaders.make_dataloader
 
     def spy_search(accelerator, model, methods, hyperparameters, fixed, id_splits, *args, **kwargs):
         seen["splits"] = NoTestSplits(id_splits)
@@ -120,7 +120,7 @@ def tuned_run(tiny, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(tuning, "search_spaces", lambda: TEST_GRIDS)
         patch.setattr(tuning, "tune_hyperparameters", spy_search)
-        patch.setattr(loop, "make_dataloader", spy_loader)  # the search imports it from loop when it runs
+        patch.setattr(loaders, "make_dataloader", spy_loader)  # the search imports it from loaders when it runs
         results = runner.run_evaluation(_argv(tiny, output_dir, "--tune", *TUNED_METHODS))
     return output_dir, results, seen
 

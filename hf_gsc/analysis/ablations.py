@@ -233,14 +233,15 @@ def collect(
 
     Args:
         data: split name -> an unprepared ``DataLoader`` of ``{"pixel_values", "labels"}`` batches (labels
-            ``-1`` for OOD), as :func:`hf_gsc.evaluation.loop.make_dataloader` makes; each split goes through
+            ``-1`` for OOD), as :func:`hf_gsc.evaluation.loaders.make_dataloader` makes; each split goes through
             :func:`hf_gsc.evaluation.loop.score_split`, the evaluation's own loop.
     Returns:
         ``{"scores": {variant: {split: (N,)}}, "predictions": {...}, "labels": {split: (N,)},
         "approximation": {split_point: {split: {...}}}, "concentration": {split_point: {split: (N, F)}},
         "seconds": {variant: float}}``.
     """
-    from ..evaluation.loop import make_accelerator, score_split
+    from ..evaluation.accelerator import make_accelerator
+    from ..evaluation.loop import score_split
 
     _prepare_model(model)
     accelerator = make_accelerator()

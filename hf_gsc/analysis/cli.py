@@ -50,7 +50,7 @@ def benchmark_data(
 ) -> dict[str, DataLoader]:
     """``{"id_test": loader, "<ood split>": loader}`` subsampled as ``scripts/evaluate_ood.py`` does."""
     from ..data import load_benchmark
-    from ..evaluation.loop import make_dataloader
+    from ..evaluation.loaders import make_dataloader
     from ..evaluation.models import image_transform
     from ..evaluation.plan import subset
 

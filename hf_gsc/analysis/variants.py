@@ -44,7 +44,9 @@ import numpy as np
 import torch
 
 from ..evaluation.fingerprints import file_sha256
-from ..evaluation.loop import device_batches, make_accelerator, make_dataloader, score_split
+from ..evaluation.accelerator import make_accelerator
+from ..evaluation.loaders import device_batches, make_dataloader
+from ..evaluation.loop import score_split
 from ..evaluation.plan import subset
 from ..evaluation.report import average_over_splits, jsonable, table_lines
 from ..evaluation.tuning import VALIDATION_SEED, heldout_classes_validation

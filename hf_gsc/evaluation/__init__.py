@@ -22,7 +22,7 @@ _EXPORTS = {
     "conformal_threshold": "calibration", "fpr_at_tpr_ood_positive": "metrics", "aurc": "selective",
     "risk_coverage_curve": "selective", "selective_accuracy": "selective",
     "main": "cli",
-    "ScoreCache": "loop", "make_dataloader": "loop", "score_split": "loop",
+    "ScoreCache": "score_cache", "make_dataloader": "loaders", "score_split": "loop",
     "METRIC_NAMES": "metrics", "fpr_at_tpr": "metrics", "load_ood_metric": "metrics", "ood_metrics": "metrics",
     "threshold_at_tpr": "metrics",
     "DEFAULT_METHODS": "options", "InputError": "options", "build_parser": "options",

@@ -21,7 +21,8 @@ from ..config import STATE_FILE
 from ..data.decoding import OnError
 from ..safe_files import atomic_write_text, make_dirs
 from ..serialization import read_state, save_state
-from .loop import NUM_SKIPPED_KEY, device_batches, make_dataloader
+from .loaders import device_batches, make_dataloader
+from .score_cache import NUM_SKIPPED_KEY
 
 DETECTORS_DIR = "detectors"
 FIT_INFO = "fit.json"

@@ -20,7 +20,7 @@ import torch
 
 from .. import __version__
 from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
-from .loop import BASE_MODEL, ScoreCache
+from .score_cache import BASE_MODEL, ScoreCache
 from .models import effective_hyperparameters
 from .errors import InputError
 

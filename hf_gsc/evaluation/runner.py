@@ -39,7 +39,9 @@ from ..registry import detector_class
 from ..data.decoding import UndecodableImageError
 from .fitting import fit_detectors, saved_fit_info
 from .labels import LabelMismatchWarning, class_names_of, compare_labels, label_warning, model_class_names
-from .loop import NUM_SKIPPED_KEY, SCORE_KEY, ScoreCache, default_num_workers, make_accelerator
+from .accelerator import make_accelerator
+from .loaders import default_num_workers
+from .score_cache import NUM_SKIPPED_KEY, SCORE_KEY, ScoreCache
 from .models import (
     build_detectors,
     effective_hyperparameters,

@@ -3,7 +3,7 @@
 The main process writes each split's score files as soon as the split is done (so a crash, or an image
 that cannot be decoded, loses only the split in progress) and records the split's wall time and images
 per second. A score file also holds how many unreadable images were left out of its split
-(:data:`~hf_gsc.evaluation.loop.NUM_SKIPPED_KEY`, with ``on_error="skip"``).
+(:data:`~hf_gsc.evaluation.score_cache.NUM_SKIPPED_KEY`, with ``on_error="skip"``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import torch
 
 from . import loop
 from ..data.decoding import OnError
-from .loop import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY, ScoreCache, make_dataloader
+from .loaders import make_dataloader
+from .score_cache import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY, ScoreCache
 from .metrics import NonFiniteScoreError, check_finite_scores
 from .plan import BASE_MODEL, EvaluationPlan, num_rows
 

@@ -2,7 +2,7 @@
 
 A rerun reads cached score files instead of scoring again, so its own clock says nothing about scoring. Each
 pass over a split is recorded under the fingerprint of every score file it wrote (the same fingerprint the
-:class:`~hf_gsc.evaluation.loop.ScoreCache` checks), so ``results.json`` reports, for every split, the timing of
+:class:`~hf_gsc.evaluation.score_cache.ScoreCache` checks), so ``results.json`` reports, for every split, the timing of
 the pass that computed the scores it uses, marked ``cached`` when that pass ran in an earlier run.
 """
 

@@ -122,7 +122,7 @@ def jigsaw_image(pixels: np.ndarray, rng: np.random.Generator, grid: int = JIGSA
 
 class GeneratedImages:
     """An OOD validation set generated on the fly from the images of ``source`` (one image per source row), read by
-    :func:`~hf_gsc.evaluation.loop.make_dataloader` like a ``datasets.Dataset`` (``image`` and ``label`` = -1).
+    :func:`~hf_gsc.evaluation.loaders.make_dataloader` like a ``datasets.Dataset`` (``image`` and ``label`` = -1).
 
     ``kind``: ``"noise"`` (uniform random pixels of the source image's size and mode) or ``"jigsaw"``
     (:func:`jigsaw_image`). Image ``i`` depends on ``(seed, i)`` only, not on the batch it is read in.
@@ -232,7 +232,8 @@ def tune_hyperparameters(
     settings, which every grid point starts from; ``fixed`` names the settings not to search.
     """
     from ..detectors import fit_together, get_detector
-    from .loop import device_batches, make_dataloader, score_split
+    from .loaders import device_batches, make_dataloader
+    from .loop import score_split
     from .plan import num_rows, subset
     from .scoring import batch_scorer
 
