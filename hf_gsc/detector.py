@@ -110,6 +110,14 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     one_pass: ClassVar[bool] = True
     #: Hub tags of a saved detector's card besides the common ones.
     card_tags: ClassVar[tuple[str, ...]] = ()
+    #: Whether ``hf-gsc evaluate`` runs the method when ``--methods`` is not given (the default table: GSC and the
+    #: main baselines that need no long fit). Read from the class itself, never inherited
+    #: (:func:`hf_gsc.registry.default_methods`).
+    in_default_table: ClassVar[bool] = False
+    #: Settings with a flag of their own on ``hf-gsc evaluate``'s command line: flag dest -> setting name (every
+    #: other setting is set with ``--hyperparameter METHOD.NAME=VALUE``). Read from the class itself, never inherited
+    #: (:func:`hf_gsc.registry.command_line_flags`).
+    command_line_flags: ClassVar[dict[str, str]] = {}
     needs_fit: bool = False
     fit_split: str = "train"
     min_fit_samples: int = 1

@@ -45,6 +45,17 @@ def closest_name(name: str, known: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
+def default_methods() -> list[str]:
+    """The methods ``hf-gsc evaluate`` runs without ``--methods``: those whose class sets ``in_default_table``
+    itself (a subclass such as ``gsc_ash`` does not inherit it), in registration order."""
+    return [name for name, cls in DETECTORS.items() if vars(cls).get("in_default_table", False)]
+
+
+def command_line_flags() -> dict[str, dict[str, str]]:
+    """method -> its ``command_line_flags`` (flag dest -> setting), for the methods whose class sets them itself."""
+    return {name: dict(flags) for name, cls in DETECTORS.items() if (flags := vars(cls).get("command_line_flags"))}
+
+
 def detector_class(method: str) -> type["OODDetector"]:
     """The registered class of ``method``; the error lists the registered methods and the nearest one."""
     try:

@@ -366,7 +366,7 @@ def test_model_without_known_split_point(tmp_path, tiny, monkeypatch) -> None:
      ("--tpr", "1.5", r"--tpr must be in \(0, 1\]"),
      ("--conformal-delta", "1.5", r"--conformal-delta must be in \(0, 1\), got 1.5"),
      ("--conformal-delta", "0.01", "--conformal-delta 0.01 with --tpr 0.95: 13 calibration scores cannot guarantee"),
-     ("--mask-ratio", "2", "GSC options: GSCConfig.mask_ratio"),
+     ("--mask-ratio", "2", "gsc options: GSCConfig.mask_ratio"),
      ("--hyperparameter", "odin", "expected METHOD.NAME=VALUE")],
 )
 def test_bad_numbers(tiny, tmp_path, monkeypatch, flag, value, match) -> None:

@@ -20,3 +20,40 @@ def test_every_method_has_a_row_saying_what_it_reads_fits_and_keeps():
     assert _row(table, "odin")[2].startswith("the input")  # its own passes, outside the shared one
     assert _row(table, "gsc")[2] == "F at `final_encoder_output` + the head"
     assert "OpenOOD react.yml" in _row(table, "react")[5]
+
+
+def test_the_default_table_and_a_methods_own_flags_come_from_its_class(monkeypatch, tmp_path):
+    """``--methods``' default and a method's own flags are read from the classes (``in_default_table``,
+    ``command_line_flags``), never inherited, so that a new method's file is the only place that sets them."""
+    from hf_gsc.evaluation.options import build_parser, parse_methods, validate_args
+    from hf_gsc.registry import default_methods
+
+    assert default_methods() == ["gsc", "ash_b", "energy", "max_logit", "msp", "odin", "react"]
+    assert parse_methods(None) == default_methods()
+    assert "gsc_ash" not in default_methods()  # a GSC subclass: not in the table unless it says so
+
+    class FlaggedKNN(DETECTORS["knn"]):
+        method = "flagged_knn"
+        in_default_table = True
+        command_line_flags = {"flagged_k": "k"}
+
+    class Unflagged(FlaggedKNN):  # inherits neither
+        method = "unflagged_knn"
+
+    monkeypatch.setitem(DETECTORS, "flagged_knn", FlaggedKNN)
+    monkeypatch.setitem(DETECTORS, "unflagged_knn", Unflagged)
+    assert parse_methods(None) == ["gsc", "ash_b", "energy", "max_logit", "msp", "odin", "react", "flagged_knn"]
+    argv = ["--model", "some/model", "--benchmark", "fmnist-ood", "--output-dir", str(tmp_path), "--no-plots",
+            "--flagged-k", "7"]
+    parsed = validate_args(build_parser().parse_args([*argv, "--methods", "flagged_knn,unflagged_knn"]))
+    assert parsed["hyperparameters"] == {"flagged_knn": {"k": 7}, "unflagged_knn": {}}
+    # The more specific --hyperparameter wins over the flag.
+    parsed = validate_args(build_parser().parse_args([*argv, "--methods", "flagged_knn",
+                                                      "--hyperparameter", "flagged_knn.k=3"]))
+    assert parsed["hyperparameters"] == {"flagged_knn": {"k": 3}}
+    import pytest
+
+    from hf_gsc.evaluation.errors import InputError
+
+    with pytest.raises(InputError, match="flagged_knn options \\(k\\) given but 'flagged_knn' is not in --methods"):
+        validate_args(build_parser().parse_args([*argv, "--methods", "knn"]))

@@ -137,6 +137,7 @@ class ASHBDetector(ASHDetector):
     """ASH-B: prune, then binarise the kept activations to ``s1 / k`` (see :class:`ASHDetector`)."""
 
     method = "ash_b"
+    in_default_table = True
     variant = "b"
 
 

@@ -17,4 +17,5 @@ class EnergyDetector(TemperatureLogitDetector):
     """
 
     method = "energy"
+    in_default_table = True
     score_name = "energy"

@@ -19,6 +19,7 @@ class MaxLogitDetector(BaselineDetector):
     """
 
     method = "max_logit"
+    in_default_table = True
     reads_logits = True
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:

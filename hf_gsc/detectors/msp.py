@@ -18,4 +18,5 @@ class MSPDetector(TemperatureLogitDetector):
     """
 
     method = "msp"
+    in_default_table = True
     score_name = "msp"

@@ -64,6 +64,7 @@ class ODINDetector(BaselineDetector):
     """
 
     method = "odin"
+    in_default_table = True
     defaults = {"temperature": 1000.0, "epsilon": 0.0014, "image_std": 1.0}
     search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0), "epsilon": (0.0, 0.0014, 0.0028)}
     search_space_source = ("OpenOOD odin.yml: temperature [1, 10, 100, 1000] x noise [0.0014, 0.0028]; epsilon 0 "

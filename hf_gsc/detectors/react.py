@@ -32,6 +32,7 @@ class ReActDetector(FittedDetector):
     """
 
     method = "react"
+    in_default_table = True
     search_space = {"percentile": (85.0, 90.0, 95.0, 99.0)}
     search_space_source = "OpenOOD react.yml: percentile_list [85, 90, 95, 99]"
     fit_split = "validation"

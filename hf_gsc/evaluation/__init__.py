@@ -25,7 +25,7 @@ _EXPORTS = {
     "ScoreCache": "score_cache", "make_dataloader": "loaders", "score_split": "loop",
     "METRIC_NAMES": "metrics", "fpr_at_tpr": "metrics", "load_ood_metric": "metrics", "ood_metrics": "metrics",
     "threshold_at_tpr": "metrics",
-    "DEFAULT_METHODS": "options", "InputError": "options", "build_parser": "options",
+    "InputError": "options", "build_parser": "options", "default_methods": "options",
     "markdown_table": "report", "method_results": "report", "write_report": "report",
     "run_evaluation": "runner",
 }
@@ -38,13 +38,13 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "DEFAULT_METHODS",
     "METRIC_NAMES",
     "InputError",
     "ScoreCache",
     "build_parser",
     "calibration_record",
     "conformal_threshold",
+    "default_methods",
     "fpr_at_tpr_ood_positive",
     "aurc",
     "risk_coverage_curve",

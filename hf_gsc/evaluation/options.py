@@ -15,22 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import GSCConfig
 from ..image_limits import max_image_pixels
 from .errors import InputError
 
-#: The default of ``--methods`` (and of ``make demo``): GSC and the main baselines that need no long
-#: fit, those of them that are registered.
-DEFAULT_METHODS = ("gsc", "msp", "energy", "max_logit", "odin", "react", "ash_b")
 #: ``--mixed-precision`` values (accelerate's names); unset = accelerate's config / ``ACCELERATE_MIXED_PRECISION``.
 PRECISIONS = ("no", "fp16", "bf16")
 #: ``--image-backend`` values: ``auto`` = transformers' default (torchvision when installed, else PIL).
 IMAGE_BACKENDS = ("auto", "pil", "torchvision")
-#: ``GSCConfig`` settings settable from the command line: flag dest -> field name. Every setting; those whose flag
-#: would clash with a run option (``--seed``) or read as another method's (``--score``) get a ``gsc`` prefix.
-GSC_OPTIONS = {
-    (f"gsc_{name}" if name in ("score", "temperature", "seed") else name): name for name in GSCConfig.setting_names()
-}
 
 
 def describe_method(cls: type) -> str:
@@ -49,7 +40,7 @@ def method_lines() -> list[str]:
     for name in sorted(registered):
         cls = registered[name]
         notes = [f"fitted on ID {cls.fit_split}"] if getattr(cls, "needs_fit", False) else []
-        if name in DEFAULT_METHODS:
+        if name in default_methods():
             notes.append("default")
         suffix = f" [{', '.join(notes)}]" if notes else ""
         lines.append(f"{name:<{width}}  {describe_method(cls)}{suffix}")
@@ -123,7 +114,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     run.add_argument(
         "--methods", default=None,
         help=f"comma list of registered methods, or 'all', or 'all,-NAME,-NAME' (every method but those; default: "
-        f"those registered of {','.join(DEFAULT_METHODS)}; --list-methods shows them all)",
+        f"{','.join(default_methods())}; --list-methods shows them all)",
     )
     run.add_argument("--list-methods", action=_ListMethods, help="list every registered method, one per line, and exit")
     run.add_argument("--output-dir", required=True, help="results, score cache, fitted detectors, plots")
@@ -167,14 +158,17 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--image-backend", default="auto", metavar="{" + ",".join(IMAGE_BACKENDS) + "}",
         help="image processor backend (default auto: torchvision when installed, else PIL)",
     )
-    gsc = parser.add_argument_group("GSC options (default: GSCConfig defaults, or the saved detector's config)")
-    defaults = GSCConfig()
-    for dest, name in GSC_OPTIONS.items():
-        default = getattr(defaults, name)
-        kind = str if default is None else type(default)
-        gsc.add_argument(
-            f"--{dest.replace('_', '-')}", dest=dest, type=kind, default=None, help=f"GSCConfig.{name} (default {default!r})"
-        )
+    # A method's own flags (its class's ``command_line_flags``: GSC's settings), one group per method.
+    for method, flags in command_line_flags().items():
+        config_class = registered_methods()[method].config_class
+        group = parser.add_argument_group(
+            f"{method} options (default: {config_class.__name__} defaults, or the saved detector's config)")
+        defaults = config_class()
+        for dest, name in flags.items():
+            default = getattr(defaults, name)
+            kind = str if default is None else type(default)
+            group.add_argument(f"--{dest.replace('_', '-')}", dest=dest, type=kind, default=None,
+                               help=f"{config_class.__name__}.{name} (default {default!r})")
     return parser
 
 
@@ -188,15 +182,31 @@ def registered_methods() -> dict[str, Any]:
     return DETECTORS
 
 
+def default_methods() -> list[str]:
+    """The default of ``--methods`` (and of ``make demo``): the methods whose class sets ``in_default_table``."""
+    from ..registry import default_methods as registered_defaults
+
+    registered_methods()  # every method's module imported, so that each has registered
+    return registered_defaults()
+
+
+def command_line_flags() -> dict[str, dict[str, str]]:
+    """method -> its own flags (flag dest -> setting), from the classes' ``command_line_flags``."""
+    from ..registry import command_line_flags as registered_flags
+
+    registered_methods()
+    return registered_flags()
+
+
 def parse_methods(text: str | None) -> list[str]:
     """``"gsc, msp"`` -> ``["gsc", "msp"]``; ``"all"`` -> every registered method; ``"all,-she,-knn"`` -> every
-    registered method but those; ``None`` -> the registered :data:`DEFAULT_METHODS`.
+    registered method but those; ``None`` -> :func:`default_methods`.
 
     Unknown or repeated names raise :class:`InputError` naming the nearest registered one.
     """
     registered = registered_methods()
     if text is None:
-        return [name for name in DEFAULT_METHODS if name in registered]
+        return default_methods()
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
         raise InputError(f"--methods is empty; registered methods: {', '.join(sorted(registered))}")
@@ -367,7 +377,8 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
                                                ("--val-ood-dataset", getattr(args, "val_ood_dataset", [])),
                                                ("--conformal-delta", getattr(args, "conformal_delta", None)))
                  if value]
-        given += [f"--{dest.replace('_', '-')}" for dest in GSC_OPTIONS if getattr(args, dest, None) is not None]
+        given += [f"--{dest.replace('_', '-')}" for flags in command_line_flags().values() for dest in flags
+                  if getattr(args, dest, None) is not None]
         if given:
             raise InputError(f"--detector evaluates a saved detector as it is (its method, settings, fitted state and "
                              f"threshold): {', '.join(given)} would change it; use --model for that")
@@ -420,14 +431,18 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"--ood-dataset: split name(s) {', '.join(repeated)} used twice; name them with NAME=SPEC")
     hyperparameters = parse_hyperparameters(args.hyperparameter, methods)
     _check_plots(args)
-    gsc_overrides = {field: getattr(args, dest) for dest, field in GSC_OPTIONS.items() if getattr(args, dest, None) is not None}
-    if gsc_overrides and "gsc" not in methods:
-        raise InputError(f"GSC options ({', '.join(sorted(gsc_overrides))}) given but 'gsc' is not in --methods")
-    if gsc_overrides:
+    for method, flags in command_line_flags().items():  # a method's own flags (GSC's) are its hyperparameters
+        given = {name: getattr(args, dest) for dest, name in flags.items() if getattr(args, dest, None) is not None}
+        if not given:
+            continue
+        if method not in methods:
+            raise InputError(f"{method} options ({', '.join(sorted(given))}) given but {method!r} is not in --methods")
         try:
-            GSCConfig(**gsc_overrides)
+            registered_methods()[method].config_class(**given)
         except ValueError as error:
-            raise InputError(f"GSC options: {error}") from None
+            raise InputError(f"{method} options: {error}") from None
+        # --hyperparameter METHOD.NAME=VALUE, the more specific, wins over a flag of the same setting.
+        hyperparameters[method] = {**given, **hyperparameters[method]}
     val_ood = [_parse_ood_dataset(item, "--val-ood-dataset") for item in getattr(args, "val_ood_dataset", [])]
     if val_ood and getattr(args, "no_selection", False):
         raise InputError("--val-ood-dataset is for the selection, which --no-selection turns off: drop one of them")
@@ -447,13 +462,10 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
         "extra_ood": extra_ood,
         "val_ood": val_ood,
         "hyperparameters": hyperparameters,
-        "gsc_overrides": gsc_overrides,
     }
 
 
 __all__ = [
-    "DEFAULT_METHODS",
-    "GSC_OPTIONS",
     "IMAGE_BACKENDS",
     "PRECISIONS",
     "InputError",

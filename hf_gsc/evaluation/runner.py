@@ -243,8 +243,6 @@ def _tune(
 
     # Names set on the command line are the user's choice: not searched.
     fixed = {name: sorted(parsed["hyperparameters"].get(name, {})) for name in methods}
-    if "gsc" in methods:
-        fixed["gsc"] = sorted({*fixed["gsc"], *parsed["gsc_overrides"]})
     # The search's record is kept in OUTPUT/tuning.json as soon as it exists, keyed on everything it read, so that a
     # rerun after a failure later in the run does not search again.
     from .fingerprints import dataset_fingerprint, fingerprint, model_fingerprint
@@ -339,8 +337,6 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
                              f"evaluate methods on its base model with its settings as defaults, name them with "
                              f"--methods (e.g. --methods {method})")
         hyperparameters = {name: dict(values) for name, values in parsed["hyperparameters"].items()}
-        if "gsc" in methods:
-            hyperparameters["gsc"] = {**parsed["gsc_overrides"], **hyperparameters["gsc"]}
         for name, values in saved.items():  # a saved detector given as --model: its settings, unless overridden
             if name in methods:
                 hyperparameters[name] = {**values, **hyperparameters[name]}
