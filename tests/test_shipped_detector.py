@@ -69,8 +69,9 @@ def test_scores_equal_the_detectors_own_forward(tiny, tmp_path, shipped):  # noq
 
 def test_options_that_would_change_the_shipped_detector_are_refused(tiny, tmp_path, shipped):  # noqa: F811
     folder, _ = shipped
-    for extra in (["--methods", "knn"], ["--hyperparameter", "knn.k=3"], ["--tune"], ["--save-detectors"]):
-        with pytest.raises(InputError, match="as it is"):
+    for extra in (["--methods", "knn"], ["--hyperparameter", "knn.k=3"], ["--tune"], ["--save-detectors"],
+                  ["--tpr", "0.9"], ["--tpr", "0.95"]):  # the shipped threshold is used: nothing is calibrated
+        with pytest.raises(InputError, match=f"as it is.*{extra[0]}"):
             runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder), *extra))
     with pytest.raises(InputError, match="exactly one of --model"):
         runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder), "--model", tiny["model"]))

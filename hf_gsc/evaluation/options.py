@@ -18,6 +18,8 @@ from typing import Any
 from ..image_limits import max_image_pixels
 from .errors import InputError
 
+#: ``--tpr``'s default: the ID TPR thresholds are calibrated to (FPR@95's operating point).
+DEFAULT_TPR = 0.95
 #: ``--mixed-precision`` values (accelerate's names); unset = accelerate's config / ``ACCELERATE_MIXED_PRECISION``.
 PRECISIONS = ("no", "fp16", "bf16")
 #: ``--image-backend`` values: ``auto`` = transformers' default (torchvision when installed, else PIL).
@@ -120,7 +122,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     run.add_argument("--output-dir", required=True, help="results, score cache, fitted detectors, plots")
     run.add_argument("--batch-size", type=int, default=64)
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--tpr", type=float, default=0.95, help="ID TPR the threshold is calibrated to (on ID validation)")
+    run.add_argument("--tpr", type=float, default=None,
+                     help=f"ID TPR the threshold is calibrated to (on ID validation; default {DEFAULT_TPR})")
     run.add_argument(
         "--conformal-delta", type=float, default=None, metavar="DELTA",
         help="split-conformal thresholds: keep ID TPR >= --tpr on new ID data with probability >= 1 - DELTA "
@@ -375,7 +378,9 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
                                                ("--tune", getattr(args, "tune", False)),
                                                ("--save-detectors", getattr(args, "save_detectors", False)),
                                                ("--val-ood-dataset", getattr(args, "val_ood_dataset", [])),
-                                               ("--conformal-delta", getattr(args, "conformal_delta", None)))
+                                               ("--conformal-delta", getattr(args, "conformal_delta", None)),
+                                               # the threshold is the shipped one: nothing is calibrated
+                                               ("--tpr", args.tpr is not None))
                  if value]
         given += [f"--{dest.replace('_', '-')}" for flags in command_line_flags().values() for dest in flags
                   if getattr(args, dest, None) is not None]
@@ -387,7 +392,9 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
     _check_positive(args, "max_samples", allow_none=True)
     _check_positive(args, "max_fit_samples")
     _check_device_options(args)
-    if not isinstance(args.tpr, (int, float)) or not 0.0 < args.tpr <= 1.0:
+    if args.tpr is None:
+        args.tpr = DEFAULT_TPR
+    if isinstance(args.tpr, bool) or not isinstance(args.tpr, (int, float)) or not 0.0 < args.tpr <= 1.0:
         raise InputError(f"--tpr must be in (0, 1], got {args.tpr!r}")
     try:
         max_image_pixels()  # the image size limit, read by every decoding process
@@ -466,6 +473,7 @@ def validate_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 __all__ = [
+    "DEFAULT_TPR",
     "IMAGE_BACKENDS",
     "PRECISIONS",
     "InputError",
