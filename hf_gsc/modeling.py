@@ -15,6 +15,7 @@ construction); everything after that is :func:`hf_gsc.gsc_step.gsc_step`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -204,6 +205,14 @@ class GSCForImageClassification(OODDetector):
                     f"({expected},): the feature at split_point={self.config.split_point!r} of this base model has "
                     f"{expected} coordinates; it was fitted for another model or split point"
                 )
+            per_position = self._feature_values_per_position() if expected is None else None
+            if per_position is not None and fisher.numel() % per_position:
+                raise ValueError(
+                    f"gsc: fitted tensor 'fisher_diagonal' in {source} has shape {tuple(fisher.shape)}, but the feature "
+                    f"at split_point={self.config.split_point!r} of this base model has {per_position} values per "
+                    "spatial position, so its length must be a multiple of that; it was fitted for another model or "
+                    "split point"
+                )
             self.fisher_diagonal = fisher.to(self.device)
         if self.config.selection == "fisher" and fisher is None and self.fisher_diagonal is None:
             raise ValueError(f"gsc: fitted tensor 'fisher_diagonal' is missing from {source}; selection='fisher' needs "
@@ -229,6 +238,23 @@ class GSCForImageClassification(OODDetector):
         channels = self._expected_channels or 3
         blank = torch.zeros(2, channels, *size, dtype=self.dtype, device=self.device)
         return self.backend.features_of(self.backbone_pass(blank, logits=False))[0].numel()
+
+    def _feature_values_per_position(self) -> int | None:
+        """Where no input size is fixed (a ResNet saved without an image processor): the product of the dimensions of
+        ``F`` that do not change with the input size (a convolutional map's channels), from passes of blank images at
+        two sizes, so that a ``fisher_diagonal`` of another model can be refused at load; the exact length is checked
+        at the first forward. ``None`` where the probe cannot run."""
+        channels = self._expected_channels or 3
+        shapes = []
+        for side in (32, 64):
+            blank = torch.zeros(2, channels, side, side, dtype=self.dtype, device=self.device)
+            try:
+                shapes.append(tuple(self.backend.features_of(self.backbone_pass(blank, logits=False))[0].shape))
+            except Exception:  # noqa: BLE001 - a model that refuses these sizes leaves the check to the first forward
+                return None
+        if len(shapes[0]) != len(shapes[1]):
+            return None
+        return math.prod(a for a, b in zip(*shapes) if a == b)
 
     def _processor_size(self) -> tuple[int, int] | None:
         """``(H, W)`` of what the image processor makes of an image, or ``None`` without a (working) processor."""

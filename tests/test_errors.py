@@ -164,27 +164,34 @@ def test_missing_card_template_leaves_no_half_written_folder(base_dir, tmp_path,
     assert not (tmp_path / "detector").exists()
 
 
-@pytest.mark.parametrize("length", ["one", "d+3"])
+@pytest.mark.parametrize("length", ["one", "d+3", "d+channels"])
 @pytest.mark.parametrize("processor", [True, False], ids=["with-processor", "without-processor"])
 def test_fisher_of_a_model_without_a_fixed_input_size_is_checked(length, processor, tmp_path):
-    """A ResNet's config fixes no input size: its saved image processor gives the size at load; without one the first
-    forward refuses a wrong length (a length-1 Fisher broadcast silently into wrong scores, d+3 failed deep inside)."""
+    """A ResNet's config fixes no input size: its saved image processor gives the size at load. Without one, a length
+    that is no multiple of the feature's channels is refused at load, and the first forward refuses any other wrong
+    length (a length-1 Fisher broadcast silently into wrong scores, d+3 failed deep inside)."""
     from transformers import ViTImageProcessor
 
     detector = GSCForImageClassification.from_pretrained(make_tiny_model("resnet").float(), selection="fisher")
     images = torch.randn(6, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
     detector.fit_fisher([(images, torch.arange(6) % NUM_LABELS)])
     d = detector.fisher_diagonal.numel()
+    channels = detector.model.config.hidden_sizes[-1]  # the final map is (channels, h, w)
     if processor:
         detector.image_processor = ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     detector.save_pretrained(tmp_path, save_base_model=True)
-    n = 1 if length == "one" else d + 3
+    n = {"one": 1, "d+3": d + 3, "d+channels": d + channels}[length]
     save_state({"fisher_diagonal": torch.ones(n)}, tmp_path / STATE_FILE)
     if processor:
         with pytest.raises(ValueError, match=rf"'fisher_diagonal' in .* has shape \({n},\), expected \({d},\)"):
             GSCForImageClassification.from_pretrained(tmp_path)
         return
-    loaded = GSCForImageClassification.from_pretrained(tmp_path)
+    if length != "d+channels":
+        with pytest.raises(ValueError, match=rf"'fisher_diagonal' in .* has shape \({n},\), but the feature .* has "
+                                             rf"{channels} values per spatial position"):
+            GSCForImageClassification.from_pretrained(tmp_path)
+        return
+    loaded = GSCForImageClassification.from_pretrained(tmp_path)  # a whole number of positions: known at the forward
     with pytest.raises(ValueError, match=rf"'fisher_diagonal' has shape \({n},\), but the feature .* has {d} coord"):
         loaded.score(images[:2])
     with pytest.raises(ValueError, match="'fisher_diagonal' has shape"):
