@@ -104,6 +104,12 @@ def check_labels(labels: torch.Tensor, num_classes: int) -> None:
 class ClassStatistics:
     """Streaming per-class sums (and optionally the sum of outer products) of features, in float64.
 
+    Both are accumulated about a shift ``s``, the mean of the first batch: ``sum (x - s)`` and ``sum (x - s)(x - s)^T``.
+    The within-class covariance is then ``(sum (x - s)(x - s)^T - sum_c n_c (mu_c - s)(mu_c - s)^T) / N``, the same
+    value as without the shift, but where features sit far from the origin relative to their spread (normalised
+    features) the raw ``sum x x^T - sum_c n_c mu_c mu_c^T`` cancels about ``eps * ||mu||^2 / lambda_min`` of it, and
+    the shifted sums cancel only ``eps * ||mu - s||^2 / lambda_min``, like a two-pass fit (sklearn's).
+
     Args:
         num_classes: ``K``.
         second_moment: also accumulate ``sum_i x_i x_i^T`` for a tied covariance.
@@ -114,8 +120,9 @@ class ClassStatistics:
         self.second_moment = second_moment
         self.count = 0
         self.class_counts = torch.zeros(num_classes, dtype=torch.float64)
-        self.class_sums: torch.Tensor | None = None
-        self.outer: torch.Tensor | None = None
+        self.class_sums: torch.Tensor | None = None  # sum of (x - shift) per class
+        self.outer: torch.Tensor | None = None  # sum of (x - shift)(x - shift)^T
+        self.shift: torch.Tensor | None = None
 
     def update(self, features: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Add a batch; ``keep`` (``(B,)`` bool) selects the rows that count."""
@@ -127,6 +134,10 @@ class ClassStatistics:
             self.class_sums = torch.zeros(self.num_classes, features.shape[1], dtype=torch.float64)
             if self.second_moment:
                 self.outer = torch.zeros(features.shape[1], features.shape[1], dtype=torch.float64)
+        if self.shift is None and features.shape[0]:
+            self.shift = features.mean(dim=0)
+        if self.shift is not None:
+            features = features - self.shift
         self.count += features.shape[0]
         self.class_counts += torch.bincount(labels, minlength=self.num_classes).double()
         self.class_sums.index_add_(0, labels, features)
@@ -136,8 +147,11 @@ class ClassStatistics:
     def class_means(self, method: str, what: str = "sample") -> torch.Tensor:
         """``(K, D)``; raises when a class has no sample (its mean would be undefined)."""
         empty = (self.class_counts == 0).nonzero().flatten().tolist()
-        if self.class_sums is None or empty:
+        if self.class_sums is None or self.shift is None or empty:
             raise ValueError(f"detector {method!r} needs at least one ID {what} of every class; classes {empty or 'all'} have none")
+        return self._shifted_means() + self.shift
+
+    def _shifted_means(self) -> torch.Tensor:
         return self.class_sums / self.class_counts[:, None]
 
     def tied_covariance(self, method: str) -> torch.Tensor:
@@ -148,7 +162,8 @@ class ClassStatistics:
         """
         if self.outer is None:
             raise RuntimeError("ClassStatistics was built without second_moment=True")
-        means = self.class_means(method)
+        self.class_means(method)  # every class has a sample
+        means = self._shifted_means()
         between = (means * self.class_counts[:, None]).T @ means
         return (self.outer - between) / self.count
 

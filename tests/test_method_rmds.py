@@ -28,12 +28,12 @@ from hf_gsc.features import PRECISION_RCOND
 
 ARCHS = ["resnet", "vit", "vit-affine"]
 
-#: Largest error allowed against the float64 reference, as a fraction of the largest score (observed: resnet 5e-13,
-#: vit 1e-11, vit-affine 3e-9). On the affine ViT the normalised features sit far from the origin relative to their
-#: spread (condition number ~1e6), and ClassStatistics' streamed ``E[x x^T] - sum_c n_c mu_c mu_c^T`` cancels about
-#: ``eps * ||mu||^2 / lambda_min`` of the tied covariance there, where a two-pass sklearn fit does not; accumulating
-#: about a shift (the first batch's mean) brings it to 1e-10 (a proposed change to hf_gsc/features.py).
-FLOAT64_TOLERANCE = {"resnet": 1e-10, "vit": 1e-10, "vit-affine": 2e-8}
+#: Largest error allowed against the float64 reference, as a fraction of the largest score. On the affine ViT the
+#: normalised features sit far from the origin relative to their spread (condition number ~1e6): the streamed
+#: ``sum x x^T - sum_c n_c mu_c mu_c^T`` would cancel about ``eps * ||mu||^2 / lambda_min`` of the tied covariance
+#: there (3 checks fail at 1e-9 without it); ClassStatistics accumulates about the first batch's mean, which brings
+#: the error under 1e-9 (it fails at 3e-10).
+FLOAT64_TOLERANCE = {"resnet": 1e-10, "vit": 1e-10, "vit-affine": 1e-9}
 #: One float32 rounding of the returned score: with a float32 model the reference is float64 on the same features.
 FLOAT32_RTOL = 2.0 ** -23
 

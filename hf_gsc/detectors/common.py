@@ -200,7 +200,7 @@ class FittedDetector(PenultimateDetector):
         for features, _ in stream:
             statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
         self.check_fit_count(statistics.count)
-        return statistics.class_sums[0] / statistics.count
+        return statistics.class_means(self.method)[0]
 
     @property
     def feature_dim(self) -> int:
