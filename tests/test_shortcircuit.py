@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from hf_gsc.shortcircuit import num_masked, top_k_mask
+from hf_gsc.shortcircuit import num_masked, top_k_mask, top_k_mask_by_sort, top_k_mask_by_topk
+
+#: The dispatcher (the partial top-k on a CPU) and both ways, each run here on the CPU: the sort is the GPU's way.
+MASKS = pytest.mark.parametrize("mask_of", [top_k_mask, top_k_mask_by_topk, top_k_mask_by_sort],
+                                ids=["dispatch", "topk", "sort"])
 
 
 def _stable_argsort_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -16,7 +21,8 @@ def _stable_argsort_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tenso
     return torch.tensor(rows, dtype=torch.bool)
 
 
-def test_mask_keeps_top_k_with_ties_to_the_lower_index():
+@MASKS
+def test_mask_keeps_top_k_with_ties_to_the_lower_index(mask_of):
     generator = torch.Generator().manual_seed(0)
     for trial in range(200):
         width = int(torch.randint(1, 30, (1,), generator=generator))
@@ -26,7 +32,7 @@ def test_mask_keeps_top_k_with_ties_to_the_lower_index():
         else:
             priority = torch.randn(4, width, generator=generator, dtype=torch.float64)
         k = torch.randint(0, width + 1, (4,), generator=generator)
-        mask = top_k_mask(priority, k)
+        mask = mask_of(priority, k)
         assert torch.equal(mask, _stable_argsort_mask(priority, k)), (priority, k)
         assert mask.sum(dim=1).tolist() == k.tolist()
 
@@ -38,7 +44,8 @@ def test_num_masked_counts_nonzero_gradient_coordinates():
     assert num_masked(torch.ones(1, 100), 0.05).tolist() == [5]  # no float round-up to 6
 
 
-def test_mask_with_one_size_for_every_row_handles_ties():
+@MASKS
+def test_mask_with_one_size_for_every_row_handles_ties(mask_of):
     # Every row the same size takes the no-gather path; rows with ties across the cut still need the fill.
     generator = torch.Generator().manual_seed(1)
     for trial in range(200):
@@ -50,5 +57,14 @@ def test_mask_with_one_size_for_every_row_handles_ties():
             priority = torch.randn(4, width, generator=generator, dtype=torch.float64)
         k = torch.full((4,), int(torch.randint(0, width + 1, (1,), generator=generator)))
         expected = _stable_argsort_mask(priority, k)
-        assert torch.equal(top_k_mask(priority, k), expected), (priority, k)
+        assert torch.equal(mask_of(priority, k), expected), (priority, k)
 
+
+
+def test_both_ways_agree_on_a_pooled_heads_gradient():
+    """A pooled head's gradient repeats over a channel's positions: ties straddle every cut (ResNet-50's 2048x7x7)."""
+    gradient = torch.randn(3, 256, generator=torch.Generator().manual_seed(2)).repeat_interleave(49, dim=1)
+    k = num_masked(gradient, 0.05)
+    by_sort = top_k_mask_by_sort(gradient.abs(), k)
+    assert torch.equal(by_sort, top_k_mask_by_topk(gradient.abs(), k))
+    assert by_sort.sum(dim=1).tolist() == k.tolist()
