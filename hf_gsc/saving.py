@@ -52,7 +52,7 @@ def save_detector(
     repo_id: str | None = None,
     license: str | None = None,
 ) -> Path:
-    """Write a detector folder (see module docstring); returns its path.
+    """Write a detector folder (its layout: :mod:`hf_gsc.saved_files`); returns its path.
 
     Everything that can fail (the card template, results that do not belong to this detector) is checked
     before the first file is written, so a failed save leaves no half-written folder.
