@@ -75,7 +75,8 @@ def _publish_detector(args: argparse.Namespace) -> str:
 
     from .auto import AutoOODDetector
     from .repo_ids import is_hub_id
-    from .serialization import RESULT_FILES, is_detector_dir
+    from .detector_results import RESULT_FILES
+    from .loading import is_detector_dir
 
     folder = Path(args.detector_dir)
     if not folder.is_dir() or not is_detector_dir(folder):

@@ -33,7 +33,7 @@ from .scores import SCORES
 from .shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from .split_points import validate_split_point_name
 
-#: The saved detector's settings, for every method (its ``method`` field says which); see :mod:`hf_gsc.serialization`.
+#: The saved detector's settings, for every method (its ``method`` field says which); see :mod:`hf_gsc.saved_files`.
 CONFIG_NAME = "detector_config.json"
 #: The settings file of GSC detectors saved before every method shared :data:`CONFIG_NAME`; still read.
 LEGACY_GSC_CONFIG_NAME = "gsc_config.json"

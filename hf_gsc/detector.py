@@ -6,7 +6,7 @@ A detector is an ``nn.Module`` that owns (or attaches to) a frozen base classifi
 * ``forward(pixel_values)`` -> :class:`OODDetectorOutput` (``logits``, ``ood_score``: higher = more
   in-distribution, ``is_ood``), and ``score(pixel_values)`` -> ``ood_score`` alone;
 * ``fit(id_train_batches)`` where the method needs it, ``calibrate(id_validation_data, tpr)``;
-* ``save_pretrained`` / ``push_to_hub`` / ``from_pretrained`` (one saved format, :mod:`hf_gsc.serialization`).
+* ``save_pretrained`` / ``push_to_hub`` / ``from_pretrained`` (one saved format, :mod:`hf_gsc.saved_files`).
 
 What a method reads from the backbone is declared, not fetched: :attr:`OODDetector.reads_logits` and
 :meth:`OODDetector.feature_splits`. :func:`hf_gsc.backbone_pass.run_backbone` runs the base model once with all of
@@ -32,7 +32,7 @@ from .config import DetectorConfig, bind_config
 from .push import HubPush
 from .inputs import check_pixel_values, labelled_batches
 from .registry import DETECTORS, detector_class, get_detector, register_detector, suggest_names
-from .serialization import DetectorFiles
+from .detector_files import DetectorFiles
 from .split_points import SplitPoint
 from .thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, threshold_for
 

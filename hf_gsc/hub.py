@@ -1,5 +1,5 @@
 """Publishing an evaluation's results (JSON, table, plots) with a model card on the Hub. Pushing a detector is
-:mod:`hf_gsc.push`; the card is :mod:`hf_gsc.model_card`; the saved format is :mod:`hf_gsc.serialization`.
+:mod:`hf_gsc.push`; the card is :mod:`hf_gsc.model_card`; the saved format is :mod:`hf_gsc.saved_files`.
 Tokens are read by ``huggingface_hub`` (``HF_TOKEN`` or the login cache) or passed explicitly; they are never
 written to a file or a log line.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from .model_card import render_model_card
 from .push import HubError, upload_folder_to_hub  # noqa: F401  (HubError: part of this module's interface)
 from .repo_ids import is_hub_id
-from .serialization import copy_results, public_results, read_results
+from .detector_results import copy_results, public_results, read_results
 
 
 def publish_results(

@@ -2,7 +2,7 @@
 the method, its hyperparameters, the threshold and, with an evaluation's results, its numbers.
 
 Rendered with ``huggingface_hub.ModelCard`` from ``model_cards/ood_detector.md`` (installed inside the package).
-Part of the saved format, so :mod:`hf_gsc.serialization` writes it without any Hub access.
+Part of the saved format, so :mod:`hf_gsc.saving` writes it without any Hub access.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def render_model_card(
     license: str = DEFAULT_LICENSE,
     base_in_repo: bool = False,
 ) -> ModelCard:
-    """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.serialization.config_values`):
+    """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.saved_files.config_values`):
     metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
     the threshold and, with ``results``, its evaluation."""
     template = template_path()

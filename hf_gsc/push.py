@@ -1,4 +1,4 @@
-"""Pushing a detector to the Hub: save it as :mod:`hf_gsc.serialization` writes it, into a temporary folder, and upload
+"""Pushing a detector to the Hub: save it as :mod:`hf_gsc.saving` writes it, into a temporary folder, and upload
 that folder (``huggingface_hub``). Tokens are read by ``huggingface_hub`` (``HF_TOKEN`` or the login cache) or
 passed explicitly; they are never written to a file or a log line.
 """
@@ -9,7 +9,7 @@ import os
 import tempfile
 from .model_card import DEFAULT_LICENSE
 from .repo_ids import is_hub_id
-from .serialization import check_savable, save_detector
+from .saving import check_savable, save_detector
 
 
 class HubError(RuntimeError):

@@ -13,7 +13,7 @@ import torch
 
 from hf_gsc import GSCConfig, GSCForImageClassification
 from hf_gsc.config import CONFIG_NAME, STATE_FILE
-from hf_gsc.serialization import save_state
+from hf_gsc.saved_files import save_state
 
 from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 from hub_server import LoopbackHub

@@ -29,7 +29,7 @@ from hf_gsc.evaluation import loop, options, runner, score_cache
 from hf_gsc.evaluation.metrics import NonFiniteScoreError
 from hf_gsc.evaluation.report import method_results, write_report
 from hf_gsc.image_limits import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_ENV, ImageTooLargeError, max_image_pixels
-from hf_gsc.serialization import read_results
+from hf_gsc.detector_results import read_results
 
 from conftest import IMAGE_SIZE, make_tiny_model
 from test_evaluation import tiny  # noqa: F401  (module fixture: tiny ViT, ID and OOD datasets on disk)

@@ -20,7 +20,7 @@ import torch
 from ..config import STATE_FILE
 from ..data.decoding import OnError
 from ..safe_files import atomic_write_text, make_dirs
-from ..serialization import read_state, save_state
+from ..saved_files import read_state, save_state
 from .loaders import device_batches, make_dataloader
 from .score_cache import NUM_SKIPPED_KEY
 
