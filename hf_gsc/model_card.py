@@ -31,7 +31,7 @@ DEFAULT_LICENSE = "apache-2.0"
 _METRIC_NAMES = {"fpr95": "FPR@95%TPR (ID positive)", "fpr95_ood_positive": "FPR@95%TPR (OOD positive, OpenOOD)"}
 
 
-def eval_results_from(results: dict[str, Any], method: str = "gsc") -> list[EvalResult]:
+def eval_results_from(results: dict[str, Any], method: str) -> list[EvalResult]:
     """One model-index entry per OOD split and metric; the split goes in ``dataset_config`` so entries do not merge."""
     method_results = results.get("methods", {}).get(method)
     if method_results is None:

@@ -227,7 +227,7 @@ def test_model_card_eval_results_name_both_conventions():
     from hf_gsc.model_card import eval_results_from
 
     entry, *_ = _results()
-    entries = eval_results_from({"benchmark": "b", "methods": {"gsc": entry}})
+    entries = eval_results_from({"benchmark": "b", "methods": {"gsc": entry}}, "gsc")
     names = {(e.dataset_config, e.metric_type): e.metric_name for e in entries}
     assert names[("far_a", "fpr95")] == "FPR@95%TPR (ID positive)"
     assert names[("far_a", "fpr95_ood_positive")] == "FPR@95%TPR (OOD positive, OpenOOD)"
