@@ -33,7 +33,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import NUM_LABELS
 from hub_server import LoopbackHub
+from test_fit_labels import NAMES, _detector, named  # noqa: F401  (a balanced 5-class model named boot, coat, ...)
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "bird"]  # the model's id2label
@@ -142,8 +144,10 @@ def _argv(world: dict, output_dir: Path, late: str) -> list[str]:
 
 
 def _env(world: dict) -> dict[str, str]:
+    # CPU for every run (CUDA_VISIBLE_DEVICES=""): on a GPU machine the 1-process run would otherwise use the GPU and
+    # the 2-process one (ACCELERATE_USE_CPU) the CPU, and the scores compared would differ by more than rounding.
     return {**world["hub"].client_env(hf_home=world["root"] / "hf"), "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 def _launch_two_processes(world: dict, argv: list[str]) -> subprocess.CompletedProcess:
@@ -214,9 +218,12 @@ def _assert_fit_equals(state: dict[str, torch.Tensor], reference: dict[str, torc
     # Taken by index, the class means would be the same rows in another order: far apart, not a rounding error.
     permuted = reference["class_means"][torch.tensor(BY_NAME)]
     assert (state["class_means"].double() - permuted).abs().max() > 1e-2, what
-    for name in reference:  # float32 features batched differently: rounding only
-        torch.testing.assert_close(state[name].double(), reference[name], rtol=1e-5, atol=1e-6,
-                                   msg=lambda m: f"{what} {name}: {m}")
+    # The same features; the class statistics summed over other batches (4 rows here, 24 in the reference): float64
+    # rounding, which the pseudo-inverse of the near-singular covariance of 24 rows of a 16-dim feature amplifies
+    # (precision entries up to ~1e8; observed differences ~1e-10 of that).
+    for name in reference:
+        error = float((state[name].double() - reference[name]).abs().max())
+        assert error <= 1e-8 * float(reference[name].abs().max()), (what, name, error)
 
 
 def _check_label_mapping(output_dir: Path, results: dict) -> None:
@@ -264,7 +271,8 @@ def _assert_close(a: Any, b: Any, path: str = "") -> None:
 def test_one_process_maps_hub_labels_by_name_in_the_evaluation_and_in_fit(world, one_process):
     output_dir, results = one_process["output_dir"], one_process["results"]
     _check_label_mapping(output_dir, results)
-    assert "ID labels mapped to the model's id2label (name): 'dog' -> 'dog', 'bird' -> 'bird', 'cat' -> 'cat'" in one_process["stdout"]
+    said = "ID labels mapped to the model's id2label (name): 'dog' -> 'dog', 'bird' -> 'bird', 'cat' -> 'cat'"
+    assert said in one_process["stdout"]
     reference = _hand_fit(world)
     saved = load_file(str(output_dir / "detectors" / "mahalanobis" / STATE_FILE))
     _assert_fit_equals(saved, reference, "the evaluation's fit (1 process)")
@@ -290,7 +298,17 @@ def test_two_processes_map_hub_labels_by_name_and_skip_the_method_that_cannot_fi
     assert not (output_dir / "scores" / "knn").exists() or not any((output_dir / "scores" / "knn").iterdir())
     assert f"skipped knn: {skipped['knn']}" in two_processes["resumed"].stdout
     assert f"* `knn`: {skipped['knn']}" in (output_dir / "results.md").read_text()
-    # The same numbers, skips, label record and tuning choice as on 1 process.
+    # The same score files (each image's score and label, in dataset order), and the same numbers, skips, label
+    # record and tuning search as on 1 process.
+    one_dir = one_process["output_dir"]
+    files = sorted(path.relative_to(one_dir) for path in (one_dir / "scores").rglob("*.safetensors"))
+    assert files == sorted(path.relative_to(output_dir) for path in (output_dir / "scores").rglob("*.safetensors"))
+    assert len(files) == 2 * 4 + 1  # (msp, mahalanobis) x (ID test, ID validation, far, late) + the base model
+    for path in files:
+        one, two = load_file(str(one_dir / path)), load_file(str(output_dir / path))
+        assert one.keys() == two.keys() and torch.equal(one["labels"], two["labels"]), path
+        for key in set(one) - {"labels"}:
+            torch.testing.assert_close(two[key], one[key], rtol=1e-6, atol=1e-6, msg=lambda m: f"{path} {key}: {m}")
     try:
         _assert_close(_numbers(results), _numbers(one_process["results"]))
     except AssertionError as error:
@@ -319,3 +337,33 @@ def test_two_processes_keep_what_a_failed_run_computed_and_resume_from_it(two_pr
     num_scores = 4 * 3 + 1  # (ID test, ID validation, far, late) x 3 methods + the base model on ID test
     assert f"score files: {num_scores - len(scores)} to compute, {len(scores)} from the cache" in out, out
     assert {f"scores/{method}/ood_late.safetensors" for method in ("msp", "mahalanobis")} <= set(after)
+
+
+def test_fit_compares_class_names_as_the_evaluation_does(named):
+    """``detector.fit(dataset)`` maps ``ClassLabel`` names by the evaluation's rule (ignoring case and surrounding
+    whitespace, ``_`` / ``-`` as spaces): a dataset that ``hf-gsc evaluate`` maps by name is not fitted by index. (It
+    was: ``fit`` compared names exactly, found none of these, and kept the data's indices without a word.)"""
+    import datasets
+
+    from hf_gsc.evaluation.labels import label_mapping
+
+    model, processor, images = named
+    data_names = ["BAG", "Shirt", " dress", "COAT", "Boot"]  # the model's NAMES reversed, none spelled as the model
+    by_hand = [NAMES.index(name.strip().lower()) for name in data_names]
+    assert label_mapping(data_names, NAMES) == by_hand  # what the evaluation does with these names
+    labels = [i % NUM_LABELS for i in range(len(images))]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=data_names)})
+    fitted = _detector("mahalanobis", model, processor).fit(
+        datasets.Dataset.from_dict({"image": images, "label": labels}, features=features))
+    pixel_values = processor(images=images, return_tensors="pt")["pixel_values"]
+    reference = _detector("mahalanobis", model, processor).fit(
+        [(pixel_values, torch.tensor([by_hand[label] for label in labels]))])
+    by_index = _detector("mahalanobis", model, processor).fit([(pixel_values, torch.tensor(labels))])
+    assert (fitted.class_means - by_index.class_means).abs().max() > 1e-2
+    torch.testing.assert_close(fitted.class_means, reference.class_means, rtol=1e-12, atol=1e-12)
+    # Names partly the model's, by the same rule: refused, naming only the name that is not one.
+    partly = datasets.Features({"image": datasets.Image(),
+                                "label": datasets.ClassLabel(names=["BOOT", "coat", "sandal", "Shirt", "bag"])})
+    with pytest.raises(ValueError, match=r"cannot be mapped to the model's labels: 'sandal' are not among"):
+        _detector("mahalanobis", model, processor).fit(
+            datasets.Dataset.from_dict({"image": images, "label": labels}, features=partly))
