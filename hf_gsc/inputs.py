@@ -119,12 +119,41 @@ def labels_by_name(names: list[str], label2id: Mapping[str, int] | None) -> list
     return [int(label2id[name]) for name in names]
 
 
-def _unknown_names(names: list[str], label2id: Mapping[str, int] | None) -> str:
-    """The names of ``names`` that are not the model's labels, and the model's labels, for an error message."""
+def class_label_mapping(names: list[str], label2id: Mapping[str, int] | None) -> list[int] | None:
+    """The model's class index of each ``ClassLabel`` name of a dataset, when every name is one of the model's labels
+    (in any order), compared as the evaluation compares them (:func:`hf_gsc.evaluation.labels.name_key`: ignoring
+    case, ``_`` / ``-`` versus spaces): a dataset that ``hf-gsc evaluate`` maps by name is fitted with the same
+    labels. ``None`` otherwise (an unknown name, or one that names two of the model's labels)."""
+    exact = labels_by_name(names, label2id)
+    if exact is not None or not label2id or not names:
+        return exact
+    from .evaluation.labels import label_mapping
+
+    indices = {int(index) for index in label2id.values()}
+    if indices != set(range(len(label2id))):  # not one name per class index: nothing to compare in index order
+        return None
+    model_names = [""] * len(label2id)
+    for label, index in label2id.items():
+        model_names[int(index)] = str(label)
+    return label_mapping(list(map(str, names)), model_names)
+
+
+def _unknown_names(names: list[str], label2id: Mapping[str, int] | None, key: Any = str) -> str:
+    """The names of ``names`` that are not the model's labels (compared as ``key(name)``), and the model's labels, for
+    an error message."""
     known = sorted(label2id or {}, key=lambda label: (label2id or {})[label])
-    unknown = [label for label in names if label not in (label2id or {})]
+    keys = {key(label) for label in label2id or {}}
+    unknown = [label for label in names if key(label) not in keys]
     shown = ", ".join(repr(label) for label in known[:20]) + (", ..." if len(known) > 20 else "")
     return f"{', '.join(repr(label) for label in unknown[:10])} are not among the model's labels (config.label2id: {shown})"
+
+
+def _shares_a_name(names: Iterable[str], label2id: Mapping[str, int]) -> bool:
+    """Whether one of ``names`` is one of the model's labels, compared as :func:`class_label_mapping` compares them."""
+    from .evaluation.labels import name_key
+
+    keys = {name_key(label) for label in label2id}
+    return any(name_key(name) in keys for name in names)
 
 
 def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None, need_labels: bool = False
@@ -132,7 +161,8 @@ def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None,
     """``(images, labels or None)`` when ``data`` holds images rather than ``pixel_values``, else ``None``.
 
     Labels are the model's class indices: a ``datasets.Dataset``'s ``label`` column (mapped by name when its
-    ``ClassLabel`` names are the model's labels in another order), or a class-folder tree's folder names (each folder
+    ``ClassLabel`` names are the model's labels in another order, compared as the evaluation compares them:
+    :func:`class_label_mapping`), or a class-folder tree's folder names (each folder
     one of the model's labels, ``config.label2id``). With ``need_labels`` (a method fits per-class statistics),
     images that cannot be labelled so, or a dataset whose class names are partly the model's, are a ``ValueError``
     naming the names that do not match, here, before any image is read."""
@@ -142,13 +172,15 @@ def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None,
             raise ValueError(f"{name}: the dataset has no 'image' column (columns: {', '.join(column_names)})")
         labels = list(data["label"]) if "label" in column_names else None
         class_names = getattr(getattr(data, "features", {}).get("label"), "names", None)
-        mapping = labels_by_name(list(class_names), label2id) if class_names and labels is not None else None
+        mapping = class_label_mapping(list(class_names), label2id) if class_names and labels is not None else None
         if mapping is not None:
             labels = [mapping[label] if label >= 0 else label for label in labels]
-        elif need_labels and class_names and label2id and any(label in label2id for label in class_names):
+        elif need_labels and class_names and label2id and _shares_a_name(class_names, label2id):
             # Some names match and some do not: the dataset's indices are not the model's, and no order is safe.
+            from .evaluation.labels import name_key
+
             raise ValueError(f"{name}: the dataset's class names cannot be mapped to the model's labels: "
-                             f"{_unknown_names(list(class_names), label2id)}")
+                             f"{_unknown_names(list(class_names), label2id, key=name_key)}")
         elif need_labels and labels is None:
             raise ValueError(f"{name}: the dataset has no 'label' column, and this method fits per-class statistics "
                              f"(columns: {', '.join(column_names)})")

@@ -33,7 +33,9 @@ class LabelMismatchWarning(UserWarning):
     """The ID data's class names differ from the model's ``id2label`` (names, or order)."""
 
 
-def _normalized(name: str) -> str:
+def name_key(name: str) -> str:
+    """The form in which class names are compared (here and in ``Detector.fit`` on a ``datasets.Dataset``):
+    case-folded, ``_`` / ``-`` as spaces, runs of whitespace as one space, no surrounding whitespace."""
     return " ".join(re.sub(r"[_\-]", " ", str(name)).casefold().split())
 
 
@@ -63,7 +65,7 @@ def compare_labels(data_names: Sequence[str] | None, model_names: Sequence[str] 
         return {"status": UNCHECKED, "reason": "the ID data's label column has no class names (not a ClassLabel)"}
     if model_names is None:
         return {"status": UNCHECKED, "reason": "the model's id2label has only generic names (LABEL_0, ...)"}
-    data, model = list(map(_normalized, data_names)), list(map(_normalized, model_names))
+    data, model = list(map(name_key, data_names)), list(map(name_key, model_names))
     if data == model:
         return {"status": MATCH}
     if sorted(data) == sorted(model):
@@ -138,25 +140,25 @@ def label_mapping(data_names: Sequence[str], model_names: Sequence[str],
     given = dict(given or {})
     model_index: dict[str, list[int]] = {}
     for index, name in enumerate(model_names):
-        model_index.setdefault(_normalized(name), []).append(index)
-    data_keys = {_normalized(name): name for name in data_names}
-    unknown = [name for name in given if _normalized(name) not in data_keys]
+        model_index.setdefault(name_key(name), []).append(index)
+    data_keys = {name_key(name): name for name in data_names}
+    unknown = [name for name in given if name_key(name) not in data_keys]
     if unknown:
         raise ValueError(f"--label-map: {_listed(unknown)} not among the ID data's class names "
                          f"({_listed(list(data_names))})")
     resolved = {}
     for data_name, label in given.items():
-        matches = model_index.get(_normalized(label), [])
+        matches = model_index.get(name_key(label), [])
         if not matches and label.isdigit() and int(label) < len(model_names):
             matches = [int(label)]
         if len(matches) != 1:
             why = "names several of the model's classes; give its index" if matches else "is not a model label"
             raise ValueError(f"--label-map {data_name}={label}: {label!r} {why} (model labels: "
                              f"{_listed(list(model_names))})")
-        resolved[_normalized(data_name)] = matches[0]
+        resolved[name_key(data_name)] = matches[0]
     mapping, unmapped = [], []
     for name in data_names:
-        key = _normalized(name)
+        key = name_key(name)
         matches = model_index.get(key, [])
         index = resolved[key] if key in resolved else (matches[0] if len(matches) == 1 else None)
         unmapped += [name] if index is None else []
@@ -193,7 +195,7 @@ def map_labels(dataset: Any, mapping: Sequence[int], model_names: Sequence[str])
 def mapping_record(data_names: Sequence[str], model_names: Sequence[str], mapping: Sequence[int]) -> dict[str, str]:
     """``label_check.mapping``: data name -> model label, for the classes whose index changes."""
     return {str(name): str(model_names[index]) for position, (name, index) in enumerate(zip(data_names, mapping))
-            if index != position or _normalized(name) != _normalized(model_names[index])}
+            if index != position or name_key(name) != name_key(model_names[index])}
 
 
 __all__ = [
@@ -208,6 +210,7 @@ __all__ = [
     "label_warning",
     "map_labels",
     "mapping_record",
+    "name_key",
     "parse_label_map",
     "model_class_names",
 ]
