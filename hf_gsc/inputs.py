@@ -9,6 +9,8 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
+from .label_names import label_mapping, name_key
+
 
 def check_pixel_values(
     pixel_values: Any, channels: int | None, expected: tuple[int, int] | None, dtype: torch.dtype
@@ -121,14 +123,12 @@ def labels_by_name(names: list[str], label2id: Mapping[str, int] | None) -> list
 
 def class_label_mapping(names: list[str], label2id: Mapping[str, int] | None) -> list[int] | None:
     """The model's class index of each ``ClassLabel`` name of a dataset, when every name is one of the model's labels
-    (in any order), compared as the evaluation compares them (:func:`hf_gsc.evaluation.labels.name_key`: ignoring
+    (in any order), compared as the evaluation compares them (:func:`hf_gsc.label_names.name_key`: ignoring
     case, ``_`` / ``-`` versus spaces): a dataset that ``hf-gsc evaluate`` maps by name is fitted with the same
     labels. ``None`` otherwise (an unknown name, or one that names two of the model's labels)."""
     exact = labels_by_name(names, label2id)
     if exact is not None or not label2id or not names:
         return exact
-    from .evaluation.labels import label_mapping
-
     indices = {int(index) for index in label2id.values()}
     if indices != set(range(len(label2id))):  # not one name per class index: nothing to compare in index order
         return None
@@ -150,8 +150,6 @@ def _unknown_names(names: list[str], label2id: Mapping[str, int] | None, key: An
 
 def _shares_a_name(names: Iterable[str], label2id: Mapping[str, int]) -> bool:
     """Whether one of ``names`` is one of the model's labels, compared as :func:`class_label_mapping` compares them."""
-    from .evaluation.labels import name_key
-
     keys = {name_key(label) for label in label2id}
     return any(name_key(name) in keys for name in names)
 
@@ -177,9 +175,7 @@ def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None,
             labels = [mapping[label] if label >= 0 else label for label in labels]
         elif need_labels and class_names and label2id and _shares_a_name(class_names, label2id):
             # Some names match and some do not: the dataset's indices are not the model's, and no order is safe.
-            from .evaluation.labels import name_key
-
-            raise ValueError(f"{name}: the dataset's class names cannot be mapped to the model's labels: "
+                    raise ValueError(f"{name}: the dataset's class names cannot be mapped to the model's labels: "
                              f"{_unknown_names(list(class_names), label2id, key=name_key)}")
         elif need_labels and labels is None:
             raise ValueError(f"{name}: the dataset has no 'label' column, and this method fits per-class statistics "
@@ -193,8 +189,8 @@ def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None,
                 raise ValueError(f"{name}: the folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
             folders = sorted({file.relative_to(path).parts[0] for file in files if len(file.relative_to(path).parts) == 2})
             nested = all(len(file.relative_to(path).parts) == 2 for file in files)
-            mapping = labels_by_name(folders, label2id) if nested else None
-            if mapping is not None:  # a class-folder tree: labels by name
+            mapping = class_label_mapping(folders, label2id) if nested else None
+            if mapping is not None:  # a class-folder tree: labels by name, compared as the evaluation compares them
                 index = dict(zip(folders, mapping))
                 return files, [index[file.relative_to(path).parts[0]] for file in files]
             if need_labels and not nested:
@@ -202,7 +198,7 @@ def _image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None,
                                  "tree (one folder per class named as the model's label, its images directly inside)")
             if need_labels:
                 raise ValueError(f"{name}: the class folders of {path} must be named as the model's labels: "
-                                 f"{_unknown_names(folders, label2id)}")
+                                 f"{_unknown_names(folders, label2id, key=name_key)}")
             return files, None
         if not path.is_file():
             raise FileNotFoundError(f"{name}: no such file or folder: {path}")

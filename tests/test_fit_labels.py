@@ -46,12 +46,13 @@ def _tree(root, images, folder_names):
 @pytest.mark.parametrize("method", ["mahalanobis", "she"])
 def test_class_folders_that_are_not_the_models_labels_are_named(named, method, tmp_path, monkeypatch):
     model, processor, images = named
+    # 'Dress' is the model's 'dress' (names compared as the evaluation compares them); 'sock' is no model label.
     root = _tree(tmp_path / "train", images, ["boot", "coat", "Dress", "sock", "bag"][:NUM_LABELS])
     detector = _detector(method, model, processor)
     opened = []
     monkeypatch.setattr("hf_gsc.inputs._open_image", lambda item: opened.append(item))
     with pytest.raises(ValueError, match=r"id_train_batches: the class folders of .*train must be named as the "
-                                         r"model's labels: 'Dress', 'sock' are not among the model's labels "
+                                         r"model's labels: 'sock' are not among the model's labels "
                                          r"\(config.label2id: 'boot', 'coat', 'dress', 'shirt'"):
         detector.fit(root)
     assert opened == []  # refused before any image is read

@@ -271,7 +271,7 @@ def _assert_close(a: Any, b: Any, path: str = "") -> None:
 def test_one_process_maps_hub_labels_by_name_in_the_evaluation_and_in_fit(world, one_process):
     output_dir, results = one_process["output_dir"], one_process["results"]
     _check_label_mapping(output_dir, results)
-    said = "ID labels mapped to the model's id2label (name): 'dog' -> 'dog', 'bird' -> 'bird', 'cat' -> 'cat'"
+    said = "ID labels mapped to the model's id2label (by name): 'dog' -> 'dog', 'bird' -> 'bird', 'cat' -> 'cat'"
     assert said in one_process["stdout"]
     reference = _hand_fit(world)
     saved = load_file(str(output_dir / "detectors" / "mahalanobis" / STATE_FILE))
@@ -345,7 +345,7 @@ def test_fit_compares_class_names_as_the_evaluation_does(named):
     was: ``fit`` compared names exactly, found none of these, and kept the data's indices without a word.)"""
     import datasets
 
-    from hf_gsc.evaluation.labels import label_mapping
+    from hf_gsc.label_names import label_mapping
 
     model, processor, images = named
     data_names = ["BAG", "Shirt", " dress", "COAT", "Boot"]  # the model's NAMES reversed, none spelled as the model

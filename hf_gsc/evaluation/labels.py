@@ -23,20 +23,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..label_names import SHOWN, label_mapping, listed, name_key
+
 #: ``label_check.status`` values: names and order agree / same names, other order / other names / not checkable.
 MATCH, ORDER_DIFFERS, NAMES_DIFFER, UNCHECKED = "match", "order_differs", "names_differ", "unchecked"
-#: How many differing names or positions a message lists.
-SHOWN = 5
 
 
 class LabelMismatchWarning(UserWarning):
     """The ID data's class names differ from the model's ``id2label`` (names, or order)."""
-
-
-def name_key(name: str) -> str:
-    """The form in which class names are compared (here and in ``Detector.fit`` on a ``datasets.Dataset``):
-    case-folded, ``_`` / ``-`` as spaces, runs of whitespace as one space, no surrounding whitespace."""
-    return " ".join(re.sub(r"[_\-]", " ", str(name)).casefold().split())
 
 
 def class_names_of(dataset: Any) -> list[str] | None:
@@ -80,11 +74,6 @@ def compare_labels(data_names: Sequence[str] | None, model_names: Sequence[str] 
     }
 
 
-def _listed(names: Sequence[Any]) -> str:
-    shown = ", ".join(map(repr, names[:SHOWN]))
-    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
-
-
 def label_warning(record: Mapping[str, Any]) -> str | None:
     """The warning for a mismatch (``None`` when the names match or could not be compared)."""
     hint = "predictions are compared with labels by index, so the ID accuracy means nothing"
@@ -98,8 +87,8 @@ def label_warning(record: Mapping[str, Any]) -> str | None:
     if record["status"] == NAMES_DIFFER:
         return (f"the ID data's class names differ from the model's id2label ({record['num_data_classes']} classes "
                 f"in the data, {record['num_model_classes']} in the model; only in the data: "
-                f"{_listed(record['only_in_data']) or 'none'}; only in the model: "
-                f"{_listed(record['only_in_model']) or 'none'}): {hint}; give ID data of the model's classes "
+                f"{listed(record['only_in_data']) or 'none'}; only in the model: "
+                f"{listed(record['only_in_model']) or 'none'}): {hint}; give ID data of the model's classes "
                 "(class folders or ClassLabel names as in model.config.id2label), or the mapping with "
                 "--label-map DATA_NAME=MODEL_LABEL,...")
     return None
@@ -129,46 +118,6 @@ def parse_label_map(value: str | None) -> dict[str, str]:
             raise ValueError(f"--label-map: {data_name!r} is mapped twice")
         pairs[data_name] = model_label
     return pairs
-
-
-def label_mapping(data_names: Sequence[str], model_names: Sequence[str],
-                  given: Mapping[str, str] | None = None) -> list[int] | None:
-    """Data label index -> model class index, by name, with the ``--label-map`` pairs ``given`` first (a model label
-    given as a number not among the names is a class index); ``None`` when a data class stays unmapped (its name is
-    not the model's, or names two of the model's classes) and nothing was given. Raises ``ValueError`` when
-    ``given`` names a class the data or the model does not have, or leaves a data class unmapped."""
-    given = dict(given or {})
-    model_index: dict[str, list[int]] = {}
-    for index, name in enumerate(model_names):
-        model_index.setdefault(name_key(name), []).append(index)
-    data_keys = {name_key(name): name for name in data_names}
-    unknown = [name for name in given if name_key(name) not in data_keys]
-    if unknown:
-        raise ValueError(f"--label-map: {_listed(unknown)} not among the ID data's class names "
-                         f"({_listed(list(data_names))})")
-    resolved = {}
-    for data_name, label in given.items():
-        matches = model_index.get(name_key(label), [])
-        if not matches and label.isdigit() and int(label) < len(model_names):
-            matches = [int(label)]
-        if len(matches) != 1:
-            why = "names several of the model's classes; give its index" if matches else "is not a model label"
-            raise ValueError(f"--label-map {data_name}={label}: {label!r} {why} (model labels: "
-                             f"{_listed(list(model_names))})")
-        resolved[name_key(data_name)] = matches[0]
-    mapping, unmapped = [], []
-    for name in data_names:
-        key = name_key(name)
-        matches = model_index.get(key, [])
-        index = resolved[key] if key in resolved else (matches[0] if len(matches) == 1 else None)
-        unmapped += [name] if index is None else []
-        mapping.append(-1 if index is None else index)
-    if unmapped:
-        if given:
-            raise ValueError(f"--label-map leaves the ID data's class(es) {_listed(unmapped)} unmapped: give each a "
-                             f"model label (model labels: {_listed(list(model_names))})")
-        return None
-    return mapping
 
 
 def map_labels(dataset: Any, mapping: Sequence[int], model_names: Sequence[str]) -> Any:
@@ -206,11 +155,9 @@ __all__ = [
     "LabelMismatchWarning",
     "class_names_of",
     "compare_labels",
-    "label_mapping",
     "label_warning",
     "map_labels",
     "mapping_record",
-    "name_key",
     "parse_label_map",
     "model_class_names",
 ]

@@ -349,7 +349,7 @@ def run_evaluation(args: argparse.Namespace | Sequence[str] | None = None) -> di
     id_splits, label_check = _check_labels(id_splits, model.config, parsed.get("label_map") or {})
     if accelerator.is_main_process and label_check.get("mapping"):
         pairs = ", ".join(f"{data!r} -> {label!r}" for data, label in label_check["mapping"].items())
-        print(f"ID labels mapped to the model's id2label ({label_check['mapped_by']}): {pairs}", flush=True)
+        print(f"ID labels mapped to the model's id2label (by {label_check['mapped_by']}): {pairs}", flush=True)
     if accelerator.is_main_process and label_warning(label_check):
         warnings.warn(label_warning(label_check), LabelMismatchWarning, stacklevel=2)
     same_as_test = [name for name, dataset in ood_splits.items() if same_images(dataset, id_splits["test"])]
@@ -487,7 +487,8 @@ def _check_labels(id_splits: Mapping[str, Any], config: Any, given: Mapping[str,
     """``(ID splits with their labels mapped to the model's classes, label_check)``. Each split is mapped by its own
     class names (an image-folder split without some class folder numbers its classes differently); the record is
     the test split's comparison plus ``mapping`` and ``mapped_by`` where labels were mapped."""
-    from .labels import MATCH, label_mapping, map_labels, mapping_record
+    from ..label_names import label_mapping
+    from .labels import MATCH, map_labels, mapping_record
 
     model_names = model_class_names(config)
     label_check = compare_labels(class_names_of(id_splits["test"]), model_names)
