@@ -64,6 +64,9 @@ args = json.loads(sys.argv[1])
 code = main(["evaluate", *args["argv"]])
 if code:
     sys.exit(code)
+code = main(["evaluate", *args["detector_argv"]])  # the detector the run selected and saved, as it is
+if code:
+    sys.exit(code)
 import datasets
 from safetensors.torch import save_file
 from hf_gsc import AutoOODDetector
@@ -136,11 +139,20 @@ def world(tmp_path_factory: pytest.TempPathFactory):
                "late": str(late), "late_broken": str(late_broken)}
 
 
-def _argv(world: dict, output_dir: Path, late: str) -> list[str]:
+def _argv(world: dict, output_dir: Path, late: str, save: bool = False) -> list[str]:
+    """The run; ``save``: also ``--save-detectors`` (the 1-process run, whose selected detector ``--detector`` then
+    evaluates; saving rewrites ``detectors/``, which the resume test checks is left as the failed run left it)."""
     return ["--model", world["model"], "--id-dataset", REPO_ID, "--ood-dataset", f"far={world['far']}",
             "--ood-dataset", f"late={late}", "--methods", METHODS,
             *(f"--hyperparameter={name}.k={k}" for name, k in UNFITTABLE.items()),
-            "--tune", "--batch-size", "4", "--no-plots", "--no-selection", "--output-dir", str(output_dir)]
+            "--tune", *(["--save-detectors"] if save else []), "--batch-size", "4", "--no-plots",
+            "--output-dir", str(output_dir)]
+
+
+def _detector_argv(world: dict, detector_dir: Path, output_dir: Path) -> list[str]:
+    """``--detector``: the saved selected detector evaluated as it is, on the same Hub data."""
+    return ["--detector", str(detector_dir), "--id-dataset", REPO_ID, "--ood-dataset", f"far={world['far']}",
+            "--ood-dataset", f"late={world['late']}", "--batch-size", "4", "--no-plots", "--output-dir", str(output_dir)]
 
 
 def _env(world: dict) -> dict[str, str]:
@@ -166,13 +178,15 @@ def _launch_two_processes(world: dict, argv: list[str]) -> subprocess.CompletedP
 def one_process(world: dict) -> dict[str, Any]:
     output_dir = world["root"] / "one"
     api_fit = world["root"] / "api_fit.safetensors"
-    args = {"argv": _argv(world, output_dir, world["late"]), "model": world["model"], "repo_id": REPO_ID,
-            "api_fit": str(api_fit)}
+    args = {"argv": _argv(world, output_dir, world["late"], save=True), "model": world["model"], "repo_id": REPO_ID,
+            "api_fit": str(api_fit),
+            "detector_argv": _detector_argv(world, output_dir / "detectors" / "selected", world["root"] / "one_shipped")}
     result = subprocess.run([sys.executable, "-c", ONE_PROCESS_SCRIPT, json.dumps(args)], capture_output=True,
                             text=True, timeout=TIMEOUT, env=_env(world), cwd=world["root"])
     assert result.returncode == 0, result.stderr[-4000:]
     return {"output_dir": output_dir, "results": json.loads((output_dir / "results.json").read_text()),
-            "api_fit": load_file(str(api_fit)), "stdout": result.stdout}
+            "api_fit": load_file(str(api_fit)), "stdout": result.stdout,
+            "shipped": json.loads((world["root"] / "one_shipped" / "results.json").read_text())}
 
 
 def _snapshot(output_dir: Path) -> dict[str, tuple[int, int, bytes]]:
@@ -183,8 +197,9 @@ def _snapshot(output_dir: Path) -> dict[str, tuple[int, int, bytes]]:
 
 
 @pytest.fixture(scope="module")
-def two_processes(world: dict) -> dict[str, Any]:
-    """The 2-process run that stops at ``late``'s unreadable image, then its rerun once the image is removed."""
+def two_processes(world: dict, one_process: dict) -> dict[str, Any]:
+    """The 2-process run that stops at ``late``'s unreadable image, then its rerun once the image is removed, then
+    the 1-process run's selected detector evaluated as it is (``--detector``) on 2 processes."""
     output_dir = world["root"] / "two"
     argv = _argv(world, output_dir, world["late_broken"])
     failed = _launch_two_processes(world, argv)
@@ -192,8 +207,13 @@ def two_processes(world: dict) -> dict[str, Any]:
     (Path(world["late_broken"]) / "99.png").unlink()  # now the same images as `late`
     resumed = _launch_two_processes(world, argv)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    shipped_dir = world["root"] / "two_shipped"
+    shipped = _launch_two_processes(
+        world, _detector_argv(world, one_process["output_dir"] / "detectors" / "selected", shipped_dir))
+    assert shipped.returncode == 0, shipped.stderr[-4000:]
     return {"failed": failed, "after_failure": after_failure, "resumed": resumed, "output_dir": output_dir,
-            "results": json.loads((output_dir / "results.json").read_text())}
+            "results": json.loads((output_dir / "results.json").read_text()),
+            "shipped": json.loads((shipped_dir / "results.json").read_text())}
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -248,6 +268,7 @@ def _numbers(results: dict) -> dict:
     return {"id_accuracy": results["id_accuracy"], "split_sizes": results["split_sizes"],
             "skipped": results["skipped"], "label_check": results["label_check"],
             "tuning": results["tuning"]["methods"],  # every grid point's validation metrics and the choice
+            "selection": {key: value for key, value in results["selection"].items() if key != "seconds"},
             "methods": {name: {key: entry[key] for key in ("threshold", "id_tpr_at_threshold", "ood", "average")}
                         for name, entry in results["methods"].items()}}
 
@@ -303,7 +324,9 @@ def test_two_processes_map_hub_labels_by_name_and_skip_the_method_that_cannot_fi
     one_dir = one_process["output_dir"]
     files = sorted(path.relative_to(one_dir) for path in (one_dir / "scores").rglob("*.safetensors"))
     assert files == sorted(path.relative_to(output_dir) for path in (output_dir / "scores").rglob("*.safetensors"))
-    assert len(files) == 2 * 4 + 1  # (msp, mahalanobis) x (ID test, ID validation, far, late) + the base model
+    # (msp, mahalanobis) x (ID test, ID validation, far, late, the selection's 2 generated OOD validation sets) + the
+    # base model
+    assert len(files) == 2 * 6 + 1
     for path in files:
         one, two = load_file(str(one_dir / path)), load_file(str(output_dir / path))
         assert one.keys() == two.keys() and torch.equal(one["labels"], two["labels"]), path
@@ -334,7 +357,8 @@ def test_two_processes_keep_what_a_failed_run_computed_and_resume_from_it(two_pr
     assert not changed, f"rewritten by the rerun: {changed}"
     out = two_processes["resumed"].stdout
     assert "tuning: reusing the search saved in" in out
-    num_scores = 4 * 3 + 1  # (ID test, ID validation, far, late) x 3 methods + the base model on ID test
+    # (ID test, ID validation, far, late, the 2 generated OOD validation sets) x 3 methods + the base model on ID test
+    num_scores = 6 * 3 + 1
     assert f"score files: {num_scores - len(scores)} to compute, {len(scores)} from the cache" in out, out
     assert {f"scores/{method}/ood_late.safetensors" for method in ("msp", "mahalanobis")} <= set(after)
 
@@ -367,3 +391,22 @@ def test_fit_compares_class_names_as_the_evaluation_does(named):
     with pytest.raises(ValueError, match=r"cannot be mapped to the model's labels: 'sandal' are not among"):
         _detector("mahalanobis", model, processor).fit(
             datasets.Dataset.from_dict({"image": images, "label": labels}, features=partly))
+
+
+def test_the_selected_detector_is_evaluated_as_it_is_on_one_and_two_processes(world, one_process, two_processes):
+    """``--detector`` on the Hub dataset: the detector the run selected, its shipped threshold, no refit; the labels
+    mapped by name; the same numbers on 2 processes as on 1."""
+    chosen = one_process["results"]["selection"]["method"]
+    assert two_processes["results"]["selection"]["method"] == chosen
+    one, two = one_process["shipped"], two_processes["shipped"]
+    assert two["num_processes"] == 2 and one["num_processes"] == 1
+    for results in (one, two):
+        assert results["detector"]["method"] == chosen and list(results["methods"]) == [chosen]
+        assert results["detector"]["evaluated_as"] == "saved: no refit, no recalibration"
+        assert results["label_check"]["mapped_by"] == "name"
+    shipped_threshold = json.loads((one_process["output_dir"] / "detectors" / "selected" / "detector_config.json")
+                                   .read_text())["threshold"]
+    assert one["detector"]["threshold"] == shipped_threshold
+    _assert_close(two["detector"], one["detector"])
+    _assert_close({key: two["methods"][chosen][key] for key in ("threshold", "id_tpr_at_threshold", "ood", "average")},
+                  {key: one["methods"][chosen][key] for key in ("threshold", "id_tpr_at_threshold", "ood", "average")})
