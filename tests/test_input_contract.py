@@ -7,41 +7,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from transformers import ViTImageProcessor
 
-from hf_gsc.detectors import get_detector
 from hf_gsc.inputs import array_to_image
 
-from conftest import IMAGE_SIZE, NUM_LABELS
-from test_detectors import balanced_model
-
-NAMES = ["boot", "coat", "dress", "shirt", "bag"][:NUM_LABELS]
+from conftest import NUM_LABELS
+from test_fit_labels import NAMES, _detector, named  # noqa: F401  (a balanced 5-class model named boot, coat, ...)
 
 
 @pytest.fixture(scope="module")
-def named():
-    model = balanced_model("resnet").float()
-    model.config.id2label = dict(enumerate(NAMES))
-    model.config.label2id = {name: index for index, name in enumerate(NAMES)}
-    rng = np.random.default_rng(0)
-    images = [Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)) for _ in range(60)]
-    processor = ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
-    with torch.no_grad():  # the model's own predictions, so that SHE has correct samples of every class
+def labelled(named):
+    """``named``'s model, processor and images, with labels: the model's own predictions, so that SHE has correct
+    samples of every class, and every class present."""
+    model, processor, images = named
+    with torch.no_grad():
         predicted = model(**processor(images=images, return_tensors="pt")).logits.argmax(-1).tolist()
     labels = [label if i % 3 else i % NUM_LABELS for i, label in enumerate(predicted)]  # every class, some correct
     return model, processor, images, labels
 
 
-def _detector(method, model, processor):
-    detector = get_detector(method, model)
-    detector.image_processor = processor
-    return detector
-
-
 @pytest.mark.parametrize("method", ["mahalanobis", "gem", "rmds", "conjnorm"])  # SHE reads the labels the same way
-def test_labelled_methods_fit_on_a_class_folder_tree(named, method, tmp_path):
-    model, processor, images, labels = named
+def test_labelled_methods_fit_on_a_class_folder_tree(labelled, method, tmp_path):
+    model, processor, images, labels = labelled
     for index, (image, label) in enumerate(zip(images, labels)):
         folder = tmp_path / NAMES[label]
         folder.mkdir(exist_ok=True)
@@ -58,10 +44,10 @@ def test_labelled_methods_fit_on_a_class_folder_tree(named, method, tmp_path):
         torch.testing.assert_close(getattr(from_folder, name), expected, rtol=1e-5, atol=1e-6 * expected.abs().max())
 
 
-def test_a_dataset_with_class_names_in_another_order_is_mapped_by_name(named):
+def test_a_dataset_with_class_names_in_another_order_is_mapped_by_name(labelled):
     import datasets
 
-    model, processor, images, labels = named
+    model, processor, images, labels = labelled
     shuffled = NAMES[::-1]  # the dataset's own class order
     dataset = datasets.Dataset.from_dict(
         {"image": images, "label": [shuffled.index(NAMES[label]) for label in labels]},
@@ -74,8 +60,8 @@ def test_a_dataset_with_class_names_in_another_order_is_mapped_by_name(named):
     torch.testing.assert_close(from_dataset.class_means, from_batches.class_means)
 
 
-def test_numpy_images_are_images(named):
-    model, processor, images, _ = named
+def test_numpy_images_are_images(labelled):
+    model, processor, images, _ = labelled
     rgb = np.asarray(images[0])
     as_float = rgb.astype(np.float32) / 255.0
     rgba = np.concatenate([rgb, np.full((*rgb.shape[:2], 1), 255, np.uint8)], axis=2)
@@ -94,10 +80,10 @@ def test_numpy_images_are_images(named):
     assert from_arrays == from_pil
 
 
-def test_the_pipeline_serves_numpy_images(named, tmp_path):
+def test_the_pipeline_serves_numpy_images(labelled, tmp_path):
     import transformers
 
-    model, processor, images, _ = named
+    model, processor, images, _ = labelled
     detector = _detector("energy", model, processor)
     detector.save_pretrained(tmp_path / "energy", save_base_model=True)
     ood = transformers.pipeline("ood-image-classification", model=str(tmp_path / "energy"))
