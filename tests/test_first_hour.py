@@ -55,20 +55,26 @@ def _id_data(root: Path, names: list[str], rng: np.random.Generator) -> str:
     return str(root)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """A tiny ViT (classes cat, dog, bird), ID data with the same names, others, and an OOD image folder."""
+def save_tiny_vit(folder: Path) -> None:
+    """A random 16 px grey ViT with the classes ``CLASSES`` (cat, dog, bird) and its PIL image processor, in
+    ``folder``; seeded, so the same model every time."""
     from transformers import ViTConfig, ViTForImageClassification
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
-    root = tmp_path_factory.mktemp("first_hour")
     torch.manual_seed(0)
     config = ViTConfig(image_size=16, patch_size=8, num_channels=1, hidden_size=16, num_hidden_layers=1,
                        num_attention_heads=2, intermediate_size=32, num_labels=3,
                        id2label=dict(enumerate(CLASSES)), label2id={name: i for i, name in enumerate(CLASSES)})
-    ViTForImageClassification(config).save_pretrained(root / "model")
+    ViTForImageClassification(config).save_pretrained(folder)
     ViTImageProcessorPil(do_resize=True, size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5],
-                         do_convert_rgb=False).save_pretrained(root / "model")
+                         do_convert_rgb=False).save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A tiny ViT (classes cat, dog, bird), ID data with the same names, others, and an OOD image folder."""
+    root = tmp_path_factory.mktemp("first_hour")
+    save_tiny_vit(root / "model")
     rng = np.random.default_rng(0)
     folder = root / "far"
     folder.mkdir()

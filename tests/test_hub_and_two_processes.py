@@ -35,10 +35,10 @@ from safetensors.torch import load_file
 
 from conftest import NUM_LABELS
 from hub_server import LoopbackHub
+from test_first_hour import CLASSES, save_tiny_vit  # CLASSES: the tiny ViT's id2label, cat, dog, bird
 from test_fit_labels import NAMES, _detector, named  # noqa: F401  (a balanced 5-class model named boot, coat, ...)
 
 REPO = Path(__file__).resolve().parents[1]
-CLASSES = ["cat", "dog", "bird"]  # the model's id2label
 DATA_NAMES = ["dog", "bird", "cat"]  # the Hub dataset's ClassLabel: the same names in another order
 BY_NAME = [CLASSES.index(name) for name in DATA_NAMES]  # data label -> model label, written out by hand: [1, 2, 0]
 REPO_ID = "user/shuffled-id"
@@ -104,17 +104,9 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     """A tiny ViT (classes cat, dog, bird), the ID data on the loopback Hub with its classes in another order, two
     OOD image folders (``far``, ``late``) and ``late``'s copy with an unreadable image (for the run that fails)."""
     import datasets
-    from transformers import ViTConfig, ViTForImageClassification
-    from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
     root = tmp_path_factory.mktemp("hub2p")
-    torch.manual_seed(0)
-    config = ViTConfig(image_size=16, patch_size=8, num_channels=1, hidden_size=16, num_hidden_layers=1,
-                       num_attention_heads=2, intermediate_size=32, num_labels=3,
-                       id2label=dict(enumerate(CLASSES)), label2id={name: i for i, name in enumerate(CLASSES)})
-    ViTForImageClassification(config).save_pretrained(root / "model")
-    ViTImageProcessorPil(do_resize=True, size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5],
-                         do_convert_rgb=False).save_pretrained(root / "model")
+    save_tiny_vit(root / "model")
     rng = np.random.default_rng(0)
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=DATA_NAMES)})
     splits = {split: datasets.Dataset.from_dict({"image": _images(labels, rng), "label": labels}, features=features)
