@@ -77,7 +77,32 @@ def shaped_energy(batch: BackbonePass, split: SplitPoint, model: nn.Module,
         return energy_score(logits.to(flat.dtype))
 
 
-class ASHDetector(BaselineDetector):
+class ShapedEnergyDetector(BaselineDetector):
+    """Energy of the head at a shaped activation of ``split_point`` (ASH's and SCALE's score, :func:`shaped_energy`);
+    a subclass gives the shaping, :meth:`shape`, of the flattened feature ``(B, n)`` with its ``percentile``."""
+
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
+        self.split = resolve_split_point(self.model, self.hyperparameters["split_point"])
+
+    def feature_splits(self) -> tuple[SplitPoint, ...]:
+        return (self.split,)
+
+    def validate(self) -> None:
+        self._number("percentile", 0.0, 100.0)
+        validate_split_point_name(self.hyperparameters["split_point"])
+
+    def shape(self, flat: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        """The backbone in whatever precision it runs in; the shaping (a percentile cut, sums over thousands of
+        activations, ``exp(s1 / s2)``), the head and the energy in float32 with autocast off (:mod:`hf_gsc.precision`).
+        A bf16 *model*'s head gets the shaped feature back in bf16 (its own modules) and its logits in float32."""
+        return shaped_energy(batch, self.split, self.model, self.shape)
+
+
+class ASHDetector(ShapedEnergyDetector):
     """Energy of the logits recomputed through the head from the ASH-shaped activation.
 
     Djurisic, Bozanic, Ashok, Liu, "Extremely Simple Activation Shaping for Out-of-Distribution
@@ -100,28 +125,13 @@ class ASHDetector(BaselineDetector):
     search_space = {"percentile": (65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)}
     search_space_source = "OpenOOD ash.yml: percentile_list [65, 70, 75, 80, 85, 90, 95], for each ASH variant"
 
-    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
-        super().__init__(model, config, **hyperparameters)
-        self.split = resolve_split_point(self.model, self.hyperparameters["split_point"])
-
     def resolve_defaults(self, model: nn.Module, hyperparameters: dict[str, Any]) -> dict[str, Any]:
         if hyperparameters["percentile"] is None:
             hyperparameters["percentile"] = default_ash_percentile(model, self.variant)
         return hyperparameters
 
-    def feature_splits(self) -> tuple[SplitPoint, ...]:
-        return (self.split,)
-
-    def validate(self) -> None:
-        self._number("percentile", 0.0, 100.0)
-        validate_split_point_name(self.hyperparameters["split_point"])
-
-    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        """The backbone in whatever precision it runs in; the shaping (a percentile cut, sums over thousands of
-        activations, ``exp(s1 / s2)``), the head and the energy in float32 with autocast off (:mod:`hf_gsc.precision`).
-        A bf16 *model*'s head gets the shaped feature back in bf16 (its own modules) and its logits in float32."""
-        percentile = self.hyperparameters["percentile"]
-        return shaped_energy(batch, self.split, self.model, lambda flat: ash_shape(flat, self.variant, percentile))
+    def shape(self, flat: torch.Tensor) -> torch.Tensor:
+        return ash_shape(flat, self.variant, self.hyperparameters["percentile"])
 
 
 @register_detector

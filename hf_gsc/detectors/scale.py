@@ -7,14 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..backbone_pass import BackbonePass
 from ..backends.shaped import FeatureShaping, register_feature_shaping
 from ..config import DetectorConfig
 from ..detector import register_detector
 from ..features import linear_head
-from ..split_points import SplitPoint, resolve_split_point, validate_split_point_name
-from .ash import ash_keep_count, shaped_energy
-from .common import BaselineDetector
+from .ash import ShapedEnergyDetector, ash_keep_count
 
 #: The authors' ``configs/postprocessors/scale.yml`` ``percentile: 85`` (also OpenOOD's), their ImageNet-1K
 #: ResNet-50 setting.
@@ -44,7 +41,7 @@ def scale_shape(features: torch.Tensor, percentile: float) -> torch.Tensor:
 
 
 @register_detector
-class SCALEDetector(BaselineDetector):
+class SCALEDetector(ShapedEnergyDetector):
     """Energy of the logits of the scaled feature, ``logsumexp(W (z * exp(s1 / s2)) + b)``, :func:`scale_shape`.
 
     Xu, Chen, Franchi, Yao, "Scaling for Training Time and Post-hoc Out-of-distribution Detection Enhancement", ICLR
@@ -76,7 +73,6 @@ class SCALEDetector(BaselineDetector):
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
-        self.split = resolve_split_point(self.model, self.hyperparameters["split_point"])
         if self.split.name == "penultimate":
             # n is known now (the head's input); another split's n is known at the first batch (scale_factor).
             n = linear_head(self.model).feature_dim
@@ -84,18 +80,10 @@ class SCALEDetector(BaselineDetector):
                 raise ValueError(f"scale: percentile {self.hyperparameters['percentile']} keeps none of the {n} "
                                  "penultimate activations (k = n - round(n p / 100) = 0); lower the percentile")
 
-    def feature_splits(self) -> tuple[SplitPoint, ...]:
-        return (self.split,)
-
-    def validate(self) -> None:
-        self._number("percentile", 0.0, 100.0)
-        validate_split_point_name(self.hyperparameters["split_point"])
-
-    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        """The scaling (sums over the activations, ``exp(s1 / s2)``), the head and the energy in float32 or wider
-        with autocast off (:mod:`hf_gsc.precision`), as ASH's; a bf16 model's head gets the scaled feature in bf16."""
-        percentile = self.hyperparameters["percentile"]
-        return shaped_energy(batch, self.split, self.model, lambda flat: scale_shape(flat, percentile))
+    def shape(self, flat: torch.Tensor) -> torch.Tensor:
+        """The scaling (sums over the activations, ``exp(s1 / s2)``); the head and the energy follow as ASH's
+        (:meth:`~hf_gsc.detectors.ash.ShapedEnergyDetector.score_batch`)."""
+        return scale_shape(flat, self.hyperparameters["percentile"])
 
 
 # GSC's feature_shaping="scale" shapes F with SCALE's own math.
