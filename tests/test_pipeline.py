@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -111,22 +112,26 @@ def test_pipeline_shared_by_threads(detector_dir):
     assert all(results[index] == [expected[index]] * 10 for index in range(4)), results
 
 
-def test_trainer_predict_keeps_labels(detector_dir, tmp_path):
+def _trainer_predict(detector, pixel_values: torch.Tensor, tmp_path) -> Any:
+    """``transformers.Trainer.predict`` of ``detector`` on ``pixel_values``, labelled 0, 1, 2, 0, ..., batches of 4."""
     from torch.utils.data import Dataset
-
-    detector = GSCForImageClassification.from_pretrained(detector_dir)
-    pixel_values = torch.randn(6, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(3))
 
     class Images(Dataset):
         def __len__(self) -> int:
-            return 6
+            return len(pixel_values)
 
         def __getitem__(self, index: int) -> dict:
             return {"pixel_values": pixel_values[index], "labels": index % 3}
 
     arguments = transformers.TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_eval_batch_size=4,
                                                report_to=[], use_cpu=True)
-    prediction = transformers.Trainer(model=detector, args=arguments).predict(Images())
+    return transformers.Trainer(model=detector, args=arguments).predict(Images())
+
+
+def test_trainer_predict_keeps_labels(detector_dir, tmp_path):
+    detector = GSCForImageClassification.from_pretrained(detector_dir)
+    pixel_values = torch.randn(6, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(3))
+    prediction = _trainer_predict(detector, pixel_values, tmp_path)
     assert prediction.label_ids.tolist() == [0, 1, 2, 0, 1, 2]
     logits, gsc_logits, ood_score = prediction.predictions[:3]
     expected = detector(pixel_values)
@@ -137,25 +142,13 @@ def test_trainer_predict_keeps_labels(detector_dir, tmp_path):
 @pytest.mark.parametrize("calibrated", [False, True], ids=["uncalibrated", "calibrated"])
 def test_trainer_predict_layout_of_a_detector(calibrated, tmp_path):
     """The layout OODDetectorOutput's docstring states: predictions = (logits, ood_score[, is_ood])."""
-    from torch.utils.data import Dataset
-
     from hf_gsc import AutoOODDetector
 
     detector = AutoOODDetector.from_pretrained(make_tiny_model("vit").float(), method="energy")
     pixel_values = torch.randn(6, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(3))
     if calibrated:
         detector.calibrate(pixel_values)
-
-    class Images(Dataset):
-        def __len__(self) -> int:
-            return 6
-
-        def __getitem__(self, index: int) -> dict:
-            return {"pixel_values": pixel_values[index], "labels": index % 3}
-
-    arguments = transformers.TrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_eval_batch_size=4,
-                                               report_to=[], use_cpu=True)
-    prediction = transformers.Trainer(model=detector, args=arguments).predict(Images())
+    prediction = _trainer_predict(detector, pixel_values, tmp_path)
     expected = detector(pixel_values)
     assert prediction.label_ids.tolist() == [0, 1, 2, 0, 1, 2]
     assert len(prediction.predictions) == (3 if calibrated else 2)
