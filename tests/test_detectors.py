@@ -202,9 +202,9 @@ def test_ash_final_encoder_output_on_resnet():
     np.testing.assert_allclose(detector.score(x).numpy(), energy(logits), rtol=1e-9)
 
 
-def test_gsc_ash(setting):
-    """ASH-S on the penultimate feature, then zero the top 5% |W_c| coordinates, energy of W F'' + b."""
-    shaped = reference_ash(setting.F_test, "s", 80.0)
+def reference_gsc_on_shaped(setting, shaped: np.ndarray) -> list[float]:
+    """GSC on shaped penultimate features ``(N, D)``: zero the top 5% |W_c| coordinates (ties to the lower index),
+    energy of W F'' + b (the linear head's first-order update is exact)."""
     expected = []
     for row in shaped:
         c = np.argmax(setting.W @ row + setting.b)
@@ -213,6 +213,12 @@ def test_gsc_ash(setting):
         masked = row.copy()
         masked[np.argsort(-np.abs(gradient), kind="stable")[:k]] = 0.0
         expected.append(logsumexp(setting.W @ masked + setting.b))
+    return expected
+
+
+def test_gsc_ash(setting):
+    """ASH-S on the penultimate feature, then zero the top 5% |W_c| coordinates, energy of W F'' + b."""
+    expected = reference_gsc_on_shaped(setting, reference_ash(setting.F_test, "s", 80.0))
     np.testing.assert_allclose(setting.score("gsc_ash", shaping_percentile=80.0), expected, rtol=1e-9)
     with torch.inference_mode():
         inside = get_detector("gsc_ash", setting.model, shaping_percentile=80.0).score(setting.x_test)

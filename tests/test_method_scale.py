@@ -13,7 +13,7 @@ from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.scale import scale_factor
 
 from conftest import IMAGE_SIZE
-from test_detectors import balanced_model, energy, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
+from test_detectors import balanced_model, energy, reference_gsc_on_shaped, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def reference_scale(x: np.ndarray, percentile: float) -> np.ndarray:
@@ -84,15 +84,7 @@ def test_bad_percentile_fails_at_construction(percentile, match):
 def test_gsc_with_scale_shaping_takes_the_gradient_at_the_scaled_feature(setting):  # noqa: F811
     """GSC at the penultimate feature with feature_shaping="scale": zero the top 5% |W_c| coordinates of the scaled
     feature, energy of W F'' + b (the linear head's first-order update is exact)."""
-    shaped = reference_scale(setting.F_test, 85.0)
-    expected = []
-    for row in shaped:
-        c = np.argmax(setting.W @ row + setting.b)
-        gradient = setting.W[c]
-        k = math.ceil(0.05 * np.count_nonzero(gradient) - 1e-9)
-        masked = row.copy()
-        masked[np.argsort(-np.abs(gradient), kind="stable")[:k]] = 0.0
-        expected.append(energy((setting.W @ masked + setting.b)[None])[0])
+    expected = reference_gsc_on_shaped(setting, reference_scale(setting.F_test, 85.0))
     detector = get_detector("gsc", setting.model, split_point="penultimate", feature_shaping="scale")
     assert detector.config.shaping_percentile == 85.0
     with torch.no_grad():
