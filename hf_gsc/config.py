@@ -4,9 +4,11 @@
 :class:`DetectorConfig` is the base: the type field ``method`` (a class attribute of each method's config class,
 like PEFT's ``peft_type``), the fitted ``threshold`` with its ``calibration`` record, and a *reference* to the base
 model (name or path and revision) instead of the base model's own config. Each method has its own subclass whose
-dataclass fields are its settings: :class:`GSCConfig` for GSC, written here; for the other methods the class is made
-from the ``defaults`` their detector class declares (:func:`config_class_for`), so that a method stays one file.
-Every field is validated on every assignment and has one *kind* (its ``metadata["kind"]``):
+dataclass fields are its settings: :class:`GSCConfig` for GSC, written here; every other method's class is written in
+the method's own file (``KNNConfig`` in :mod:`hf_gsc.detectors.knn`), so that a method stays one file. Each setting is
+declared with :func:`setting`: a type, a default, a check and a help string that names the authors' default and its
+source (``metadata["help"]``, collected into the class docstring, so ``help(KNNConfig)`` lists them). Every field is
+validated on every assignment by its check (``metadata["check"]``) and has one *kind* (its ``metadata["kind"]``):
 
 * ``setting``: chosen by the user, part of what makes two detectors the same method (CLI options,
   cache fingerprints, the card's configuration table, GSC + ASH, the ablation variants);
@@ -19,16 +21,16 @@ Every list of fields elsewhere is derived from these kinds (:meth:`DetectorConfi
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any, Callable, ClassVar
 
 from . import __version__
+from .feature_shapings import feature_shaping
 from .scores import SCORES
 from .shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from .split_points import validate_split_point_name
@@ -60,7 +62,20 @@ def number_check(low: float, high: float, low_open: bool = False, optional: bool
     return check
 
 
-def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], Any]:
+def integer_check(low: int, optional: bool = False) -> Callable[[str, Any], Any]:
+    """A field check: an ``int`` (not a bool) ``>= low`` (``None`` too with ``optional``)."""
+    def check(name: str, value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}{' or None' if optional else ''}, got {value!r}")
+        return value
+
+    return check
+
+
+def choice_check(choices: tuple[str, ...]) -> Callable[[str, Any], Any]:
+    """A field check: one of ``choices``."""
     def check(name: str, value: Any) -> Any:
         if value not in choices:
             raise ValueError(f"{name} must be one of {choices}, got {value!r}")
@@ -69,7 +84,16 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, Any], Any]:
     return check
 
 
-def _split_point(optional: bool = False) -> Callable[[str, Any], Any]:
+def bool_check(name: str, value: Any) -> Any:
+    """A field check: ``True`` or ``False`` (not 1, 0 or a string)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def split_point_check(optional: bool = False) -> Callable[[str, Any], Any]:
+    """A field check: a split point name (:func:`hf_gsc.split_points.validate_split_point_name`; ``None`` too with
+    ``optional``). Whether the model has it is checked when a detector is built on the model."""
     def check(name: str, value: Any) -> Any:
         if value is None and optional:
             return None
@@ -79,10 +103,8 @@ def _split_point(optional: bool = False) -> Callable[[str, Any], Any]:
     return check
 
 
-def _feature_shaping(name: str, value: Any) -> Any:
-    # The shapings are registered by the methods that define them (hf_gsc.backends.shaped), imported with hf_gsc.
-    from .backends.shaped import feature_shaping
-
+def feature_shaping_check(name: str, value: Any) -> Any:
+    """A field check: ``"none"`` or a registered feature shaping (:mod:`hf_gsc.feature_shapings`)."""
     if value != "none":
         try:
             feature_shaping(value)
@@ -113,35 +135,90 @@ def _calibration(name: str, value: Any) -> Any:
     return value
 
 
-def _field(default: Any, kind: str, check: Callable[[str, Any], Any]) -> Any:
-    return field(default=default, metadata={"kind": kind, "check": check})
+def _field(default: Any, kind: str, check: Callable[[str, Any], Any], help: str) -> Any:
+    # A list default gets a fresh copy per config (a dataclass refuses a shared mutable default).
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"kind": kind, "check": check, "help": help})
+    return field(default=default, metadata={"kind": kind, "check": check, "help": help})
+
+
+def setting(default: Any, check: Callable[[str, Any], Any], help: str) -> Any:
+    """A setting field of a method's config class (PEFT's ``field(default=..., metadata={"help": ...})``): its
+    ``default``, the ``check`` run on every assignment (``check(name, value)`` returns the value to store or raises
+    ``ValueError`` saying what was expected) and a ``help`` string that names the authors' default and its source."""
+    return _field(default, SETTING, check, help)
+
+
+def fitted(default: Any, check: Callable[[str, Any], Any], help: str) -> Any:
+    """A field computed from ID data (a threshold, GSC's gradient mass), with its check and help."""
+    return _field(default, FITTED, check, help)
+
+
+def _with_attributes(doc: str | None, entries: Sequence[tuple[str, Any, Any, str]]) -> str:
+    """``doc`` with an ``Attributes:`` section (Google style, read by ``help()`` and the API reference) of
+    ``(name, type, default, help)`` entries, indented as the docstring's own lines."""
+    doc = (doc or "").rstrip()
+    if not entries:
+        return doc
+    body = [line for line in doc.splitlines()[1:] if line.strip()]
+    indent = min((len(line) - len(line.lstrip()) for line in body), default=0) * " "
+    lines = [f"{indent}    {name} ({kind}): {help} Default: ``{default!r}``." for name, kind, default, help in entries]
+    return f"{doc}\n\n{indent}Attributes:\n" + "\n".join(lines) + f"\n{indent}"
+
+
+def _default_of(spec: Field) -> Any:
+    return spec.default if spec.default is not MISSING else spec.default_factory()
+
+
+def _documented_fields(cls: type) -> list[tuple[str, Any, Any, str]]:
+    """``(name, type, default, help)`` of the fields a config class's docstring lists: its bases' fields beyond the
+    common ones of :class:`DetectorConfig`, then its own (read before ``@dataclass`` runs: the class body's ``Field``
+    objects; a field redeclared with another default keeps its place)."""
+    common = {spec.name for spec in fields(DetectorConfig)}
+    entries: dict[str, tuple[str, Any, Any, str]] = {}
+    for base in cls.__mro__[:0:-1]:
+        if is_dataclass(base):
+            for spec in fields(base):
+                if spec.name not in common:
+                    entries[spec.name] = (spec.name, spec.type, _default_of(spec), spec.metadata["help"])
+    annotations = cls.__dict__.get("__annotations__", {})
+    for name, spec in cls.__dict__.items():
+        if isinstance(spec, Field):
+            entries[name] = (name, annotations.get(name, "Any"), _default_of(spec), spec.metadata["help"])
+    return list(entries.values())
 
 
 @dataclass
 class DetectorConfig:
     """The base of every method's settings (PEFT's ``PeftConfig``): the type field, the fitted threshold with its
-    calibration record, and the base-model reference; each method's subclass adds its settings as fields.
-
-    Fields:
-        threshold: ``is_ood = not ood_score >= threshold``; set by ``calibrate`` on ID validation data.
-        calibration: what the threshold was calibrated on (``split``, ``num_samples``, ``tpr``, ``delta``).
-        base_model_name_or_path, base_model_revision: reference to the base classifier.
-        hf_gsc_version: the hf_gsc version that wrote the config.
+    calibration record, and the base-model reference; each method's subclass adds its settings as fields, each
+    declared with :func:`setting`.
 
     Class attributes:
-        method: the registered method these settings configure (the saved format's type field).
+        method: the registered method these settings configure (the saved format's type field); the detector class
+            that names this config class as its ``config_class`` takes its ``method`` from here.
         structural_names: settings that decide what a detector built or fitted: assigning one on a detector's config
-            asks the detector first, which rebuilds itself or refuses (:func:`bind_config`).
+            asks the detector first, which rebuilds itself or refuses (:func:`bind_config`). ``None`` (the default):
+            every setting.
     """
 
     method: ClassVar[str] = ""
-    structural_names: ClassVar[tuple[str, ...]] = ()
+    structural_names: ClassVar[tuple[str, ...] | None] = None
 
-    threshold: float | None = _field(None, FITTED, _threshold)
-    calibration: dict[str, Any] | None = _field(None, FITTED, _calibration)
-    base_model_name_or_path: str | None = _field(None, PROVENANCE, _optional_string)
-    base_model_revision: str | None = _field(None, PROVENANCE, _optional_string)
-    hf_gsc_version: str = _field(__version__, PROVENANCE, _optional_string)
+    threshold: float | None = fitted(None, _threshold, "``is_ood = not ood_score >= threshold``; set by ``calibrate`` "
+                                                       "on ID validation data.")
+    calibration: dict[str, Any] | None = fitted(None, _calibration, "What the threshold was calibrated on "
+                                                "(``split``, ``num_samples``, ``tpr``, ``delta``).")
+    base_model_name_or_path: str | None = _field(None, PROVENANCE, _optional_string,
+                                                 "The base classifier: a Hub id or a local path.")
+    base_model_revision: str | None = _field(None, PROVENANCE, _optional_string,
+                                             "The base classifier's revision on the Hub (a commit pins it).")
+    hf_gsc_version: str = _field(__version__, PROVENANCE, _optional_string, "The hf_gsc version that wrote the config.")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # help(KNNConfig) and the API reference list each field with its type, default and help, written once.
+        cls.__doc__ = _with_attributes(cls.__doc__, _documented_fields(cls))
 
     def __setattr__(self, name: str, value: Any) -> None:
         # The dataclass __init__ assigns through here too, so construction and later assignment
@@ -183,6 +260,11 @@ class DetectorConfig:
         return tuple(name for name in cls.names(SETTING, FITTED) if name not in ("threshold", "calibration"))
 
     @classmethod
+    def structural_setting_names(cls) -> tuple[str, ...]:
+        """:attr:`structural_names`, every setting where it is ``None``."""
+        return cls.setting_names() if cls.structural_names is None else cls.structural_names
+
+    @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
 
@@ -215,6 +297,10 @@ class DetectorConfig:
         return cls.from_dict(read_json_object(path, f"{cls.__name__} fields"), source=str(path))
 
 
+DetectorConfig.__doc__ = _with_attributes(DetectorConfig.__doc__, [
+    (spec.name, spec.type, _default_of(spec), spec.metadata["help"]) for spec in fields(DetectorConfig)])
+
+
 _CHECKS: dict[type, dict[str, Callable[[str, Any], Any]]] = {}
 
 
@@ -244,79 +330,69 @@ def drop_unknown(values: Mapping[str, Any], known: set[str] | Sequence[str], ver
     return {key: value for key, value in values.items() if key not in unknown}
 
 
-def config_class_for(detector_class: type, defaults: Mapping[str, Any]) -> type[DetectorConfig]:
-    """The config class of a method declared by its detector's ``defaults`` (``name -> default``): a
-    :class:`DetectorConfig` subclass named after the detector (``KNNDetector`` -> ``KNNConfig``) with one setting
-    field per default, every one structural (the detector was built and fitted from them). The method's own
-    ``validate`` checks the values; the field check keeps them JSON values (the saved format is JSON)."""
-    name = detector_class.__name__.removesuffix("Detector") + "Config"
-    # Each default is read from the detector's ``defaults`` when a config is made: one source for both.
-    specs = [(key, Any, field(default_factory=lambda key=key: copy.deepcopy(detector_class.defaults[key]),
-                              metadata={"kind": SETTING, "check": _json_value}))
-             for key in defaults]
-    cls = make_dataclass(name, specs, bases=(DetectorConfig,),
-                         namespace={"method": detector_class.method, "structural_names": tuple(defaults),
-                                    "__doc__": f"Settings of the {detector_class.method!r} detector "
-                                               f"(:class:`{detector_class.__module__}.{detector_class.__name__}`)."})
-    cls.__module__ = detector_class.__module__
-    return cls
+#: The smallest temperature any method accepts: ``logits / T`` overflows float32 (NaN or infinite scores) from about
+#: ``T < 1e-37``; 1e-3 is far from that and below any temperature in use (already a hard max for ordinary logits).
+MIN_TEMPERATURE = 1e-3
 
 
 @dataclass
 class GSCConfig(DetectorConfig):
     """Settings of Gradient Short-Circuit (paper Algorithm 1) and its fitted gradient mass, on the common fields of
-    :class:`DetectorConfig` (threshold, calibration, base-model reference).
+    :class:`DetectorConfig` (threshold, calibration, base-model reference). The paper's values are the defaults;
+    settings marked "beyond the paper" are this library's extensions (docs/gsc.md)."""
 
-    Settings:
-        split_point: where ``F`` is taken: ``"final_encoder_output"`` (before the final LayerNorm /
-            pooler; input-dependent gradients for ViT/Swin/ConvNeXt), ``"penultimate"`` (input of the
-            last ``nn.Linear``; linear head, ``g = W[c]``), or a dotted module path in the base model.
-        earlier_split_point: multi-layer short-circuit (beyond the paper): an earlier encoder block
-            (``"vit.layers.-3"``) short-circuited together with ``split_point`` under one shared budget
-            ``k = ceil(mask_ratio * (n_earlier + n_final))``, coordinates ranked by ``|g|`` normalised per layer.
-        mask_ratio: fraction of the coordinates the head reads (nonzero gradient) to short-circuit;
-            ``k = ceil(mask_ratio * n)`` per sample. With ``mask_size="adaptive"`` it is the *mean* ratio
-            on ID validation data that ``calibrate_gradient_mass`` targets.
-        mask_size: ``fixed`` (``k`` from ``mask_ratio``) or ``adaptive`` (per sample, the smallest ``k`` whose
-            top-``k`` ``|g|`` hold ``gradient_mass`` of the total; beyond the paper).
-        selection: ``gradient`` (largest ``|g|``, the paper), ``fisher`` (largest ``|g_i|/sqrt(lambda_i)``,
-            diagonal Fisher fitted on ID training data by ``fit_fisher``; beyond the paper), ``random``
-            or ``reverse`` (ablation controls).
-        operation: ``zero`` | ``perturb`` (``F - alpha*sign(g)``) | ``project`` (remove the component along
-            ``g``) | ``clip`` (to ``[-clip_bound, clip_bound]``) | ``scale`` (``beta * F``), on masked coordinates.
-        approximation: ``first_order`` (``y + J(F'-F)`` for all K logits, one Jacobian-vector product),
-            ``predicted_logit`` (only ``y_c`` moves by ``g.(F'-F)``, the paper's O(d) update) or
-            ``exact`` (a second pass through the head only).
-        score: ``energy`` | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.
-        temperature: softmax / energy temperature.
-        seed: random source of ``selection="random"``.
-        feature_shaping: ``none`` (the paper), or a shaping of ``F`` before the gradient is taken, registered by the
-            method that defines it: ``ash_p`` / ``ash_b`` / ``ash_s`` (ASH), ``scale`` (SCALE); the paper's "GSC + ASH"
-            row is ``ash_s`` at the penultimate feature (method ``gsc_ash``). Beyond the paper otherwise.
-        shaping_percentile: the shaping's percentile; ``None`` = its authors' value for the architecture.
-
-    Fitted state:
-        gradient_mass: the mass fraction of ``mask_size="adaptive"``, set by ``calibrate_gradient_mass``.
-    """
-
-    split_point: str = _field("final_encoder_output", SETTING, _split_point())
-    earlier_split_point: str | None = _field(None, SETTING, _split_point(optional=True))
-    mask_ratio: float = _field(0.05, SETTING, number_check(0.0, 1.0))
-    mask_size: str = _field("fixed", SETTING, _choice(MASK_SIZES))
-    gradient_mass: float | None = _field(None, FITTED, number_check(0.0, 1.0, optional=True))
-    selection: str = _field("gradient", SETTING, _choice(SELECTIONS))
-    operation: str = _field("zero", SETTING, _choice(OPERATIONS))
-    alpha: float = _field(0.1, SETTING, number_check(0.0, math.inf))
-    clip_bound: float = _field(1.0, SETTING, number_check(0.0, math.inf))
-    beta: float = _field(0.5, SETTING, number_check(0.0, 1.0))
-    approximation: str = _field("first_order", SETTING, _choice(APPROXIMATIONS))
-    score: str = _field("energy", SETTING, _choice(SCORES))
-    # Tiny temperatures overflow logits / T in float32 (NaN scores from about T < 1e-37); 1e-3 is far from that and
-    # below any temperature in use (already a hard max for logits of ordinary size). hf_gsc.detectors.common too.
-    temperature: float = _field(1.0, SETTING, number_check(1e-3, math.inf))
-    seed: int = _field(0, SETTING, _seed)
-    feature_shaping: str = _field("none", SETTING, _feature_shaping)
-    shaping_percentile: float | None = _field(None, SETTING, number_check(0.0, 100.0, optional=True))
+    split_point: str = setting(
+        "final_encoder_output", split_point_check(),
+        "Where ``F`` is taken: ``\"final_encoder_output\"`` (before the final LayerNorm / pooler; input-dependent "
+        "gradients for ViT/Swin/ConvNeXt; the paper's feature), ``\"penultimate\"`` (input of the last "
+        "``nn.Linear``; linear head, ``g = W[c]``), or a dotted module path in the base model.")
+    earlier_split_point: str | None = setting(
+        None, split_point_check(optional=True),
+        "Multi-layer short-circuit (beyond the paper): an earlier encoder block (``\"vit.layers.-3\"``) "
+        "short-circuited together with ``split_point`` under one shared budget "
+        "``k = ceil(mask_ratio * (n_earlier + n_final))``, coordinates ranked by ``|g|`` normalised per layer.")
+    mask_ratio: float = setting(
+        0.05, number_check(0.0, 1.0),
+        "Fraction of the coordinates the head reads (nonzero gradient) to short-circuit; ``k = ceil(mask_ratio * n)`` "
+        "per sample (the paper's 5 %). With ``mask_size=\"adaptive\"`` it is the *mean* ratio on ID validation data "
+        "that ``calibrate_gradient_mass`` targets.")
+    mask_size: str = setting(
+        "fixed", choice_check(MASK_SIZES),
+        "``fixed`` (``k`` from ``mask_ratio``, the paper) or ``adaptive`` (per sample, the smallest ``k`` whose "
+        "top-``k`` ``|g|`` hold ``gradient_mass`` of the total; beyond the paper).")
+    gradient_mass: float | None = fitted(
+        None, number_check(0.0, 1.0, optional=True),
+        "The mass fraction of ``mask_size=\"adaptive\"``, set by ``calibrate_gradient_mass``.")
+    selection: str = setting(
+        "gradient", choice_check(SELECTIONS),
+        "``gradient`` (largest ``|g|``, the paper), ``fisher`` (largest ``|g_i|/sqrt(lambda_i)``, diagonal Fisher "
+        "fitted on ID training data by ``fit_fisher``; beyond the paper), ``random`` or ``reverse`` (ablation "
+        "controls).")
+    operation: str = setting(
+        "zero", choice_check(OPERATIONS),
+        "On the masked coordinates: ``zero`` (the paper) | ``perturb`` (``F - alpha*sign(g)``) | ``project`` (remove "
+        "the component along ``g``) | ``clip`` (to ``[-clip_bound, clip_bound]``) | ``scale`` (``beta * F``).")
+    alpha: float = setting(0.1, number_check(0.0, math.inf), "Step of ``operation=\"perturb\"``.")
+    clip_bound: float = setting(1.0, number_check(0.0, math.inf), "Bound of ``operation=\"clip\"``.")
+    beta: float = setting(0.5, number_check(0.0, 1.0), "Factor of ``operation=\"scale\"``.")
+    approximation: str = setting(
+        "first_order", choice_check(APPROXIMATIONS),
+        "``first_order`` (``y + J(F'-F)`` for all K logits, one Jacobian-vector product), ``predicted_logit`` (only "
+        "``y_c`` moves by ``g.(F'-F)``, the paper's O(d) update) or ``exact`` (a second pass through the head only).")
+    score: str = setting(
+        "energy", choice_check(SCORES),
+        "``energy`` (the paper) | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.")
+    temperature: float = setting(1.0, number_check(MIN_TEMPERATURE, math.inf),
+                                 "Softmax / energy temperature (the paper's 1).")
+    seed: int = setting(0, _seed, "Random source of ``selection=\"random\"``.")
+    feature_shaping: str = setting(
+        "none", feature_shaping_check,
+        "``none`` (the paper), or a shaping of ``F`` before the gradient is taken, registered by the method that "
+        "defines it: ``ash_p`` / ``ash_b`` / ``ash_s`` (ASH), ``scale`` (SCALE); the paper's \"GSC + ASH\" row is "
+        "``ash_s`` at the penultimate feature (method ``gsc_ash``). Beyond the paper otherwise.")
+    shaping_percentile: float | None = setting(
+        None, number_check(0.0, 100.0, optional=True),
+        "The shaping's percentile; ``None`` = its authors' value for the architecture.")
 
     #: Settings that decide what a detector builds (where ``F`` is taken, which backend linearises the head, the
     #: attention kernel): assigning one on a detector's config rebuilds the detector (see :func:`bind_config`).
@@ -352,7 +428,7 @@ def _assign(config: Any, name: str, value: Any) -> None:
     """Set a checked field; a structural field of a config bound to a detector first asks the detector, which
     rebuilds what depends on it (or refuses, saying why) before the value takes effect."""
     owner = config.__dict__.get("_owner")
-    if owner is not None and name in config.structural_names and name in config.__dict__:
+    if owner is not None and name in config.structural_setting_names() and name in config.__dict__:
         detector = owner()
         if detector is not None and getattr(config, name) != value:
             detector._rebuild_for(name, value)
@@ -365,19 +441,6 @@ def bind_config(config: Any, detector: Any) -> None:
     import weakref
 
     object.__setattr__(config, "_owner", weakref.ref(detector))
-
-
-def _json_value(name: str, value: Any) -> Any:
-    """A hyperparameter must survive a JSON round trip unchanged (the saved format is JSON)."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"hyperparameter {name} must be finite, got {value!r}")
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_json_value(name, item) for item in value]
-    raise ValueError(f"hyperparameter {name} must be a number, string, bool, None or a list of them, got {value!r}")
 
 
 class ReadOnlyDict(dict):

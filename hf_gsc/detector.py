@@ -90,12 +90,13 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     """A post-hoc OOD detector on a frozen image classifier (see the module docstring for the interface).
 
     Class attributes:
-        method: registry name (``"msp"``, ``"gsc"``, ...), the saved format's type field.
+        method: registry name (``"msp"``, ``"gsc"``, ...), the saved format's type field; taken from
+            ``config_class.method``, where the method's config class declares it.
         needs_fit: whether :meth:`fit` must run before scoring (per instance where settings decide it).
         fit_split: the ID split the evaluation fits it on (``"train"`` or ``"validation"``), never test.
         reads_logits: whether :meth:`score_batch` reads the base model's logits.
-        config_class: the method's settings class, a :class:`~hf_gsc.config.DetectorConfig` subclass (``GSCConfig``
-            for GSC; made from ``defaults`` for the others).
+        config_class: the method's settings class, a :class:`~hf_gsc.config.DetectorConfig` subclass written in the
+            method's file (``GSCConfig`` for GSC, ``KNNConfig`` for KNN, ...).
 
     The base model is put in eval mode and frozen; it never receives ``.grad``.
     """
@@ -146,6 +147,9 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # The method's name is declared once, by its config class (the saved format's type field).
+        if "config_class" in cls.__dict__ and "method" not in cls.__dict__:
+            cls.method = cls.config_class.method
         # One score dtype for every method, whatever the method computes in: ``score_batch`` as each method writes
         # it is wrapped once here (every caller, the bundle and the evaluation included, goes through it).
         own = cls.__dict__.get("score_batch")

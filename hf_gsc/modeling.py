@@ -26,7 +26,8 @@ from transformers.utils import ModelOutput
 
 from .backbone_pass import BackbonePass
 from .backends import Backend, Linearization, select_backend
-from .backends.shaped import feature_shaping, shaped_backend
+from .backends.shaped import shaped_backend
+from .feature_shapings import feature_shaping
 from .config import GSCConfig
 from .detector import OODDetector, check_state, classifier_loss, register_detector
 from .gsc_step import GSCStep, gsc_step, ranking_gradient
@@ -98,7 +99,6 @@ class GSCForImageClassification(OODDetector):
         **overrides: ``GSCConfig`` fields replacing those of ``config`` (e.g. ``mask_ratio=0.1``).
     """
 
-    method = "gsc"
     search_space = {"mask_ratio": (0.01, 0.05, 0.1, 0.2)}
     search_space_source = "not in OpenOOD: the mask ratio around the paper's default 0.05"
     config_class = GSCConfig
@@ -311,18 +311,19 @@ class GSCForImageClassification(OODDetector):
     def forward(
         self,
         pixel_values: torch.Tensor,
-        output_short_circuit: bool = False,
         labels: torch.Tensor | None = None,
         return_dict: bool | None = None,
+        output_short_circuit: bool = False,
     ) -> GSCOutput:
-        """Score a batch.
+        """Score a batch; ``pixel_values, labels, return_dict`` in the positions of every detector's forward
+        (:meth:`hf_gsc.OODDetector.forward`), so ``detector(x, y)`` means the same for every method.
 
         Args:
             pixel_values: ``(B, C, H, W)`` from the base model's image processor.
-            output_short_circuit: also return ``features``, ``gradient`` and ``mask``.
             labels: ``(B,)`` class indices; only set ``loss``, the base classifier's cross-entropy, so that
                 ``Trainer.predict`` keeps them, as with any ``*ForImageClassification`` model.
             return_dict: accepted and ignored (the output is always a :class:`GSCOutput`).
+            output_short_circuit: also return ``features``, ``gradient`` and ``mask``.
         Returns:
             :class:`GSCOutput`. Works inside ``torch.no_grad()`` and ``torch.inference_mode()``.
         """

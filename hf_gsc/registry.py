@@ -19,7 +19,15 @@ DETECTORS: dict[str, type["OODDetector"]] = {}
 
 
 def register_detector(cls: type["OODDetector"]) -> type["OODDetector"]:
-    """Class decorator: make ``cls`` available by ``cls.method`` (the name used by the CLI, JSON and the Hub)."""
+    """Class decorator: make ``cls`` available by ``cls.method`` (the name used by the CLI, JSON and the Hub).
+
+    ``cls.config_class`` must be the method's own config class (a ``DetectorConfig`` subclass whose ``method`` is
+    ``cls.method``), written in the method's file: the saved format's type field maps to the class through it."""
+    config_class = vars(cls).get("config_class")
+    if config_class is None or getattr(config_class, "method", None) != getattr(cls, "method", None):
+        raise TypeError(f"{cls.__name__} must set config_class to its method's own DetectorConfig subclass (a "
+                        "dataclass in the method's file whose class attribute `method` names the method), got "
+                        f"{config_class!r}")
     if cls.method in DETECTORS:
         raise ValueError(f"detector method {cls.method!r} is registered twice")
     DETECTORS[cls.method] = cls

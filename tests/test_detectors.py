@@ -8,6 +8,7 @@ autograd in a per-sample loop), following the authors' code.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -396,6 +397,21 @@ def test_scores_are_per_sample(setting, name):
     assert batched.shape == (setting.x_test.shape[0],) and torch.isfinite(batched).all()
     singles = torch.cat([detector.score(setting.x_test[i : i + 1]) for i in range(3)])
     torch.testing.assert_close(batched[:3], singles, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ALL_METHODS)
+def test_forward_takes_labels_second_for_every_method(setting, name):
+    """``detector(pixel_values, labels)``: the same positions for every method (GSC included), labels set ``loss``."""
+    import inspect
+
+    detector = setting.detector(name)
+    assert list(inspect.signature(type(detector).forward).parameters)[1:4] == ["pixel_values", "labels", "return_dict"]
+    x, y = setting.x_test[:4], setting.y_fit[:4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # uncalibrated: is_ood is None, which is not what this test is about
+        output = detector(x, y)
+    assert output.ood_score.shape == (4,)
+    torch.testing.assert_close(output.loss, nn.functional.cross_entropy(output.logits.float(), y))
 
 
 # --------------------------------------------------------------------------- sign convention

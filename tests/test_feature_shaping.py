@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_gsc import AutoOODDetector, GSCConfig
-from hf_gsc.backends.shaped import FEATURE_SHAPINGS
+from hf_gsc.feature_shapings import FEATURE_SHAPINGS
 from hf_gsc.detectors.ash import ash_shape, default_ash_percentile
 
 from conftest import IMAGE_SIZE, make_tiny_model
@@ -45,6 +45,25 @@ def test_shaping_names_come_from_the_methods_and_bad_ones_fail_early():
     with pytest.raises(ValueError, match="earlier_split_point"):
         AutoOODDetector.from_pretrained(make_tiny_model("vit"), method="gsc", feature_shaping="ash_s",
                                         earlier_split_point="vit.encoder.layer.0")
+
+
+def test_the_shaping_names_live_on_the_ground_floor():
+    """The names registry imports nothing from hf_gsc, and the methods that fill it and the config that reads it
+    import it from there, not from a compute module."""
+    import ast
+    import inspect
+
+    import hf_gsc.feature_shapings as names
+    from hf_gsc import config
+    from hf_gsc.detectors import ash, scale
+
+    tree = ast.parse(inspect.getsource(names))
+    imported = ["." * node.level + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert not [module for module in imported if module.startswith(("hf_gsc", "."))], imported
+    for user in (ash, scale, config):
+        source = inspect.getsource(user)
+        assert "feature_shapings import" in source and "backends.shaped import" not in source, user.__name__
 
 
 def test_assigning_a_shaping_rebuilds_the_detector(images, tmp_path):

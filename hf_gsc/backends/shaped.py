@@ -1,52 +1,21 @@
-"""A backend whose feature is shaped on the way out (``F -> shaping(F)``), and the feature shapings GSC can apply.
-
-GSC's ``feature_shaping`` setting (``GSCConfig.feature_shaping``) names one of :data:`FEATURE_SHAPINGS`. Each is
-registered by the method that defines it, in that method's own file (``ash_p`` / ``ash_b`` / ``ash_s`` by
-:mod:`hf_gsc.detectors.ash`, ``scale`` by :mod:`hf_gsc.detectors.scale`), so GSC reuses the method's own math and
-a new shaping needs no edit here.
+"""A backend whose feature is shaped on the way out (``F -> shaping(F)``), by one of the feature shapings GSC can
+apply (GSC's ``feature_shaping`` setting names one of :data:`hf_gsc.feature_shapings.FEATURE_SHAPINGS`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
+from ..feature_shapings import feature_shaping
 from ..precision import full_precision, step_dtype
 from ..split_points import SplitPoint
 from .base import Backend, Linearization
 
 if TYPE_CHECKING:
     from ..backbone_pass import BackbonePass
-
-
-@dataclass(frozen=True)
-class FeatureShaping:
-    """``shape(features (B, n), percentile) -> (B, n)`` and the authors' percentile for a model."""
-
-    shape: Callable[[torch.Tensor, float], torch.Tensor]
-    default_percentile: Callable[[nn.Module], float]
-
-
-#: name -> :class:`FeatureShaping`; filled by the methods that define a shaping.
-FEATURE_SHAPINGS: dict[str, FeatureShaping] = {}
-
-
-def register_feature_shaping(name: str, shaping: FeatureShaping) -> None:
-    """Make ``name`` a value of ``GSCConfig.feature_shaping``."""
-    if name in FEATURE_SHAPINGS or name == "none":
-        raise ValueError(f"feature shaping {name!r} is registered twice")
-    FEATURE_SHAPINGS[name] = shaping
-
-
-def feature_shaping(name: str) -> FeatureShaping:
-    """The registered shaping ``name``; the error lists the registered ones."""
-    try:
-        return FEATURE_SHAPINGS[name]
-    except KeyError:
-        raise ValueError(f"feature_shaping must be 'none' or one of {sorted(FEATURE_SHAPINGS)}, got {name!r}") from None
 
 
 class ShapedFeatures(Backend):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import torch
 from torch import nn
 
 from ..backbone_pass import BackbonePass
-from ..config import DetectorConfig
+from ..config import DetectorConfig, integer_check, number_check, setting
 from ..detector import register_detector
 from ..feature_capture import capture
 from ..features import LinearHead
@@ -68,6 +70,47 @@ def adascale_logits(features: torch.Tensor, head: LinearHead, scale: torch.Tenso
     return head(features * torch.exp(scale))
 
 
+def _percentile_pair(name: str, value: Any) -> Any:
+    """A pair ``[low, high]`` with ``0 < low <= high < 100``, as a list of floats (the saved format is JSON)."""
+    if (not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+            or not 0 < value[0] <= value[1] < 100):
+        raise ValueError(f"{name} must be a pair [low, high] with 0 < low <= high < 100, got {value!r}")
+    return [float(v) for v in value]
+
+
+@dataclass
+class AdaSCALEConfig(DetectorConfig):
+    """Settings of adaptive activation scaling, shared by its two variants (:class:`AdaSCALEDetector`); every
+    default is OpenOOD adascale_*.yml ``postprocessor_args``."""
+
+    percentile: list[float] = setting(
+        [75.0, 85.0], _percentile_pair,
+        "The range ``[p_min, p_max]`` of the adaptive percentile; ``[75, 85]``: OpenOOD adascale_*.yml (the yml "
+        "notes ``[80, 85]`` as best for ResNet-50).")
+    k1: float = setting(5.0, number_check(0.0, 100.0),
+                        "% of the feature coordinates of the correction term ``C_o``; 5: the same yml.")
+    k2: float = setting(1.0, number_check(0.0, 100.0), "% of the feature coordinates of the shift ``Q``; 1: the same yml.")
+    lmbda: float = setting(10.0, number_check(0.0, math.inf), "Weight ``lambda`` of ``C_o`` in ``Q'``; 10: the same yml.")
+    o: float = setting(0.05, number_check(0.0, 1.0),
+                       "Fraction of pixels perturbed; 0.05: the same yml (the step 0.5 is fixed in the code).")
+    num_samples: int = setting(5000, integer_check(1), "Fitting samples kept for the ECDF; 5000: the same yml.")
+
+
+@dataclass
+class AdaSCALEAConfig(AdaSCALEConfig):
+    """Settings of AdaSCALE-A (:class:`AdaSCALEADetector`)."""
+
+    method: ClassVar[str] = "adascale_a"
+
+
+@dataclass
+class AdaSCALELConfig(AdaSCALEConfig):
+    """Settings of AdaSCALE-L (:class:`AdaSCALELDetector`)."""
+
+    method: ClassVar[str] = "adascale_l"
+
+
 class AdaSCALEDetector(FittedDetector):
     """Energy of the logits after a per-sample SCALE whose percentile adapts to how much the sample's largest
     activations move when a few of its least salient pixels are perturbed.
@@ -106,15 +149,9 @@ class AdaSCALEDetector(FittedDetector):
     the reference, uses one ``Q'`` for both). That repository also fixes ``p_min = 60`` and tunes ``p_max`` only
     (its README; 8 of OpenOOD's 36 pairs).
 
-    Hyperparameters:
-        percentile: ``[75, 85]`` (OpenOOD adascale_*.yml ``postprocessor_args``): the range ``[p_min, p_max]`` of
-            the adaptive percentile (the yml notes ``[80, 85]`` as best for ResNet-50).
-        k1, k2: ``5``, ``1`` (% of the feature coordinates; same yml).
-        lmbda: ``10``. o: ``0.05`` (fraction of pixels perturbed; same yml; the step ``0.5`` is fixed in the code).
-        num_samples: ``5000`` (fitting samples kept for the ECDF; same yml).
+    Settings: :class:`AdaSCALEConfig` (``AdaSCALEAConfig``, ``AdaSCALELConfig``, one per variant).
     """
 
-    defaults = {"percentile": [75.0, 85.0], "k1": 5.0, "k2": 1.0, "lmbda": 10.0, "o": 0.05, "num_samples": 5000}
     search_space = {"percentile": PERCENTILE_PAIRS}
     search_space_source = ("OpenOOD adascale_a.yml / adascale_l.yml: percentile_list, every pair of [60, 65, 70, 75, "
                            "80, 85, 90, 95, 99] (k1 [5], k2 [1], lmbda [10], o [0.05] fixed there)")
@@ -126,18 +163,6 @@ class AdaSCALEDetector(FittedDetector):
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
         self._fit_statistics: list[torch.Tensor] | None = None
-
-    def validate(self) -> None:
-        pair = self.hyperparameters["percentile"]
-        if (not isinstance(pair, Sequence) or len(pair) != 2
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
-                or not 0 < pair[0] <= pair[1] < 100):
-            raise ValueError(f"{self.method}: percentile must be a pair [low, high] with 0 < low <= high < 100, got {pair!r}")
-        self._number("k1", 0.0, 100.0)
-        self._number("k2", 0.0, 100.0)
-        self._number("lmbda", 0.0)
-        self._number("o", 0.0, 1.0)
-        self._integer("num_samples", 1)
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"reference_statistic": (None,)}
@@ -217,7 +242,7 @@ class AdaSCALEDetector(FittedDetector):
 class AdaSCALEADetector(AdaSCALEDetector):
     """AdaSCALE-A: the adaptive scale multiplies the activations, ``W (z exp(s)) + b`` (see :class:`AdaSCALEDetector`)."""
 
-    method = "adascale_a"
+    config_class = AdaSCALEAConfig
     logit_scaling = False
 
 
@@ -225,5 +250,5 @@ class AdaSCALEADetector(AdaSCALEDetector):
 class AdaSCALELDetector(AdaSCALEDetector):
     """AdaSCALE-L: the adaptive scale multiplies the logits, ``(W z + b) s^2`` (see :class:`AdaSCALEDetector`)."""
 
-    method = "adascale_l"
+    config_class = AdaSCALELConfig
     logit_scaling = True

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
 
 from ..architectures import registered_architecture
-from ..backends.shaped import FeatureShaping, register_feature_shaping
+from ..feature_shapings import FeatureShaping, register_feature_shaping
 from ..precision import full_precision, parameter_dtype, step_dtype
 from ..scores import energy_score
-from ..config import DetectorConfig
-from ..split_points import SplitPoint, resolve_split_point, validate_split_point_name
+from ..config import DetectorConfig, number_check, setting, split_point_check
+from ..split_points import SplitPoint, resolve_split_point
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from .common import BaselineDetector
@@ -88,10 +89,6 @@ class ShapedEnergyDetector(BaselineDetector):
     def feature_splits(self) -> tuple[SplitPoint, ...]:
         return (self.split,)
 
-    def validate(self) -> None:
-        self._number("percentile", 0.0, 100.0)
-        validate_split_point_name(self.hyperparameters["split_point"])
-
     def shape(self, flat: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -100,6 +97,42 @@ class ShapedEnergyDetector(BaselineDetector):
         activations, ``exp(s1 / s2)``), the head and the energy in float32 with autocast off (:mod:`hf_gsc.precision`).
         A bf16 *model*'s head gets the shaped feature back in bf16 (its own modules) and its logits in float32."""
         return shaped_energy(batch, self.split, self.model, self.shape)
+
+
+@dataclass
+class ASHConfig(DetectorConfig):
+    """Settings of activation shaping, shared by its three variants (:class:`ASHDetector`)."""
+
+    percentile: float | None = setting(
+        None, number_check(0.0, 100.0, optional=True),
+        "Percentile of a sample's activations pruned; ``None``: the authors' value for the architecture, 90 (their "
+        "CIFAR and ImageNet ResNet-50 ASH-S setting) or 95 for ASH-S on ViT (their ``vit_config.yml``), set when the "
+        "detector is built (:func:`default_ash_percentile`).")
+    split_point: str = setting(
+        "penultimate", split_point_check(),
+        "Where the activation is shaped; ``\"penultimate\"``: the input of the last ``nn.Linear``, where the authors "
+        "shape it (after global average pooling for ResNet, the ``[CLS]`` token after the final LayerNorm for ViT).")
+
+
+@dataclass
+class ASHPConfig(ASHConfig):
+    """Settings of ASH-P (:class:`ASHPDetector`)."""
+
+    method: ClassVar[str] = "ash_p"
+
+
+@dataclass
+class ASHBConfig(ASHConfig):
+    """Settings of ASH-B (:class:`ASHBDetector`)."""
+
+    method: ClassVar[str] = "ash_b"
+
+
+@dataclass
+class ASHSConfig(ASHConfig):
+    """Settings of ASH-S (:class:`ASHSDetector`)."""
+
+    method: ClassVar[str] = "ash_s"
 
 
 class ASHDetector(ShapedEnergyDetector):
@@ -114,14 +147,10 @@ class ASHDetector(ShapedEnergyDetector):
     authors shape before the final LayerNorm, which this split does not reproduce.
     ``split_point="final_encoder_output"`` shapes the whole last feature map (before pooling) instead.
 
-    Hyperparameters:
-        percentile: ``None`` = the authors' value: 90 (their CIFAR and ImageNet ResNet-50 ASH-S setting),
-            95 for ASH-S on ViT (their ``vit_config.yml``).
-        split_point: ``"penultimate"``.
+    Settings: :class:`ASHConfig` (``ASHPConfig``, ``ASHBConfig``, ``ASHSConfig``, one per variant).
     """
 
     variant: ClassVar[str]
-    defaults = {"percentile": None, "split_point": "penultimate"}
     search_space = {"percentile": (65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)}
     search_space_source = "OpenOOD ash.yml: percentile_list [65, 70, 75, 80, 85, 90, 95], for each ASH variant"
 
@@ -138,7 +167,7 @@ class ASHDetector(ShapedEnergyDetector):
 class ASHPDetector(ASHDetector):
     """ASH-P: prune all but the top ``100 - percentile`` % activations (see :class:`ASHDetector`)."""
 
-    method = "ash_p"
+    config_class = ASHPConfig
     variant = "p"
 
 
@@ -146,7 +175,7 @@ class ASHPDetector(ASHDetector):
 class ASHBDetector(ASHDetector):
     """ASH-B: prune, then binarise the kept activations to ``s1 / k`` (see :class:`ASHDetector`)."""
 
-    method = "ash_b"
+    config_class = ASHBConfig
     in_default_table = True
     variant = "b"
 
@@ -155,7 +184,7 @@ class ASHBDetector(ASHDetector):
 class ASHSDetector(ASHDetector):
     """ASH-S: prune, then scale by ``exp(s1 / s2)`` (see :class:`ASHDetector`)."""
 
-    method = "ash_s"
+    config_class = ASHSConfig
     variant = "s"
 
 

@@ -1,7 +1,8 @@
 """Plumbing shared by the baseline detectors: hyperparameter defaults, logits, penultimate features, fitted state.
 
-* :class:`BaselineDetector`: known hyperparameters with documented defaults (unknown names raise, naming the
-  nearest known one), kept in a :class:`~hf_gsc.config.DetectorConfig`.
+* :class:`BaselineDetector`: the settings are the fields of the method's ``config_class`` (a
+  :class:`~hf_gsc.config.DetectorConfig` subclass written in the method's file); unknown names raise, naming the
+  nearest known one.
 * :class:`TemperatureLogitDetector`: a score of the logits at a temperature (MSP, Energy).
 * :class:`PenultimateDetector`: reads the penultimate feature ``z`` (input of the last ``nn.Linear``, ``(B, D)``)
   from the shared backbone pass, and holds the linear head (:class:`hf_gsc.features.LinearHead`).
@@ -13,13 +14,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import nn
 
 from ..backbone_pass import BackbonePass
-from ..config import DetectorConfig, config_class_for, number_check
+from ..config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, number_check, setting
 from ..features import ClassStatistics, LinearHead, check_fit_samples, linear_head, penultimate_split
 from ..scores import ood_score
 from ..split_points import SplitPoint
@@ -27,64 +29,46 @@ from ..detector import OODDetector, suggest_names
 
 
 class BaselineDetector(OODDetector):
-    """A detector whose hyperparameters are exactly the keys of ``defaults``.
+    """A detector whose hyperparameters are exactly the settings of its ``config_class``.
 
     The config holds every value (defaults filled in), so a saved ``detector_config.json`` describes the method
-    completely. Args: ``model``, an optional :class:`~hf_gsc.config.DetectorConfig` (a saved one), and
-    hyperparameters overriding it.
+    completely; each value is checked by its config field on assignment. Args: ``model``, an optional config of the
+    method's ``config_class`` (a saved one), and hyperparameters overriding it.
     """
 
-    defaults: ClassVar[dict[str, Any]] = {}
+    #: ``{setting: default}`` of ``config_class`` (read-only; derived from the config class, never written).
+    defaults: ClassVar[ReadOnlyDict] = ReadOnlyDict()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # Each method (a class that names one) gets its own config class, made from its defaults, unless it
-        # declares one: the method's file is the only place that knows its settings.
-        if "method" in cls.__dict__ and "config_class" not in cls.__dict__:
-            cls.config_class = config_class_for(cls, cls.defaults)
+        if "config_class" in cls.__dict__:
+            cls.defaults = cls.config_class().hyperparameters
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         if config is None:
             config = self.config_class()
         elif not isinstance(config, self.config_class):
             raise ValueError(f"{self.method}: config must be a {self.config_class.__name__}, got {config!r}")
-        given = {**config.hyperparameters, **hyperparameters}
-        unknown = sorted(set(given) - set(self.defaults))
+        known = self.config_class.setting_names()
+        unknown = sorted(set(hyperparameters) - set(known))
         if unknown:
             raise ValueError(
-                f"unknown hyperparameters {unknown} for detector {self.method!r}{suggest_names(unknown, self.defaults)}; "
-                f"known: {sorted(self.defaults)}"
+                f"unknown hyperparameters {unknown} for detector {self.method!r}{suggest_names(unknown, known)}; "
+                f"known: {sorted(known)}"
             )
-        # An int given where the default is a float is the same setting (90 and 90.0 save and fingerprint alike).
-        given = {k: float(v) if isinstance(self.defaults[k], float) and isinstance(v, int) and not isinstance(v, bool)
-                 else v for k, v in given.items()}
-        for name, value in self.resolve_defaults(model, {**self.defaults, **given}).items():
+        for name, value in self.resolve_defaults(model, {**config.hyperparameters, **hyperparameters}).items():
             if getattr(config, name) != value or type(getattr(config, name)) is not type(value):
-                setattr(config, name, value)
+                try:
+                    setattr(config, name, value)  # checked by the config field
+                except ValueError as error:
+                    message = str(error).removeprefix(f"{type(config).__name__}.")
+                    raise ValueError(f"{self.method}: {message}") from None
         super().__init__(model, config)
-        self.validate()
         self._bind_config()
 
     def resolve_defaults(self, model: nn.Module, hyperparameters: dict[str, Any]) -> dict[str, Any]:
         """Replace defaults that depend on the model (``None`` placeholders) by their values (default: none)."""
         return hyperparameters
-
-    def validate(self) -> None:
-        """Check ``self.hyperparameters``; raise ``ValueError`` naming the bad one."""
-
-    def _number(self, name: str, low: float = -math.inf, high: float = math.inf, low_open: bool = False) -> float:
-        """The hyperparameter ``name``, checked to be a finite number in the range (the one number check of every
-        config field, :func:`hf_gsc.config.number_check`); the error names the method and the hyperparameter."""
-        try:
-            return number_check(low, high, low_open)(name, self.hyperparameters[name])
-        except ValueError as error:
-            raise ValueError(f"{self.method}: {error}") from None
-
-    def _integer(self, name: str, low: int = 1) -> int:
-        value = self.hyperparameters[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{self.method}: {name} must be an integer >= {low}, got {value!r}")
-        return value
 
     def logits(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The base model's logits ``(B, K)`` of ``pixel_values``, without gradient (for methods that run their
@@ -93,23 +77,23 @@ class BaselineDetector(OODDetector):
             return self.model(pixel_values=pixel_values).logits
 
 
-#: The smallest temperature accepted: ``logits / T`` overflows float32 (NaN or infinite scores) from about
-#: ``T < 1e-37``; 1e-3 is far from that and below any temperature in use (already a hard max for ordinary logits).
-MIN_TEMPERATURE = 1e-3
+@dataclass
+class TemperatureConfig(DetectorConfig):
+    """The one setting of a score of the logits at a temperature (MSP, Energy)."""
+
+    temperature: float = setting(1.0, number_check(MIN_TEMPERATURE, math.inf),
+                                 "``T`` of the softmax / energy; 1: the authors' plain logits (MSP: Hendrycks & "
+                                 "Gimpel, ICLR 2017; Energy: Liu et al., NeurIPS 2020, their setting).")
 
 
 class TemperatureLogitDetector(BaselineDetector):
     """Scores the base model's logits with ``hf_gsc.scores.ood_score(logits, score, temperature)``."""
 
     score_name: ClassVar[str]
-    defaults = {"temperature": 1.0}
     search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0)}
     search_space_source = ("OpenOOD's earlier ebo.yml temperature list [1, 10, 100, 1000] (it now lists [1]; OpenOOD "
                            "sweeps no temperature for MSP or MaxLogit); costs nothing extra")
     reads_logits = True
-
-    def validate(self) -> None:
-        self._number("temperature", MIN_TEMPERATURE)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return ood_score(batch.model_logits(), self.score_name, self.hyperparameters["temperature"])

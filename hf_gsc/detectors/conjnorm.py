@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig, choice_check, number_check, setting
 from ..features import ClassStatistics, collect_features
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
@@ -63,6 +66,23 @@ def conjnorm_score(
     return torch.logsumexp(logits - log_normalisers.double()[None, :], dim=1)
 
 
+@dataclass
+class ConjNormConfig(DetectorConfig):
+    """Settings of ConjNorm (:class:`ConjNormDetector`)."""
+
+    method: ClassVar[str] = "conjnorm"
+    p: float = setting(1.5, number_check(1.0, math.inf, low_open=True),
+                       "The norm's ``p``; 1.5: the code's ``ord_def`` for ImageNet ResNet-50 (its CIFAR scripts use "
+                       "2.2).")
+    temperature: float = setting(0.0005, number_check(0.0, math.inf, low_open=True),
+                                 "``t``; 0.0005: the code's ``t1`` with ``p = 1.5`` (0.05 in the CIFAR scripts).")
+    dual_norm: str = setting(
+        "feature", choice_check(("feature", "class")),
+        "``\"feature\"``: the paper's gradient of ``1/2 ||mu||_q^2`` (norm of each prototype). The public ``dist`` "
+        "takes that norm along the class axis of the transposed prototype matrix instead; ``\"class\"`` reproduces "
+        "the code as written. See :func:`conjnorm_similarity`.")
+
+
 @register_detector
 class ConjNormDetector(FittedDetector):
     """Normalised class-conditional density of the p-normalised feature, :func:`conjnorm_score`.
@@ -74,25 +94,13 @@ class ConjNormDetector(FittedDetector):
     ``Z_k = sum_{i: y_i = k} exp(s_k(F_i) / t)`` (kept as ``log Z_k``, computed with logsumexp; the code
     exponentiates directly); score ``log sum_k exp(s_k(F) / t) / Z_k``.
 
-    Hyperparameters:
-        p: ``1.5`` (the code's ``ord_def`` for ImageNet ResNet-50; its CIFAR scripts use 2.2).
-        temperature: ``t = 0.0005`` (the code's ``t1`` with ``p = 1.5``; 0.05 in the CIFAR scripts).
-        dual_norm: ``"feature"``: the paper's gradient of ``1/2 ||mu||_q^2`` (norm of each prototype).
-            The public ``dist`` takes that norm along the class axis of the transposed prototype
-            matrix instead; ``"class"`` reproduces the code as written. See :func:`conjnorm_similarity`.
+    Settings: :class:`ConjNormConfig`.
     """
 
-    method = "conjnorm"
-    defaults = {"p": 1.5, "temperature": 0.0005, "dual_norm": "feature"}
+    config_class = ConjNormConfig
     search_space = {"p": (1.5, 2.0, 2.5, 3.0)}
     search_space_source = "not in OpenOOD: p over the paper's range (1, 3]"
     state_names = ("prototypes", "log_normalisers")
-
-    def validate(self) -> None:
-        self._number("p", 1.0, low_open=True)
-        self._number("temperature", 0.0, low_open=True)
-        if self.hyperparameters["dual_norm"] not in ("feature", "class"):
-            raise ValueError(f"conjnorm: dual_norm must be 'feature' or 'class', got {self.hyperparameters['dual_norm']!r}")
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.num_classes, "one sample per class"

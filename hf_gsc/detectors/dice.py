@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator
 
 import torch
 from torch import nn
 
-from ..config import DetectorConfig
+from ..config import DetectorConfig, number_check, setting
 from ..features import LinearHead, percentile
 from ..scores import energy_score
 from ..backbone_pass import BackbonePass
@@ -26,6 +27,16 @@ def dice_logits(features: torch.Tensor, head: LinearHead, mask: torch.Tensor) ->
     return LinearHead(head.weight * mask, head.bias)(features)
 
 
+@dataclass
+class DICEConfig(DetectorConfig):
+    """Settings of directed sparsification (:class:`DICEDetector`)."""
+
+    method: ClassVar[str] = "dice"
+    sparsity: float = setting(90.0, number_check(0.0, 100.0),
+                              "Percentile ``p`` of the weight contributions pruned; 90: the paper's CIFAR setting "
+                              "(70 for ImageNet).")
+
+
 @register_detector
 class DICEDetector(FittedDetector):
     """Energy of the logits through the DICE-sparsified classifier weight.
@@ -35,19 +46,14 @@ class DICEDetector(FittedDetector):
     penultimate feature of the ID training data; weights with ``V`` at or below the ``sparsity``-th
     percentile of ``V`` are set to zero.
 
-    Hyperparameters:
-        sparsity: ``p = 90`` (the paper's CIFAR setting; 70 for ImageNet).
+    Settings: :class:`DICEConfig`.
     """
 
-    method = "dice"
-    defaults = {"sparsity": 90.0}
+    config_class = DICEConfig
     search_space = {"sparsity": (50.0, 70.0, 90.0)}
     search_space_source = ("OpenOOD dice.yml fixes p = 90 (p_list [90]); searched here because DICE at 90 can sit "
                            "near chance")
     state_names = ("mean_features",)
-
-    def validate(self) -> None:
-        self._number("sparsity", 0.0, 100.0)
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from ..detector import register_detector
-from .common import TemperatureLogitDetector
+from .common import TemperatureConfig, TemperatureLogitDetector
+
+
+@dataclass
+class EnergyConfig(TemperatureConfig):
+    """Settings of the energy score (:class:`EnergyDetector`)."""
+
+    method: ClassVar[str] = "energy"
 
 
 @register_detector
@@ -12,10 +22,9 @@ class EnergyDetector(TemperatureLogitDetector):
 
     Liu, Wang, Owens, Li, "Energy-based Out-of-distribution Detection", NeurIPS 2020. No fitting.
 
-    Hyperparameters:
-        temperature: ``T = 1`` (the paper's setting).
+    Settings: :class:`EnergyConfig`.
     """
 
-    method = "energy"
+    config_class = EnergyConfig
     in_default_table = True
     score_name = "energy"

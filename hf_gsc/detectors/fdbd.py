@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig, bool_check, setting
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from ..features import LinearHead
@@ -39,6 +41,17 @@ def fdbd_score(features: torch.Tensor, head: LinearHead, train_mean: torch.Tenso
     return distances / scale
 
 
+@dataclass
+class FDBDConfig(DetectorConfig):
+    """Settings of fast decision-boundary distances (:class:`FDBDDetector`)."""
+
+    method: ClassVar[str] = "fdbd"
+    distance_as_normalizer: bool = setting(
+        True, bool_check,
+        "Divide by the distance to the ID training mean ``||z - mu||`` (the paper's regulariser); True: OpenOOD "
+        "fdbd.yml.")
+
+
 @register_detector
 class FDBDDetector(FittedDetector):
     """Distance to the decision boundaries over the distance to the ID mean feature, :func:`fdbd_score`.
@@ -53,20 +66,13 @@ class FDBDDetector(FittedDetector):
     * OpenOOD's ``distance_as_normalizer=False`` divides by ``||z||`` instead of the paper's (and the authors'
       repository's) ``||z - mu||``, a choice OpenOOD makes on validation data (its sweep).
 
-    Hyperparameters:
-        distance_as_normalizer: ``True`` (OpenOOD fdbd.yml; the paper's regulariser ``||z - mu||``).
+    Settings: :class:`FDBDConfig`.
     """
 
-    method = "fdbd"
-    defaults = {"distance_as_normalizer": True}
+    config_class = FDBDConfig
     search_space = {"distance_as_normalizer": (True, False)}
     search_space_source = "OpenOOD fdbd.yml postprocessor_sweep: distance_as_normalizer_list [True, False]"
     state_names = ("train_mean",)
-
-    def validate(self) -> None:
-        if not isinstance(self.hyperparameters["distance_as_normalizer"], bool):
-            raise ValueError(f"fdbd: distance_as_normalizer must be True or False, got "
-                             f"{self.hyperparameters['distance_as_normalizer']!r}")
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"train_mean": (self.feature_dim,)}

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
+from ..config import DetectorConfig
 from ..features import mahalanobis_distances
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
@@ -15,6 +19,13 @@ def gem_score(features: torch.Tensor, class_means: torch.Tensor, precision: torc
     return torch.logsumexp(-0.5 * mahalanobis_distances(features, class_means, precision), dim=1)
 
 
+@dataclass
+class GEMConfig(DetectorConfig):
+    """GEM has no settings: its config holds the common fields only (threshold, calibration, base model)."""
+
+    method: ClassVar[str] = "gem"
+
+
 @register_detector
 class GEMDetector(TiedGaussianDetector):
     """Log-sum-exp over classes of ``-1/2`` squared Mahalanobis distances, :func:`gem_score`.
@@ -24,7 +35,7 @@ class GEMDetector(TiedGaussianDetector):
     ``mahalanobis`` (penultimate feature, true labels).
     """
 
-    method = "gem"
+    config_class = GEMConfig
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return gem_score(self.features(batch), self.class_means, self.precision)

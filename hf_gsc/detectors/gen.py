@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
+from ..config import DetectorConfig, integer_check, number_check, setting
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from .common import BaselineDetector
@@ -29,6 +34,20 @@ def gen_score(logits: torch.Tensor, gamma: float, top: int) -> torch.Tensor:
     return -torch.exp(gamma * (top_log_p + log_complement)).sum(dim=-1)
 
 
+@dataclass
+class GENConfig(DetectorConfig):
+    """Settings of generalised entropy (:class:`GENDetector`)."""
+
+    method: ClassVar[str] = "gen"
+    # gamma = 0 scores every sample alike (each term is 1); OpenOOD's smallest is 0.01.
+    gamma: float = setting(0.1, number_check(0.0, math.inf, low_open=True),
+                           "The exponent ``gamma`` of the entropy; 0.1: OpenOOD gen.yml ``gamma``, the authors' "
+                           "``--gamma`` default and the paper's setting.")
+    top: int = setting(100, integer_check(1),
+                       "``M``, the number of largest probabilities scored; 100: OpenOOD gen.yml ``M``, the authors' "
+                       "``--M`` default and the paper's ImageNet setting.")
+
+
 @register_detector
 class GENDetector(BaselineDetector):
     """Generalized entropy of the top-``M`` softmax probabilities, :func:`gen_score` (negated: higher = more ID).
@@ -40,22 +59,14 @@ class GENDetector(BaselineDetector):
     (:func:`gen_score`): the same number, without ``1 - p`` rounding to 0 for confident samples. ``M`` above the
     number of classes takes them all, as the slice ``[:, -M:]`` does in the authors' code. Paper and code agree.
 
-    Hyperparameters:
-        gamma: ``0.1`` (OpenOOD gen.yml ``gamma``; the authors' ``--gamma`` default and the paper's setting).
-        top: ``M = 100`` (OpenOOD gen.yml ``M``; the authors' ``--M`` default and the paper's ImageNet setting).
+    Settings: :class:`GENConfig`.
     """
 
-    method = "gen"
-    defaults = {"gamma": 0.1, "top": 100}
+    config_class = GENConfig
     search_space = {"gamma": (0.01, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0), "top": (10, 50, 100, 200, 500, 1000)}
     search_space_source = ("OpenOOD gen.yml postprocessor_sweep: gamma_list [0.01, 0.1, 0.5, 1, 2, 5, 10] x "
                            "M_list [10, 50, 100, 200, 500, 1000]")
     reads_logits = True
-
-    def validate(self) -> None:
-        # gamma = 0 scores every sample alike (each term is 1); OpenOOD's smallest is 0.01.
-        self._number("gamma", 0.0, low_open=True)
-        self._integer("top", 1)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return gen_score(batch.model_logits(), self.hyperparameters["gamma"], self.hyperparameters["top"])

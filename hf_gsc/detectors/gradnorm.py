@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
+from ..config import DetectorConfig, number_check, setting
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from .common import PenultimateDetector
@@ -26,6 +31,16 @@ def gradnorm_score(features: torch.Tensor, logits: torch.Tensor, temperature: fl
     return (num_classes * probabilities - 1).abs().sum(dim=-1) * features.abs().sum(dim=-1) / temperature
 
 
+@dataclass
+class GradNormConfig(DetectorConfig):
+    """Settings of GradNorm (:class:`GradNormDetector`)."""
+
+    method: ClassVar[str] = "gradnorm"
+    temperature: float = setting(1.0, number_check(0.0, math.inf, low_open=True),
+                                 "``T`` of the softmax whose KL divergence to the uniform is differentiated; 1: "
+                                 "the paper's setting.")
+
+
 @register_detector
 class GradNormDetector(PenultimateDetector):
     """L1 norm of the per-sample gradient of the KL divergence to the uniform distribution with respect to
@@ -35,18 +50,13 @@ class GradNormDetector(PenultimateDetector):
     NeurIPS 2021 (code: github.com/deeplearning-wisc/gradnorm_ood). Only the weight gradient counts, not
     the bias, as in the code. No fitting.
 
-    Hyperparameters:
-        temperature: ``T = 1`` (the paper's setting).
+    Settings: :class:`GradNormConfig`.
     """
 
-    method = "gradnorm"
-    defaults = {"temperature": 1.0}
+    config_class = GradNormConfig
     search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0)}
     search_space_source = ("OpenOOD sweeps no temperature for GradNorm; its earlier ebo.yml list [1, 10, 100, 1000] "
                            "is searched, as for the other temperature-scaled scores")
-
-    def validate(self) -> None:
-        self._number("temperature", 0.0, low_open=True)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         features = self.features(batch)

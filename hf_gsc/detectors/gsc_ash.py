@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import SETTING, GSCConfig, _feature_shaping, _field, _split_point
+from ..config import GSCConfig, feature_shaping_check, setting, split_point_check
 from ..detector import register_detector
 from ..modeling import GSCForImageClassification
 
@@ -15,8 +15,10 @@ class GSCASHConfig(GSCConfig):
     """:class:`~hf_gsc.GSCConfig` with the "GSC + ASH" defaults: ASH-S at the penultimate feature."""
 
     method: ClassVar[str] = "gsc_ash"
-    split_point: str = _field("penultimate", SETTING, _split_point())
-    feature_shaping: str = _field("ash_s", SETTING, _feature_shaping)
+    split_point: str = setting("penultimate", split_point_check(),
+                               "``\"penultimate\"``: the feature the ASH authors' code shapes (see ``ash_s``).")
+    feature_shaping: str = setting("ash_s", feature_shaping_check,
+                                   "``\"ash_s\"``: the paper's \"GSC + ASH\" row (another ASH variant may be named).")
 
 
 @register_detector
@@ -32,6 +34,5 @@ class GSCASHDetector(GSCForImageClassification):
     the first-order update is exact. Every GSC setting applies (``feature_shaping`` may name another ASH variant).
     """
 
-    method = "gsc_ash"
     config_class = GSCASHConfig
     search_space_source = "not in OpenOOD: GSC's mask ratio around its default 0.05"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig, integer_check, setting
 from ..features import collect_features
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
@@ -29,6 +31,15 @@ def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: in
     return -kth
 
 
+@dataclass
+class KNNConfig(DetectorConfig):
+    """Settings of deep nearest neighbours (:class:`KNNDetector`)."""
+
+    method: ClassVar[str] = "knn"
+    k: int = setting(50, integer_check(1), "The neighbour whose distance is the score: the ``k``-th nearest. 50: the "
+                     "paper's CIFAR-10 setting (1000 with 1% of the training set on ImageNet).")
+
+
 @register_detector
 class KNNDetector(FittedDetector):
     """Minus the distance to the ``k``-th nearest L2-normalised ID training feature, :func:`knn_score`.
@@ -38,19 +49,14 @@ class KNNDetector(FittedDetector):
     ranking, hence every metric, is the same. The bank is the whole normalised training feature set
     ``(N, D)`` (features, not images).
 
-    Hyperparameters:
-        k: ``50`` (the paper's CIFAR-10 setting; 1000 with 1% of the training set on ImageNet).
+    Settings: :class:`KNNConfig`.
     """
 
-    method = "knn"
-    defaults = {"k": 50}
+    config_class = KNNConfig
     search_space = {"k": (1, 10, 50, 100, 200, 500, 1000)}
     search_space_source = ("OpenOOD knn.yml: K_list [50, 100, 200, 500, 1000] (for banks of 50k-1.2M images); 1 and 10 "
                            "added since the bank here is the --max-fit-samples subset. A k above the bank size is left out")
     state_names = ("bank",)
-
-    def validate(self) -> None:
-        self._integer("k", 1)
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.hyperparameters["k"], f"k={self.hyperparameters['k']} neighbours"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig
 from ..features import ClassStatistics, mahalanobis_distances, tied_precision
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
@@ -64,6 +66,13 @@ class TiedGaussianDetector(FittedDetector):
         return self.shaped(super().features(batch))
 
 
+@dataclass
+class MahalanobisConfig(DetectorConfig):
+    """Mahalanobis has no settings: its config holds the common fields only (threshold, calibration, base model)."""
+
+    method: ClassVar[str] = "mahalanobis"
+
+
 @register_detector
 class MahalanobisDetector(TiedGaussianDetector):
     """Negative Mahalanobis distance to the closest class mean, :func:`mahalanobis_score`.
@@ -75,7 +84,7 @@ class MahalanobisDetector(TiedGaussianDetector):
     feature only, without the input pre-processing and the layer ensemble of the full method.
     """
 
-    method = "mahalanobis"
+    config_class = MahalanobisConfig
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return mahalanobis_score(self.features(batch), self.class_means, self.precision)

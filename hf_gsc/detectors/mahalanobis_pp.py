@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig
 from ..detector import register_detector
 from .mahalanobis import MahalanobisDetector
 
@@ -38,6 +40,13 @@ class NormalisedFeatures:
         super()._fit(normalisable(self.method, stream))
 
 
+@dataclass
+class MahalanobisPPConfig(DetectorConfig):
+    """Mahalanobis++ has no settings: its config holds the common fields only (threshold, calibration, base model)."""
+
+    method: ClassVar[str] = "mahalanobis_pp"
+
+
 @register_detector
 class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
     """Mahalanobis on the L2-normalised penultimate feature ``z / ||z||_2``, fitted and scored.
@@ -59,5 +68,5 @@ class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
     No hyperparameters.
     """
 
-    method = "mahalanobis_pp"
+    config_class = MahalanobisPPConfig
     search_space_source = "no hyperparameters (maha-norm's mdsn.yml has no postprocessor_sweep)"

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
+from ..config import DetectorConfig
 from ..scores import max_logit_score
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from .common import BaselineDetector
+
+
+@dataclass
+class MaxLogitConfig(DetectorConfig):
+    """MaxLogit has no settings: its config holds the common fields only (threshold, calibration, base model)."""
+
+    method: ClassVar[str] = "max_logit"
 
 
 @register_detector
@@ -18,7 +29,7 @@ class MaxLogitDetector(BaselineDetector):
     Detection for Real-World Settings", ICML 2022. No hyperparameters, no fitting.
     """
 
-    method = "max_logit"
+    config_class = MaxLogitConfig
     in_default_table = True
     reads_logits = True
 

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from ..detector import register_detector
-from .common import TemperatureLogitDetector
+from .common import TemperatureConfig, TemperatureLogitDetector
+
+
+@dataclass
+class MSPConfig(TemperatureConfig):
+    """Settings of the maximum softmax probability (:class:`MSPDetector`)."""
+
+    method: ClassVar[str] = "msp"
 
 
 @register_detector
@@ -13,10 +23,9 @@ class MSPDetector(TemperatureLogitDetector):
     Hendrycks & Gimpel, "A Baseline for Detecting Misclassified and Out-of-Distribution Examples in
     Neural Networks", ICLR 2017. No fitting.
 
-    Hyperparameters:
-        temperature: ``T = 1`` (the paper's plain softmax).
+    Settings: :class:`MSPConfig`.
     """
 
-    method = "msp"
+    config_class = MSPConfig
     in_default_table = True
     score_name = "msp"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig, number_check, setting
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from ..features import LinearHead
@@ -24,6 +27,16 @@ def nci_score(features: torch.Tensor, head: LinearHead, train_mean: torch.Tensor
     return alignment + alpha * features.abs().sum(dim=-1)
 
 
+@dataclass
+class NCIConfig(DetectorConfig):
+    """Settings of NCI (:class:`NCIDetector`)."""
+
+    method: ClassVar[str] = "nci"
+    # alpha = 0 is the proximity term alone; a negative alpha would reward the small norms the filter rejects.
+    alpha: float = setting(0.0001, number_check(0.0, math.inf),
+                           "Weight of the ``||z||_1`` filter term; 1e-4: OpenOOD nci.yml ``alpha``.")
+
+
 @register_detector
 class NCIDetector(FittedDetector):
     """Alignment of the centred feature with the predicted class's weight plus an L1 norm term, :func:`nci_score`.
@@ -34,19 +47,13 @@ class NCIDetector(FittedDetector):
     classifier's weight row of that class (the bias is not used in the proximity term, and ``w_c`` is not divided
     by its norm), and the norm term is the L1 norm of the uncentred feature ``z``.
 
-    Hyperparameters:
-        alpha: ``1e-4`` (OpenOOD nci.yml ``alpha``).
+    Settings: :class:`NCIConfig`.
     """
 
-    method = "nci"
-    defaults = {"alpha": 0.0001}
+    config_class = NCIConfig
     search_space = {"alpha": (0.0001, 0.001, 0.01, 0.1)}
     search_space_source = "OpenOOD nci.yml postprocessor_sweep: alpha_list [0.0001, 0.001, 0.01, 0.1]"
     state_names = ("train_mean",)
-
-    def validate(self) -> None:
-        # alpha = 0 is the proximity term alone; a negative alpha would reward the small norms the filter rejects.
-        self._number("alpha", 0.0)
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"train_mean": (self.feature_dim,)}

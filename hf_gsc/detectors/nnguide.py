@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as nnf
 
+from ..config import DetectorConfig, integer_check, number_check, setting
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from ..features import LinearHead
@@ -81,6 +83,19 @@ def take_rows(batches: Sequence[torch.Tensor], rows: torch.Tensor) -> Iterator[t
         start = end
 
 
+@dataclass
+class NNGuideConfig(DetectorConfig):
+    """Settings of nearest-neighbour guidance (:class:`NNGuideDetector`)."""
+
+    method: ClassVar[str] = "nnguide"
+    k: int = setting(10, integer_check(1),
+                     "Neighbours in the bank averaged; 10: the authors' ``configs/detector/nnguide.yaml`` "
+                     "``knn_k: 10``, also their code's fallback (OpenOOD's nnguide.yml has ``K: 100``).")
+    alpha: float = setting(0.01, number_check(0.0, 1.0, low_open=True),
+                           "The fraction of the fitting samples in the bank; 0.01: the authors' "
+                           "``get_train_dataloader`` ``bankset_ratio=0.01`` (OpenOOD nnguide.yml ``alpha: 0.01``).")
+
+
 @register_detector
 class NNGuideDetector(FittedDetector):
     """The energy guided by the nearest ID training features, :func:`nnguide_score`.
@@ -112,15 +127,10 @@ class NNGuideDetector(FittedDetector):
     ``int(alpha N)`` images (so it depends on the batch size and on the loader's order; its evaluator does not
     shuffle by default), and its ``K`` is 100.
 
-    Hyperparameters:
-        k: ``10`` (the authors' ``configs/detector/nnguide.yaml`` ``knn_k: 10``, also their code's fallback;
-            OpenOOD's nnguide.yml has ``K: 100``).
-        alpha: ``0.01`` (the authors' ``get_train_dataloader`` ``bankset_ratio=0.01``; OpenOOD nnguide.yml
-            ``alpha: 0.01``): the fraction of the fitting samples in the bank.
+    Settings: :class:`NNGuideConfig`.
     """
 
-    method = "nnguide"
-    defaults = {"k": 10, "alpha": 0.01}
+    config_class = NNGuideConfig
     search_space = {"k": (10, 100)}
     search_space_source = ("the two published settings: k=10 (the authors' configs/detector/nnguide.yaml knn_k) and "
                            "K=100 (OpenOOD nnguide.yml, whose sweep is that single point K [100] x alpha [0.01]); "
@@ -129,10 +139,6 @@ class NNGuideDetector(FittedDetector):
     #: Rows of the bank per similarity block when scoring (:func:`top_k_mean_similarity`); the score does not depend
     #: on it.
     bank_chunk_rows: int = BANK_CHUNK_ROWS
-
-    def validate(self) -> None:
-        self._integer("k", 1)
-        self._number("alpha", 0.0, 1.0, low_open=True)
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.hyperparameters["k"], f"k={self.hyperparameters['k']} neighbours in the bank"

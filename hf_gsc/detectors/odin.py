@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
+from ..config import MIN_TEMPERATURE, DetectorConfig, number_check, setting
 from ..precision import full_precision, parameter_dtype, step_dtype
 from ..scores import msp_score
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
-from .common import MIN_TEMPERATURE, BaselineDetector
+from .common import BaselineDetector
 
 
 def odin_perturb(
@@ -46,6 +49,33 @@ def odin_perturb(
     return (pixel_values.detach() - epsilon * sign / std).detach()
 
 
+def _image_std(name: str, value: Any) -> Any:
+    """A positive number, or a non-empty list of them (one per channel), as floats."""
+    values = list(value) if isinstance(value, Sequence) and not isinstance(value, str) else [value]
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in values):
+        raise ValueError(f"{name} must be a positive number or a list of them, got {value!r}")
+    return [float(v) for v in values] if isinstance(value, Sequence) else float(value)
+
+
+@dataclass
+class ODINConfig(DetectorConfig):
+    """Settings of ODIN (:class:`ODINDetector`)."""
+
+    method: ClassVar[str] = "odin"
+    temperature: float = setting(1000.0, number_check(MIN_TEMPERATURE, math.inf),
+                                 "``T`` of the softmax; 1000: the paper's setting.")
+    epsilon: float = setting(0.0014, number_check(0.0, math.inf),
+                             "Step of the input perturbation, in ``[0, 1]`` pixel units; 0.0014: the paper's "
+                             "DenseNet/CIFAR setting.")
+    image_std: float | list[float] = setting(
+        1.0, _image_std,
+        "The image processor's normalisation std (a number or one per channel). The ODIN code divides the "
+        "perturbation by it (``63.0/255``, ``62.1/255``, ``66.7/255`` for CIFAR) so that ``epsilon`` is measured in "
+        "pixel units; ``pixel_values`` do not carry the std, so the caller passes ``image_processor.image_std`` "
+        "(``hf-gsc evaluate`` does, :meth:`ODINDetector.model_defaults`). The default 1.0 applies ``epsilon`` "
+        "directly in normalised units.")
+
+
 @register_detector
 class ODINDetector(BaselineDetector):
     """MSP at temperature ``T`` of the input perturbed by :func:`odin_perturb`.
@@ -53,19 +83,11 @@ class ODINDetector(BaselineDetector):
     Liang, Li, Srikant, "Enhancing The Reliability of Out-of-distribution Image Detection in Neural
     Networks", ICLR 2018 (code: github.com/facebookresearch/odin). No fitting.
 
-    Hyperparameters:
-        temperature: ``T = 1000`` (the paper's setting).
-        epsilon: ``0.0014`` (the paper's DenseNet/CIFAR setting), in ``[0, 1]`` pixel units.
-        image_std: the image processor's normalisation std (a number or one per channel). The ODIN
-            code divides the perturbation by it (``63.0/255``, ``62.1/255``, ``66.7/255`` for CIFAR) so
-            that ``epsilon`` is measured in pixel units; ``pixel_values`` do not carry the std, so the
-            caller passes ``image_processor.image_std``. The default ``1.0`` applies ``epsilon``
-            directly in normalised units.
+    Settings: :class:`ODINConfig`.
     """
 
-    method = "odin"
+    config_class = ODINConfig
     in_default_table = True
-    defaults = {"temperature": 1000.0, "epsilon": 0.0014, "image_std": 1.0}
     search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0), "epsilon": (0.0, 0.0014, 0.0028)}
     search_space_source = ("OpenOOD odin.yml: temperature [1, 10, 100, 1000] x noise [0.0014, 0.0028]; epsilon 0 "
                            "(temperature scaling alone, the low end of the ODIN paper's grid) added")
@@ -80,14 +102,11 @@ class ODINDetector(BaselineDetector):
             return {"image_std": [1.0]}
         return {"image_std": [float(value) for value in (std if isinstance(std, (list, tuple)) else [std])]}
 
-    def validate(self) -> None:
-        self._number("temperature", MIN_TEMPERATURE)
-        self._number("epsilon", 0.0)
+    @property
+    def image_std(self) -> torch.Tensor:
+        """``(C,)`` float64 (``(1,)`` for one number): the std the perturbation is divided by."""
         std = self.hyperparameters["image_std"]
-        values = list(std) if isinstance(std, Sequence) and not isinstance(std, str) else [std]
-        if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in values):
-            raise ValueError(f"odin: image_std must be a positive number or a list of them, got {std!r}")
-        self.image_std = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        return torch.tensor(std if isinstance(std, list) else [std], dtype=torch.float64)
 
     def _logits_with_gradient(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=pixel_values.to(parameter_dtype(self.model))).logits.to(pixel_values.dtype)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig, number_check, setting
 from ..features import LinearHead, collect_features, percentile
 from ..scores import energy_score
 from ..backbone_pass import BackbonePass
@@ -18,6 +20,16 @@ def react_logits(features: torch.Tensor, head: LinearHead, clip: float | torch.T
     return head(features.clamp(max=float(clip)))
 
 
+@dataclass
+class ReActConfig(DetectorConfig):
+    """Settings of rectified activations (:class:`ReActDetector`)."""
+
+    method: ClassVar[str] = "react"
+    percentile: float = setting(90.0, number_check(0.0, 100.0),
+                                "Percentile of the ID training activations at which they are clipped; 90: the "
+                                "paper's default.")
+
+
 @register_detector
 class ReActDetector(FittedDetector):
     """Energy of the logits of the clipped penultimate feature, :func:`react_logits`.
@@ -27,20 +39,15 @@ class ReActDetector(FittedDetector):
     of all penultimate activations of the ID fitting data (``np.percentile(activations.flatten(), 90)``
     in the authors' code); here fitted on ID *validation* data, never test.
 
-    Hyperparameters:
-        percentile: ``90`` (the paper's default).
+    Settings: :class:`ReActConfig`.
     """
 
-    method = "react"
+    config_class = ReActConfig
     in_default_table = True
     search_space = {"percentile": (85.0, 90.0, 95.0, 99.0)}
     search_space_source = "OpenOOD react.yml: percentile_list [85, 90, 95, 99]"
     fit_split = "validation"
-    defaults = {"percentile": 90.0}
     state_names = ("threshold",)
-
-    def validate(self) -> None:
-        self._number("percentile", 0.0, 100.0)
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"threshold": (1,)}

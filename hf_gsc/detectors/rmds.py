@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
+from ..config import DetectorConfig
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
 from ..features import ClassStatistics, mahalanobis_distances, tied_precision
@@ -39,6 +43,13 @@ def rmds_score(features: torch.Tensor, class_means: torch.Tensor, precision: tor
     return mahalanobis_score(features, class_means, precision) + background
 
 
+@dataclass
+class RMDSConfig(DetectorConfig):
+    """RMDS has no settings: its config holds the common fields only (threshold, calibration, base model)."""
+
+    method: ClassVar[str] = "rmds"
+
+
 @register_detector
 class RMDSDetector(TiedGaussianDetector):
     """Relative Mahalanobis distance, :func:`rmds_score`.
@@ -66,7 +77,7 @@ class RMDSDetector(TiedGaussianDetector):
     No hyperparameters.
     """
 
-    method = "rmds"
+    config_class = RMDSConfig
     search_space_source = "no hyperparameters (OpenOOD's rmds.yml has no postprocessor_sweep)"
     state_names = ("class_means", "precision", "background_mean", "background_precision")
 

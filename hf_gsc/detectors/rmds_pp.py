@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..config import DetectorConfig
 from ..detector import register_detector
 from .mahalanobis_pp import NormalisedFeatures
 from .rmds import RMDSDetector
+
+
+@dataclass
+class RMDSPPConfig(DetectorConfig):
+    """RMDS++ has no settings: its config holds the common fields only (threshold, calibration, base model)."""
+
+    method: ClassVar[str] = "rmds_pp"
 
 
 @register_detector
@@ -27,5 +38,5 @@ class RMDSPPDetector(NormalisedFeatures, RMDSDetector):
     No hyperparameters.
     """
 
-    method = "rmds_pp"
+    config_class = RMDSPPConfig
     search_space_source = "no hyperparameters (maha-norm's rmdsn.yml has no postprocessor_sweep)"

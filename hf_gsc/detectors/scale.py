@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from ..backends.shaped import FeatureShaping, register_feature_shaping
-from ..config import DetectorConfig
+from ..feature_shapings import FeatureShaping, register_feature_shaping
+from ..config import DetectorConfig, number_check, setting, split_point_check
 from ..detector import register_detector
 from ..features import linear_head
 from .ash import ShapedEnergyDetector, ash_keep_count
@@ -40,6 +41,22 @@ def scale_shape(features: torch.Tensor, percentile: float) -> torch.Tensor:
     return features * scale_factor(features, percentile)
 
 
+@dataclass
+class SCALEConfig(DetectorConfig):
+    """Settings of activation scaling (:class:`SCALEDetector`)."""
+
+    method: ClassVar[str] = "scale"
+    percentile: float = setting(
+        DEFAULT_PERCENTILE, number_check(0.0, 100.0),
+        "Percentile of a sample's activations left out of ``s2``; 85: the authors' scale.yml ``postprocessor_args``, "
+        "the paper's ImageNet-1K setting (their saved OpenOOD runs choose 65 on CIFAR-10/100 and 80 on ImageNet-200 "
+        "by validation search).")
+    split_point: str = setting(
+        "penultimate", split_point_check(),
+        "Where the activation is scaled; ``\"penultimate\"``: the input of the last ``nn.Linear``, as the authors' "
+        "``scale`` on the pooled feature.")
+
+
 @register_detector
 class SCALEDetector(ShapedEnergyDetector):
     """Energy of the logits of the scaled feature, ``logsumexp(W (z * exp(s1 / s2)) + b)``, :func:`scale_shape`.
@@ -59,14 +76,10 @@ class SCALEDetector(ShapedEnergyDetector):
     even), as :func:`ash_keep_count`. A sample whose kept activations sum to 0 gets an infinite or NaN score, as in
     the code (no guard; ASH-S here guards it).
 
-    Hyperparameters:
-        percentile: ``85`` (the authors' scale.yml ``postprocessor_args``, the paper's ImageNet-1K setting; their
-            saved OpenOOD runs choose 65 on CIFAR-10/100 and 80 on ImageNet-200 by validation search).
-        split_point: ``"penultimate"``.
+    Settings: :class:`SCALEConfig`.
     """
 
-    method = "scale"
-    defaults = {"percentile": DEFAULT_PERCENTILE, "split_point": "penultimate"}
+    config_class = SCALEConfig
     search_space = {"percentile": (50.0, 55.0, 60.0, 65.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0)}
     search_space_source = ("the authors' configs/postprocessors/scale.yml: percentile_list [50, 55, ..., 95] "
                            "(OpenOOD's scale.yml and the authors' saved runs sweep [65, 70, ..., 95])")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig
 from ..features import ClassStatistics, LinearHead
 from ..backbone_pass import BackbonePass
 from ..detector import register_detector
@@ -16,6 +18,13 @@ def she_score(features: torch.Tensor, head: LinearHead, patterns: torch.Tensor) 
     """``<F, S_c>`` with ``c = argmax(W F + b)`` the predicted class and ``S_c`` its stored pattern, ``(B,)``."""
     predicted = head(features).argmax(dim=-1)
     return (features.to(patterns.dtype) * patterns[predicted]).sum(dim=-1)
+
+
+@dataclass
+class SHEConfig(DetectorConfig):
+    """SHE has no settings: its config holds the common fields only (threshold, calibration, base model)."""
+
+    method: ClassVar[str] = "she"
 
 
 @register_detector
@@ -29,7 +38,7 @@ class SHEDetector(FittedDetector):
     every class needs at least one.
     """
 
-    method = "she"
+    config_class = SHEConfig
     state_names = ("patterns",)
 
     def fit_requirement(self) -> tuple[int, str]:

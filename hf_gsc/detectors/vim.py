@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import ClassVar, Iterator
 
 import torch
 
+from ..config import DetectorConfig, integer_check, setting
 from ..features import LinearHead, collect_features
 from ..scores import energy_score
 from ..backbone_pass import BackbonePass
@@ -48,6 +50,18 @@ def vim_score(
     return energy_score(head(features.double())) - alpha * vim_residual_norm(features, origin, residual_space)
 
 
+@dataclass
+class ViMConfig(DetectorConfig):
+    """Settings of virtual-logit matching (:class:`ViMDetector`)."""
+
+    method: ClassVar[str] = "vim"
+    principal_dim: int | None = setting(
+        None, integer_check(1, optional=True),
+        "Dimension of the principal space; ``None``: the authors' rule :func:`vim_principal_dim` (1000 for "
+        "``D >= 2048``, 512 for ``D >= 768``, else ``D // 2``; github.com/haoqiwang/vim). Must be below the "
+        "feature width (checked at the fit).")
+
+
 @register_detector
 class ViMDetector(FittedDetector):
     """Energy minus ``alpha`` times the residual norm of the feature, :func:`vim_score`.
@@ -57,19 +71,13 @@ class ViMDetector(FittedDetector):
     space of dimension :func:`vim_principal_dim` of the uncentred (about ``u``) feature covariance,
     and ``alpha = mean(max logit) / mean(residual norm)``.
 
-    Hyperparameters:
-        principal_dim: ``None`` = the authors' rule :func:`vim_principal_dim`.
+    Settings: :class:`ViMConfig`.
     """
 
-    method = "vim"
-    defaults = {"principal_dim": None}
+    config_class = ViMConfig
     search_space_source = ("principal_dim follows the feature width by the paper's rule; OpenOOD's sweep "
                            "[256, 1000] is for 2048-d ResNet-50 features and does not carry over to other widths")
     state_names = ("origin", "residual_space", "alpha")
-
-    def validate(self) -> None:
-        if self.hyperparameters["principal_dim"] is not None:
-            self._integer("principal_dim", 1)
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.feature_dim, "feature dim, for the feature covariance"
