@@ -8,8 +8,7 @@ before the final norm, pooler and classifier) and the head from ``F`` to the log
 A model type that is not registered is found from its structure (:func:`discover_architecture`): the
 encoder's block list and a head of the :class:`~hf_gsc.heads.HeadSpec` form, accepted only when that head
 reproduces the model's own logits. :data:`NOT_APPLICABLE` says why a split at the final encoder output does not
-apply to a model type. ``python -m hf_gsc.architectures`` prints the table of the README's "Supported
-architectures".
+apply to a model type. ``python -m hf_gsc.architectures`` prints the table of ``docs/architectures.md``.
 """
 
 from __future__ import annotations
@@ -335,7 +334,7 @@ def architecture_for(model: nn.Module) -> ArchitectureSpec:
 
 
 def supported_architectures_table() -> str:
-    """The README's table of supported architectures, from :data:`ARCHITECTURES`, :data:`CLASS_ARCHITECTURES` and
+    """The table of supported architectures (``docs/architectures.md``), from :data:`ARCHITECTURES`, :data:`CLASS_ARCHITECTURES` and
     :data:`NOT_APPLICABLE`.
 
     Each row is resolved on the architecture's default configuration, built on the ``meta`` device (no
