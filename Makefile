@@ -1,10 +1,10 @@
-# The expected spellings: make install, make test, make demo.
+# The expected spellings: make install, make test, make demo; make docs builds the documentation site.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Debian packages that hold the offline benchmark data (Fashion-MNIST, real digits, photos, fonts).
 DATA_PACKAGES := dataset-fashion-mnist opencv-doc fonts-dejavu-core fonts-liberation fonts-freefont-ttf
 
-.PHONY: install install-data test demo
+.PHONY: install install-data test demo docs
 install: install-data $(VENV)/.installed
 
 # Idempotent: installs the Debian data packages only when one is missing (needs root or sudo).
@@ -28,3 +28,12 @@ test: install
 
 demo: install
 	$(PY) scripts/demo.py
+
+# The documentation site from docs/ and the docstrings, into site/; a warning (a broken link, a docstring the API
+# reference cannot parse) fails it.
+docs: install $(VENV)/.docs-installed
+	$(PY) -m mkdocs build --strict --site-dir site
+
+$(VENV)/.docs-installed: setup.py
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@

@@ -3,4 +3,5 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (documentation tools inspect every submodule) runs nothing
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The documentation site's two build hooks (``mkdocs.yml``; ``make docs``), both reading the registered methods.
+
+* :func:`on_page_markdown` (an mkdocs hook): the API reference's configs page lists every registered method's config
+  class, read from the registry when the site is built, so adding a method (one file) adds its section.
+* :class:`ConfigHelp` (a griffe extension): each field of a config class documented by its help string and shown
+  with its default, read from the imported class (the source declares them as ``setting(default, check, help)``);
+  reStructuredText roles in docstrings shown as Markdown code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+from typing import Any
+
+import griffe
+
+MARKER = "<!-- method configs -->"
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if MARKER not in markdown:
+        return markdown
+    from hf_gsc import DETECTORS
+
+    sections = []
+    for method in sorted(DETECTORS):
+        config_class = DETECTORS[method].config_class
+        if config_class.__module__ == "hf_gsc.config":
+            continue  # DetectorConfig and GSCConfig have their own sections on the page
+        # Settings declared on a shared base (ASHConfig for ash_p/b/s) are listed with each method's class.
+        inherited = [spec.name for spec in dataclasses.fields(config_class)
+                     if spec.name in config_class.setting_names() and spec.name not in vars(config_class)]
+        sections.append(f"### `{method}`\n\n::: {config_class.__module__}.{config_class.__qualname__}\n"
+                        f"    options:\n      heading_level: 4\n      inherited_members: {inherited}\n")
+    return markdown.replace(MARKER, "\n".join(sections))
+
+
+class ConfigHelp(griffe.Extension):
+    """Every field of a :class:`hf_gsc.DetectorConfig` subclass shown with its help as its docstring and its default
+    as its value (``k = 50``, not the ``setting(...)`` call that declares it), read from the imported class; and the
+    docstrings' reStructuredText roles (``:class:`X```) as Markdown code, as :mod:`hf_gsc.method_table` writes them."""
+
+    def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", obj.docstring.value)
+
+    def on_class(self, *, cls: griffe.Class, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
+        from hf_gsc.config import DetectorConfig
+
+        runtime = getattr(importlib.import_module(cls.module.path), cls.name, None)
+        if not (isinstance(runtime, type) and issubclass(runtime, DetectorConfig)):
+            return
+        for spec in dataclasses.fields(runtime):
+            member = cls.members.get(spec.name)
+            if member is None or member.is_alias:
+                continue  # inherited: documented on the class that declares it
+            default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+            member.value = repr(default)
+            member.docstring = griffe.Docstring(spec.metadata["help"], parent=member)
+        init = cls.members.get("__init__")  # written by griffe's dataclass extension from the fields' source
+        if isinstance(init, griffe.Function):
+            defaults = {spec.name: spec for spec in dataclasses.fields(runtime)}
+            for parameter in init.parameters:
+                if parameter.name in defaults:
+                    spec = defaults[parameter.name]
+                    default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+                    parameter.default = repr(default)
