@@ -324,7 +324,7 @@ def test_evaluate_on_two_processes_matches_one(walkthrough, one_process):
     with socket.socket() as probe:  # a free port: other runs may hold accelerate's default 29500
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    # The README's recipe (ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m hf_gsc evaluate),
+    # docs/demo.md's recipe (ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m hf_gsc evaluate),
     # with the venv's interpreter so that both processes import the installed wheel.
     env = {**walkthrough.env, "ACCELERATE_USE_CPU": "1"}
     _run([str(walkthrough.python), "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
