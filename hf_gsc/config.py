@@ -372,9 +372,14 @@ class GSCConfig(DetectorConfig):
         "zero", choice_check(OPERATIONS),
         "On the masked coordinates: ``zero`` (the paper) | ``perturb`` (``F - alpha*sign(g)``) | ``project`` (remove "
         "the component along ``g``) | ``clip`` (to ``[-clip_bound, clip_bound]``) | ``scale`` (``beta * F``).")
-    alpha: float = setting(0.1, number_check(0.0, math.inf), "Step of ``operation=\"perturb\"``.")
-    clip_bound: float = setting(1.0, number_check(0.0, math.inf), "Bound of ``operation=\"clip\"``.")
-    beta: float = setting(0.5, number_check(0.0, 1.0), "Factor of ``operation=\"scale\"``.")
+    alpha: float = setting(0.1, number_check(0.0, math.inf),
+                           "Step of ``operation=\"perturb\"``; the paper's \"small scaling factor\" ``alpha`` has no "
+                           "value given, 0.1 is this library's.")
+    clip_bound: float = setting(1.0, number_check(0.0, math.inf),
+                                "Bound of ``operation=\"clip\"`` (an ablation beyond the paper; 1.0 is this library's).")
+    beta: float = setting(0.5, number_check(0.0, 1.0),
+                          "Factor of ``operation=\"scale\"`` (the paper's partial scaling ``beta < 1``, Appendix "
+                          "A.1.2, has no value given; 0.5 is this library's).")
     approximation: str = setting(
         "first_order", choice_check(APPROXIMATIONS),
         "``first_order`` (``y + J(F'-F)`` for all K logits, one Jacobian-vector product), ``predicted_logit`` (only "
@@ -384,7 +389,7 @@ class GSCConfig(DetectorConfig):
         "``energy`` (the paper) | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.")
     temperature: float = setting(1.0, number_check(MIN_TEMPERATURE, math.inf),
                                  "Softmax / energy temperature (the paper's 1).")
-    seed: int = setting(0, _seed, "Random source of ``selection=\"random\"``.")
+    seed: int = setting(0, _seed, "Random source of ``selection=\"random\"`` (an ablation control).")
     feature_shaping: str = setting(
         "none", feature_shaping_check,
         "``none`` (the paper), or a shaping of ``F`` before the gradient is taken, registered by the method that "
