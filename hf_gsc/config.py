@@ -182,9 +182,14 @@ def _documented_fields(cls: type) -> list[tuple[str, Any, Any, str]]:
                 if spec.name not in common:
                     entries[spec.name] = (spec.name, spec.type, _default_of(spec), spec.metadata["help"])
     annotations = cls.__dict__.get("__annotations__", {})
-    for name, spec in cls.__dict__.items():
-        if isinstance(spec, Field):
-            entries[name] = (name, annotations.get(name, "Any"), _default_of(spec), spec.metadata["help"])
+    for name, kind in annotations.items():
+        if "ClassVar" in str(kind):
+            continue
+        spec = cls.__dict__.get(name)
+        if not isinstance(spec, Field) or not {"kind", "check", "help"} <= set(spec.metadata):
+            raise TypeError(f"{cls.__name__}.{name}: declare each config field with setting(default, check, help) "
+                            "(hf_gsc.config), so that it is checked on assignment and documented")
+        entries[name] = (name, kind, _default_of(spec), spec.metadata["help"])
     return list(entries.values())
 
 

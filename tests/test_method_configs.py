@@ -66,3 +66,11 @@ def test_the_defaults_are_the_config_class_defaults():
     for method, detector in DETECTORS.items():
         if hasattr(detector, "defaults"):
             assert dict(detector.defaults) == detector.config_class().hyperparameters, method
+
+
+def test_a_field_without_check_and_help_is_refused_when_the_class_is_written():
+    with pytest.raises(TypeError, match=r"MyConfig\.k: declare each config field with setting\(default, check, help\)"):
+        @dataclasses.dataclass
+        class MyConfig(DetectorConfig):
+            method: typing.ClassVar[str] = "mine"
+            k: int = 5
