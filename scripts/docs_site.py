@@ -22,12 +22,12 @@ MARKER = "<!-- method configs -->"
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER not in markdown:
         return markdown
-    from hf_gsc import DETECTORS
+    from hf_gsc import DETECTORS, DetectorConfig
 
     sections = []
     for method in sorted(DETECTORS):
         config_class = DETECTORS[method].config_class
-        if config_class.__module__ == "hf_gsc.config":
+        if config_class.__module__ == DetectorConfig.__module__:
             continue  # DetectorConfig and GSCConfig have their own sections on the page
         # Settings declared on a shared base (ASHConfig for ash_p/b/s) are listed with each method's class.
         inherited = [spec.name for spec in dataclasses.fields(config_class)
@@ -47,7 +47,7 @@ class ConfigHelp(griffe.Extension):
             obj.docstring.value = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", obj.docstring.value)
 
     def on_class(self, *, cls: griffe.Class, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
-        from hf_gsc.config import DetectorConfig
+        from hf_gsc import DetectorConfig
 
         runtime = getattr(importlib.import_module(cls.module.path), cls.name, None)
         if not (isinstance(runtime, type) and issubclass(runtime, DetectorConfig)):
