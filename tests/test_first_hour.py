@@ -55,19 +55,19 @@ def _id_data(root: Path, names: list[str], rng: np.random.Generator) -> str:
     return str(root)
 
 
-def save_tiny_vit(folder: Path) -> None:
-    """A random 16 px grey ViT with the classes ``CLASSES`` (cat, dog, bird) and its PIL image processor, in
-    ``folder``; seeded, so the same model every time."""
+def save_tiny_vit(folder: Path, num_channels: int = 1) -> None:
+    """A random 16 px ViT of ``num_channels`` channels (1: grey, 3: RGB) with the classes ``CLASSES`` (cat, dog,
+    bird) and its PIL image processor, in ``folder``; seeded, so the same model every time."""
     from transformers import ViTConfig, ViTForImageClassification
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
     torch.manual_seed(0)
-    config = ViTConfig(image_size=16, patch_size=8, num_channels=1, hidden_size=16, num_hidden_layers=1,
+    config = ViTConfig(image_size=16, patch_size=8, num_channels=num_channels, hidden_size=16, num_hidden_layers=1,
                        num_attention_heads=2, intermediate_size=32, num_labels=3,
                        id2label=dict(enumerate(CLASSES)), label2id={name: i for i, name in enumerate(CLASSES)})
     ViTForImageClassification(config).save_pretrained(folder)
-    ViTImageProcessorPil(do_resize=True, size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5],
-                         do_convert_rgb=False).save_pretrained(folder)
+    ViTImageProcessorPil(do_resize=True, size={"height": 16, "width": 16}, image_mean=[0.5] * num_channels,
+                         image_std=[0.5] * num_channels, do_convert_rgb=False).save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
