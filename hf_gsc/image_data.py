@@ -23,6 +23,7 @@ from typing import Any
 
 from .images import describe
 from .label_names import label_mapping, name_key
+from .progress import datasets_progress_bars_off
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +143,13 @@ def select_split(data: Any, split: str | None, name: str) -> tuple[Any, str]:
         if (path / "dataset_dict.json").is_file():
             import datasets
 
-            splits, root = dict(datasets.load_from_disk(str(path))), str(path)
+            with datasets_progress_bars_off():
+                splits, root = dict(datasets.load_from_disk(str(path))), str(path)
         elif (path / "dataset_info.json").is_file():
             import datasets
 
-            return datasets.load_from_disk(str(path)), f"{name} (the dataset saved in {path})"
+            with datasets_progress_bars_off():
+                return datasets.load_from_disk(str(path)), f"{name} (the dataset saved in {path})"
         else:
             splits, root = _split_folders(path), str(path)
             if not splits:

@@ -245,16 +245,27 @@ def test_the_users_split_name_is_kept(tiny, tmp_path) -> None:
     assert results["ood_datasets"] == {"far": tiny["far"]} and results["id_dataset"] == tiny["id"]
 
 
-def test_a_local_folder_is_not_announced_as_a_download(tmp_path, capfd) -> None:
+def test_a_local_folder_is_read_without_progress_bars(tmp_path, capfd) -> None:
+    """datasets' bars ("Downloading data", "Generating train split") are off while hf_gsc reads a local folder, and
+    the user's own setting is what it was afterwards, on or off."""
+    import datasets
     from PIL import Image
 
     from hf_gsc.data import load_split
 
     for i in range(20):  # datasets shows its file progress bar from 16 files on
         Image.new("L", (8, 8), i * 10).save(tmp_path / f"{i:02d}.png")
+    assert not datasets.are_progress_bars_disabled()
     assert len(load_split(str(tmp_path))) == 20
     output = capfd.readouterr().err
-    assert "Downloading" not in output and "Listing local files" in output, output
+    assert "Downloading" not in output and "Generating" not in output and "%|" not in output, output
+    assert not datasets.are_progress_bars_disabled()  # the user's setting, on, is kept for their own loads
+    datasets.disable_progress_bars()
+    try:
+        load_split(str(tmp_path))
+        assert datasets.are_progress_bars_disabled()  # and off stays off
+    finally:
+        datasets.enable_progress_bars()
 
 
 def test_list_methods(capsys) -> None:
