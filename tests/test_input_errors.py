@@ -188,3 +188,9 @@ def test_grey_images_in_the_readmes_manual_call(rgb_model):
     pil_images = [grey, grey.convert("RGB")]
     out = det(**det.image_processor(images=pil_images, return_tensors="pt"))  # README: Quickstart
     torch.testing.assert_close(out.ood_score[0], out.ood_score[1])  # grey is the RGB image with three equal channels
+    # docs/inputs.md: decoding first, as the pipeline does
+    from hf_gsc.images import load_image, model_mode
+
+    images = [load_image(image, model_mode(det.num_channels)) for image in pil_images]
+    decoded = det(**det.image_processor(images=images, return_tensors="pt"))
+    torch.testing.assert_close(decoded.ood_score, out.ood_score)
