@@ -113,14 +113,14 @@ def _is_dataset_dict(data: Any) -> bool:
 
 
 def _split_folders(path: Path) -> dict[str, Path]:
-    """A dataset root's split folders by split (``{}`` for a folder that is no root)."""
-    found = {}
-    if not path.is_dir():
-        return found
-    for child in sorted(path.iterdir()):
-        for split, names in SPLIT_FOLDERS.items():
-            if child.is_dir() and child.name.lower() in names and split not in found:
-                found[split] = child
+    """A dataset root's split folders by split: ``{}`` for a folder that is no root, one with a sub-folder that names
+    no split (a class-folder tree with a class called ``test`` stays a class-folder tree)."""
+    found: dict[str, Path] = {}
+    for child in sorted(child for child in path.iterdir() if child.is_dir()):
+        split = next((split for split, names in SPLIT_FOLDERS.items() if child.name.lower() in names), None)
+        if split is None:
+            return {}
+        found.setdefault(split, child)
     return found
 
 

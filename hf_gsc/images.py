@@ -126,12 +126,11 @@ def _open(source: Any, timeout: float | None) -> Image.Image:
         return Image.open(source)
     encoded = source.split(",", 1)[1] if source.startswith("data:image/") else source
     try:
-        data = base64.b64decode(encoded, validate=True)
-    except ValueError:
-        data = b""
-    if not data:
-        raise FileNotFoundError("no such file (and not an http(s) URL or a base64-encoded image)")
-    return Image.open(io.BytesIO(data))
+        return Image.open(io.BytesIO(base64.b64decode(encoded, validate=True)))
+    except (ValueError, OSError):  # not base64, or base64 of no image: most likely a mistyped path
+        if source.startswith("data:image/"):
+            raise
+        raise FileNotFoundError("no such file (and not an http(s) URL or a base64-encoded image)") from None
 
 
 def array_to_image(array: Any) -> Image.Image:
