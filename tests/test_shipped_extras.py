@@ -34,3 +34,21 @@ def test_method_table_help():
                             cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: python -m hf_gsc.method_table") and "| Method |" not in result.stdout
+
+
+def test_a_detector_names_its_classes_for_the_pipeline(tmp_path):
+    import transformers
+
+    from hf_gsc import AutoOODDetector
+    from test_first_hour import CLASSES, save_tiny_vit
+
+    save_tiny_vit(tmp_path / "model", num_channels=3)
+    detector = AutoOODDetector.from_pretrained(str(tmp_path / "model"), method="energy")
+    assert detector.id2label == dict(enumerate(CLASSES))
+    assert detector.label2id == {name: index for index, name in enumerate(CLASSES)}
+    assert detector.num_channels == 3
+    ood = transformers.pipeline("ood-image-classification", model=detector)
+    from PIL import Image
+
+    labels = [prediction["label"] for prediction in ood(Image.new("RGB", (20, 20)))["predictions"]]
+    assert sorted(labels) == sorted(CLASSES)

@@ -8,9 +8,10 @@ Two kinds of bad data, caught at two moments:
   decoded; :func:`decode_image` then raises :class:`UndecodableImageError` in one line naming the dataset, the row
   and the file, or, with ``on_error="skip"``, drops the image so the caller can count it.
 
-Decoding happens here rather than inside ``datasets`` (whose errors name neither dataset nor row): callers switch
-the image column to ``datasets.Image(decode=False)`` with :func:`without_decoding` and decode each batch with
-:func:`decode_images`.
+Decoding happens here rather than inside ``datasets`` (whose errors name neither dataset nor row, and whose rules
+for bit depth and alpha are not the pipeline's): callers switch the image column to ``datasets.Image(decode=False)``
+with :func:`without_decoding` and decode each batch with :func:`decode_images`, which decodes through
+:func:`hf_gsc.images.decode`, the one rule of every entry point (``fit``, ``calibrate``, the pipeline).
 """
 from __future__ import annotations
 
