@@ -52,6 +52,8 @@ setup(
         "numpy>=1.24",
         "pillow>=10.0",
         "packaging>=20.0",
+        # Image URLs (fit, calibrate, the pipeline) are fetched with a timeout and a size cap (hf_gsc.images).
+        "requests>=2.28",
     ],
     extras_require=extras,
     entry_points={"console_scripts": ["hf-gsc = hf_gsc.cli:main"]},

@@ -30,6 +30,7 @@ from transformers.utils import ModelOutput
 from .backbone_pass import BackbonePass, run_backbone
 from .config import DetectorConfig, bind_config
 from .push import HubPush
+from .image_data import image_rows
 from .inputs import check_pixel_values, labelled_batches
 from .registry import DETECTORS, detector_class, get_detector, register_detector, suggest_names
 from .detector_files import DetectorFiles
@@ -157,6 +158,22 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
             cls.score_batch = _in_score_dtype(own)
 
     @property
+    def id2label(self) -> dict[int, str]:
+        """The base classifier's class names by index (``config.id2label``; ``{}`` when it has none)."""
+        return dict(getattr(getattr(self.model, "config", None), "id2label", None) or {})
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """The base classifier's class indices by name (``config.label2id``; ``{}`` when it has none)."""
+        return dict(getattr(getattr(self.model, "config", None), "label2id", None) or {})
+
+    @property
+    def num_channels(self) -> int | None:
+        """The channels of the images the base model takes (``config.num_channels``); ``None`` when it does not say.
+        Images are converted to it (1: grey, 3: RGB) by :func:`hf_gsc.images.load_image`."""
+        return self._expected_channels
+
+    @property
     def score_dtype(self) -> torch.dtype:
         """``ood_score``'s dtype: float32, whatever the base model's dtype (a bf16 or fp16 model too), and float64
         only when the base model runs in float64."""
@@ -257,14 +274,23 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         """Finish the fit: compute the fitted state from what :meth:`fit_update` took."""
         self.fitted = True
 
-    def fit(self, id_train_batches: Iterable[Any]) -> "OODDetector":
+    def fit(self, id_train_batches: Iterable[Any], image_column: str | None = None,
+            label_column: str | None = None) -> "OODDetector":
         """Fit on ID data, streamed: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and
         ``labels``), or images prepared by ``image_processor``: a class-folder tree (labels by folder name through the
-        model's ``config.label2id``), a ``datasets.Dataset`` with ``image`` and ``label`` columns (its class names
-        mapped to the model's), a folder, file, PIL or NumPy image or a list of them (for methods that need no
-        labels). A method that needs no fitting returns at once."""
+        model's ``config.label2id``), a ``datasets.Dataset`` (``image_column``, default ``image``, and
+        ``label_column``, default ``label``: ``ClassLabel`` indices or class-name strings, mapped by name to the
+        model's labels), a folder, file, URL, PIL or NumPy image or a list of them (for methods that need no labels).
+
+        A dataset root (a folder with ``train/``, ``validation/``, ``test/``, a saved ``DatasetDict`` or a
+        ``DatasetDict``) is read at the detector's :attr:`fit_split` only, which is logged; a root without it is
+        refused. A method that needs no fitting returns at once."""
         from .backbone_pass import fit_together
 
+        if self.needs_fit:
+            rows = image_rows(id_train_batches, "id_train_batches", self.label2id or None,
+                              getattr(self, "needs_labels", False), self.fit_split, image_column, label_column)
+            id_train_batches = id_train_batches if rows is None else rows
         fit_together([self], id_train_batches)
         return self
 
@@ -302,6 +328,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         split: str = "validation",
         batch_size: int = 32,
         delta: float | None = None,
+        image_column: str | None = None,
+        label_column: str | None = None,
     ) -> float:
         """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID.
 
@@ -310,11 +338,17 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
 
         Args:
             id_validation_data: a ``(N, C, H, W)`` tensor; an iterable of batches (tensors, ``(pixel_values,
-                labels)`` tuples, mappings with ``"pixel_values"``); or images: PIL images, file paths, or a
-                ``datasets.Dataset`` with an ``image`` column, prepared by the detector's ``image_processor``.
+                labels)`` tuples, mappings with ``"pixel_values"``); or images: PIL or NumPy images, file paths,
+                URLs, a folder, or a ``datasets.Dataset`` (its ``image_column``), prepared by the detector's
+                ``image_processor``; or a dataset root (a folder with ``train/``, ``validation/``, ``test/``, a saved
+                ``DatasetDict`` or a ``DatasetDict``), read at ``split`` only (logged; refused when it has none).
             tpr: fraction of ID samples to keep, in ``(0, 1]``.
-            split: name of the data, recorded in the calibration record.
+            split: the split read from a dataset root, and the name recorded in the calibration record; never
+                ``"test"``.
             batch_size: images per forward when images are given.
+            image_column: the image column of a ``datasets.Dataset`` (default ``image``).
+            label_column: its label column (default ``label``; calibration reads no labels, but names one that is
+                missing).
             delta: ``None`` keeps the fraction ``tpr`` of these samples; a number in ``(0, 1)`` picks the
                 split-conformal order statistic instead, which keeps at least ``tpr`` of *new* ID data with
                 probability at least ``1 - delta`` (assuming those are drawn like the calibration samples;
@@ -324,7 +358,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         """
         scores = []
         for pixel_values, _ in labelled_batches(id_validation_data, "id_validation_data", self.image_processor,
-                                                batch_size, channels=self._expected_channels):
+                                                batch_size, channels=self._expected_channels, split=split,
+                                                image_column=image_column, label_column=label_column):
             with torch.no_grad():
                 scores.append(self.score(pixel_values).double().cpu())
         all_scores = torch.cat(scores)

@@ -7,15 +7,14 @@ decodes to 300 MB of RGB, and to more once preprocessed. PIL only warns between 
 :class:`ImageTooLargeError` naming the limit and how to raise it.
 
 The limit is read from the environment variable ``HF_GSC_MAX_IMAGE_PIXELS`` (a positive integer) each time an
-image is checked, so it also reaches DataLoader worker processes; the default is :data:`DEFAULT_MAX_IMAGE_PIXELS`,
+image is checked, so it also reaches DataLoader worker processes; :func:`hf_gsc.images.load_image`, the one
+decoding path of every entry point, checks it; the default is :data:`DEFAULT_MAX_IMAGE_PIXELS`,
 PIL's warning threshold. Images above twice ``PIL.Image.MAX_IMAGE_PIXELS`` are still refused by PIL itself.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
-
 from PIL import Image
 
 #: Environment variable holding the limit, in pixels (width x height).
@@ -64,42 +63,10 @@ def check_image_size(image: Image.Image, limit: int | None = None) -> Image.Imag
     return image
 
 
-def open_image(source: Any, timeout: float | None = None) -> Any:
-    """What ``transformers.image_utils.load_image`` accepts, opened lazily and checked before decoding.
-
-    A string (URL, file path, base64) is opened the way ``load_image`` opens it, but without decoding; a PIL
-    image is checked as it is; anything else is returned unchanged for ``load_image`` to judge. Pass the result
-    to ``load_image``, which then decodes it.
-
-    Raises:
-        ImageTooLargeError: see :func:`check_image_size`.
-    """
-    if isinstance(source, str):
-        import base64
-        import io
-
-        if source.startswith(("http://", "https://")):
-            import httpx
-
-            source = Image.open(io.BytesIO(httpx.get(source, timeout=timeout, follow_redirects=True).content))
-        elif os.path.isfile(source):
-            source = Image.open(source)
-        else:
-            encoded = source.split(",")[1] if source.startswith("data:image/") else source
-            try:
-                source = Image.open(io.BytesIO(base64.decodebytes(encoded.encode())))
-            except Exception:  # noqa: BLE001 -- load_image raises its own message for a bad string
-                return source
-    if isinstance(source, Image.Image):
-        check_image_size(source)
-    return source
-
-
 __all__ = [
     "DEFAULT_MAX_IMAGE_PIXELS",
     "MAX_IMAGE_PIXELS_ENV",
     "ImageTooLargeError",
     "check_image_size",
     "max_image_pixels",
-    "open_image",
 ]

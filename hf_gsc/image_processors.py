@@ -25,4 +25,15 @@ def load_image_processor(name_or_path: str | Path, missing_ok: bool = False, **k
         raise
 
 
-__all__ = ["load_image_processor"]
+def converting_to_rgb(image_processor: Any, num_channels: int | None) -> Any:
+    """``image_processor`` set to convert every image to RGB (``do_convert_rgb``, compositing transparency onto white
+    as :func:`hf_gsc.images.load_image` does) when its model takes 3 channels, so that a grey or RGBA PIL image
+    passed straight to it (``det(**det.image_processor(images=pil_images, return_tensors="pt"))``) gets the
+    channels the model takes instead of failing in normalisation. Unchanged for other models, or a processor
+    without that setting."""
+    if num_channels == 3 and hasattr(image_processor, "do_convert_rgb") and not image_processor.do_convert_rgb:
+        image_processor.do_convert_rgb = True
+    return image_processor
+
+
+__all__ = ["converting_to_rgb", "load_image_processor"]

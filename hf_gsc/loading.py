@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 
 from .config import CONFIG_NAME, FITTED, LEGACY_GSC_CONFIG_NAME, SETTING, STATE_FILE, DetectorConfig
-from .image_processors import load_image_processor
+from .image_processors import converting_to_rgb, load_image_processor
 from .repo_ids import is_hub_id
 from .saved_files import CONFIG_KEYS, load_state_from_dir, read_config
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "force_download")
 #: Files of the base model's weights: a folder holding one of them has its base model saved in it.
 BASE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+#: Weight files of a transformers classifier folder (a folder with config.json and none of them is no classifier).
+CLASSIFIER_WEIGHTS = (*BASE_WEIGHTS, "pytorch_model.bin", "pytorch_model.bin.index.json")
 #: What a detector repo is recognised by, fetched before anything else.
 _DETECTOR_FILES = [CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, "config.json", *BASE_WEIGHTS]
 
@@ -95,7 +97,17 @@ def resolve_detector_dir(name_or_path: str, **hub_kwargs: Any) -> str | None:
                 "save_pretrained"
             )
         if os.path.isfile(os.path.join(name_or_path, "config.json")):
-            return None
+            if any(os.path.isfile(os.path.join(name_or_path, name)) for name in CLASSIFIER_WEIGHTS):
+                return None
+            # config.json without weights: a detector folder (save_pretrained writes the base's config.json beside
+            # detector_config.json) that lost its config, not a classifier
+            present = ", ".join(sorted(os.listdir(name_or_path)))
+            raise FileNotFoundError(
+                f"{name_or_path} holds config.json but neither {CONFIG_NAME} (a saved detector: save_pretrained writes "
+                f"{CONFIG_NAME}, README.md, config.json, and {STATE_FILE} for a fitted method) nor a classifier's "
+                f"weights ({', '.join(CLASSIFIER_WEIGHTS)}); it holds {present}. Save the detector again with "
+                "save_pretrained, or pass a classifier's folder"
+            )
         raise FileNotFoundError(
             f"{name_or_path} holds neither {CONFIG_NAME} (a saved detector) nor config.json (a transformers "
             "image classifier); pass the folder written by save_pretrained or a classifier's folder"
@@ -105,14 +117,11 @@ def resolve_detector_dir(name_or_path: str, **hub_kwargs: Any) -> str | None:
             f"{name_or_path!r}: no such directory, and not a Hub repo id ('namespace/name'); check the path"
         )
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    try:
-        folder = snapshot_download(name_or_path, allow_patterns=_DETECTOR_FILES, **hub_kwargs)
-    except (HfHubHTTPError, LocalEntryNotFoundError):
-        # Not found, private without a token, not cached while offline: transformers raises the standard
-        # message for this repo id.
-        return None
+    # Not found, private or gated without access, unreachable, not cached while offline: the Hub's own error
+    # (RepositoryNotFoundError, GatedRepoError, LocalEntryNotFoundError, ...) says what happened and propagates;
+    # a repo that exists but holds no detector is a classifier (None).
+    folder = snapshot_download(name_or_path, allow_patterns=_DETECTOR_FILES, **hub_kwargs)
     return folder if is_detector_dir(folder) else None
 
 
@@ -183,7 +192,8 @@ def load_detector(
     if model is None:
         model = AutoModelForImageClassification.from_pretrained(base, **base_hub, **model_kwargs)
     detector = _build(cls, model, config, overrides, path if saved is None else None, hub)
-    detector.image_processor = None if base is None else load_image_processor(base, missing_ok=True, **base_hub)
+    processor = None if base is None else load_image_processor(base, missing_ok=True, **base_hub)
+    detector.image_processor = converting_to_rgb(processor, detector.num_channels)
     if detector_dir is not None:
         if not load_state_from_dir(detector, detector_dir) and detector.needs_fit:
             needed = ", ".join(repr(name) for name in (detector.expected_state() or detector.state_names))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import sys
+
 #: Feature width and class count of the model the fitted-state shapes are read on: distinct numbers, so that each
 #: dimension can be named back.
 WIDTH, CLASSES = 24, 7
@@ -78,6 +79,19 @@ def method_table() -> str:
     ])
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hf_gsc.method_table``: print the table (``--help`` says what it is)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_gsc.method_table",
+        description="Print every registered OOD method as a Markdown table: what it is, what it reads from the "
+                    "backbone, what it fits on, its fitted state and its tuning grid (all read from each method's "
+                    "class). Takes no other arguments.")
+    parser.parse_args(argv)
     print(method_table())
-    sys.exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

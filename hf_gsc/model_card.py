@@ -57,6 +57,18 @@ def eval_results_from(results: dict[str, Any], method: str) -> list[EvalResult]:
     return entries
 
 
+def data_description(results: Mapping[str, Any]) -> str:
+    """What the evaluation ran on, for the card: the registered benchmark, else the ID data and OOD sets given
+    (``--id-dataset``, ``--ood-dataset NAME=SPEC``) as ``results.json`` records them."""
+    if results.get("benchmark"):
+        return f"benchmark `{results['benchmark']}`"
+    parts = [f"ID data `{results['id_dataset']}`"] if results.get("id_dataset") else []
+    ood = results.get("ood_datasets") or {}
+    if ood:
+        parts.append("OOD data " + ", ".join(f"`{name}` ({spec})" for name, spec in sorted(ood.items())))
+    return "; ".join(parts) or "data the evaluation does not name"
+
+
 def template_path() -> Path:
     for path in TEMPLATE_CANDIDATES:
         if path.is_file():
@@ -133,7 +145,7 @@ def render_model_card(
         settings=sorted(hyperparameters.items()),
         calibration=values.get("calibration"),
         threshold=values.get("threshold"),
-        benchmark=(results or {}).get("benchmark"),
+        data=data_description(results or {}),
         id_accuracy=(results or {}).get("id_accuracy"),
         results_table=results_table,
         selection=selection_text(selection) if selection.get("method") == method else None,

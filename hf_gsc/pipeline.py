@@ -13,17 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from transformers import Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
-from transformers.image_utils import load_image
-
-from .inputs import array_to_image, model_mode
 
 from .auto import AutoOODDetector
 from .detector import OODDetector
-from .image_limits import open_image
+from .images import load_image, model_mode
 
 TASK = "ood-image-classification"
 
@@ -33,8 +29,11 @@ class OODImageClassificationPipeline(Pipeline):
     ``is_ood`` (``None``, with a warning, while the detector has no calibrated threshold) and ``method``.
 
     Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL).
-    An image larger than ``HF_GSC_MAX_IMAGE_PIXELS`` pixels is refused before it is decoded
-    (:class:`~hf_gsc.image_limits.ImageTooLargeError`, see :mod:`hf_gsc.image_limits`).
+    Each image is decoded by :func:`hf_gsc.images.load_image`, as ``fit``, ``calibrate`` and ``hf-gsc evaluate``
+    decode theirs (EXIF orientation, bit depth, alpha, the model's channels; docs/inputs.md). An image larger than
+    ``HF_GSC_MAX_IMAGE_PIXELS`` pixels is refused before it is decoded
+    (:class:`~hf_gsc.image_limits.ImageTooLargeError`); an unreadable one is an
+    :class:`~hf_gsc.images.UnreadableImageError` naming it (path, URL and HTTP status).
     """
 
     # The detector carries its base model's image processor; a detector folder need not hold one.
@@ -56,6 +55,12 @@ class OODImageClassificationPipeline(Pipeline):
             )
         super().__init__(model=model, image_processor=image_processor, **kwargs)
 
+    def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(inputs, (list, tuple)) and not inputs:
+            raise ValueError(f"{TASK}: got an empty {type(inputs).__name__} of images; pass at least one image (a "
+                             "path, URL, PIL image or NumPy array)")
+        return super().__call__(inputs, *args, **kwargs)
+
     def _sanitize_parameters(self, top_k: int | None = None, timeout: float | None = None, **unknown: Any):
         if unknown:
             raise TypeError(f"{TASK}: unknown arguments {sorted(unknown)}; it takes top_k, timeout and batch_size")
@@ -66,11 +71,8 @@ class OODImageClassificationPipeline(Pipeline):
         return preprocess, {}, postprocess
 
     def preprocess(self, image: Any, timeout: float | None = None) -> dict[str, torch.Tensor]:
-        if isinstance(image, np.ndarray):  # H x W, H x W x 3 or H x W x 4, uint8 or float in [0, 1]
-            image = model_mode(array_to_image(image), getattr(self.model.model.config, "num_channels", None))
-        elif not isinstance(image, torch.Tensor):
-            # Opened lazily and its size checked from the header before load_image decodes it.
-            image = load_image(open_image(image, timeout), timeout=timeout)
+        if not isinstance(image, torch.Tensor):
+            image = load_image(image, model_mode(self.model.num_channels), timeout=timeout)
         return self.image_processor(images=image, return_tensors="pt").to(self.model.dtype)
 
     def _forward(self, model_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
@@ -78,7 +80,7 @@ class OODImageClassificationPipeline(Pipeline):
         return {"logits": output.logits, "ood_score": output.ood_score, "is_ood": output.is_ood}
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor | None], top_k: int = 5) -> dict[str, Any]:
-        id2label = self.model.model.config.id2label
+        id2label = self.model.id2label
         probabilities = model_outputs["logits"][0].float().softmax(dim=-1)
         scores, classes = probabilities.topk(min(top_k, probabilities.numel()))
         is_ood = model_outputs["is_ood"]

@@ -55,19 +55,19 @@ def _id_data(root: Path, names: list[str], rng: np.random.Generator) -> str:
     return str(root)
 
 
-def save_tiny_vit(folder: Path) -> None:
-    """A random 16 px grey ViT with the classes ``CLASSES`` (cat, dog, bird) and its PIL image processor, in
-    ``folder``; seeded, so the same model every time."""
+def save_tiny_vit(folder: Path, num_channels: int = 1) -> None:
+    """A random 16 px ViT of ``num_channels`` channels (1: grey, 3: RGB) with the classes ``CLASSES`` (cat, dog,
+    bird) and its PIL image processor, in ``folder``; seeded, so the same model every time."""
     from transformers import ViTConfig, ViTForImageClassification
     from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
     torch.manual_seed(0)
-    config = ViTConfig(image_size=16, patch_size=8, num_channels=1, hidden_size=16, num_hidden_layers=1,
+    config = ViTConfig(image_size=16, patch_size=8, num_channels=num_channels, hidden_size=16, num_hidden_layers=1,
                        num_attention_heads=2, intermediate_size=32, num_labels=3,
                        id2label=dict(enumerate(CLASSES)), label2id={name: i for i, name in enumerate(CLASSES)})
     ViTForImageClassification(config).save_pretrained(folder)
-    ViTImageProcessorPil(do_resize=True, size={"height": 16, "width": 16}, image_mean=[0.5], image_std=[0.5],
-                         do_convert_rgb=False).save_pretrained(folder)
+    ViTImageProcessorPil(do_resize=True, size={"height": 16, "width": 16}, image_mean=[0.5] * num_channels,
+                         image_std=[0.5] * num_channels, do_convert_rgb=False).save_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -245,16 +245,27 @@ def test_the_users_split_name_is_kept(tiny, tmp_path) -> None:
     assert results["ood_datasets"] == {"far": tiny["far"]} and results["id_dataset"] == tiny["id"]
 
 
-def test_a_local_folder_is_not_announced_as_a_download(tmp_path, capfd) -> None:
+def test_a_local_folder_is_read_without_progress_bars(tmp_path, capfd) -> None:
+    """datasets' bars ("Downloading data", "Generating train split") are off while hf_gsc reads a local folder, and
+    the user's own setting is what it was afterwards, on or off."""
+    import datasets
     from PIL import Image
 
     from hf_gsc.data import load_split
 
     for i in range(20):  # datasets shows its file progress bar from 16 files on
         Image.new("L", (8, 8), i * 10).save(tmp_path / f"{i:02d}.png")
+    assert not datasets.are_progress_bars_disabled()
     assert len(load_split(str(tmp_path))) == 20
     output = capfd.readouterr().err
-    assert "Downloading" not in output and "Listing local files" in output, output
+    assert "Downloading" not in output and "Generating" not in output and "%|" not in output, output
+    assert not datasets.are_progress_bars_disabled()  # the user's setting, on, is kept for their own loads
+    datasets.disable_progress_bars()
+    try:
+        load_split(str(tmp_path))
+        assert datasets.are_progress_bars_disabled()  # and off stays off
+    finally:
+        datasets.enable_progress_bars()
 
 
 def test_list_methods(capsys) -> None:

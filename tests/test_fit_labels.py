@@ -50,7 +50,7 @@ def test_class_folders_that_are_not_the_models_labels_are_named(named, method, t
     root = _tree(tmp_path / "train", images, ["boot", "coat", "Dress", "sock", "bag"][:NUM_LABELS])
     detector = _detector(method, model, processor)
     opened = []
-    monkeypatch.setattr("hf_gsc.inputs._open_image", lambda item: opened.append(item))
+    monkeypatch.setattr("hf_gsc.inputs.load_image", lambda *args, **kwargs: opened.append(args))
     with pytest.raises(ValueError, match=r"id_train_batches: the class folders of .*train must be named as the "
                                          r"model's labels: 'sock' are not among the model's labels "
                                          r"\(config.label2id: 'boot', 'coat', 'dress', 'shirt'"):

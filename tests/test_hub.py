@@ -154,7 +154,9 @@ def test_push_then_load_by_repo_id_end_to_end(base_dir, tmp_path):
             """,
             hub.client_env(hf_home=tmp_path / "anon"),
         )
-        assert anonymous.stdout.startswith("OSError user/gsc-tiny") and "token" in anonymous.stdout
+        # the Hub's own error, naming the repo (not "an image classifier, not a saved detector")
+        assert anonymous.stdout.startswith("RepositoryNotFoundError") and "user/gsc-tiny" in anonymous.stdout
+        assert "token" in anonymous.stdout
 
         script = _run(
             f"""

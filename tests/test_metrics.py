@@ -24,6 +24,7 @@ from hf_gsc.evaluation.metrics import (
     aupr_out,
     auroc,
     fpr_at_tpr,
+    fpr_at_tpr_ood_positive,
     load_ood_metric,
     ood_metrics,
     threshold_at_tpr,
@@ -316,6 +317,12 @@ def metric():
     return load_ood_metric(keep_in_memory=True)
 
 
+def _module_metrics(id_scores, ood_scores) -> dict[str, float]:
+    """What the evaluate module reports: :func:`ood_metrics` and OpenOOD's OOD-positive FPR95."""
+    return {**ood_metrics(id_scores, ood_scores),
+            "fpr95_ood_positive": fpr_at_tpr_ood_positive(id_scores, ood_scores, 0.95)}
+
+
 def _as_evaluate_inputs(id_scores, ood_scores, seed: int = 0):
     """Interleave ID and OOD samples in a random order, as a real evaluation loop would."""
     scores = np.concatenate([id_scores, ood_scores])
@@ -328,7 +335,7 @@ def _as_evaluate_inputs(id_scores, ood_scores, seed: int = 0):
 def test_evaluate_module_equals_pure_functions(metric, name: str) -> None:
     id_scores, ood_scores = CASES[name]
     predictions, references = _as_evaluate_inputs(id_scores, ood_scores)
-    assert metric.compute(predictions=predictions.tolist(), references=references.tolist()) == ood_metrics(
+    assert metric.compute(predictions=predictions.tolist(), references=references.tolist()) == _module_metrics(
         id_scores, ood_scores
     )
 
@@ -340,7 +347,7 @@ def test_evaluate_module_accumulates_torch_batches(metric) -> None:
         metric.add_batch(
             predictions=torch.from_numpy(predictions[chunk]), references=torch.from_numpy(references[chunk])
         )
-    assert metric.compute() == ood_metrics(id_scores, ood_scores)
+    assert metric.compute() == _module_metrics(id_scores, ood_scores)
 
 
 @pytest.mark.parametrize(
@@ -381,5 +388,6 @@ def test_evaluate_load_needs_no_network(monkeypatch: pytest.MonkeyPatch) -> None
     by_folder = evaluate.load(str(OOD_METRIC_PATH), keep_in_memory=True)
     by_script = evaluate.load(str(OOD_METRIC_PATH / "ood_detection_metric.py"), keep_in_memory=True)
     kwargs = dict(predictions=[0.9, 0.4, 0.5, 0.1], references=[1, 1, 0, 0])
-    expected = ood_metrics([0.9, 0.4], [0.5, 0.1])
+    expected = _module_metrics([0.9, 0.4], [0.5, 0.1])
+    assert expected["fpr95_ood_positive"] == 0.5  # catching both OOD (0.5, 0.1) needs t <= 0.5: ID 0.4 is rejected
     assert by_folder.compute(**kwargs) == by_script.compute(**kwargs) == expected

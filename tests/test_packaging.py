@@ -136,3 +136,11 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
 
     assert "usage: hf-gsc evaluate" in _run([str(command), "evaluate", "--help"], elsewhere, env)
     assert "hf-gsc {evaluate,publish}" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
+    assert "usage: python -m hf_gsc.method_table" in _run([str(python), "-m", "hf_gsc.method_table", "--help"],
+                                                          elsewhere, env)
+    # The evaluate metric loads from the installed package, by its documented path constant and function.
+    metric_script = ("import json; from hf_gsc.evaluation.metrics import OOD_METRIC_PATH, load_ood_metric; "
+                     "print(json.dumps([str(OOD_METRIC_PATH), load_ood_metric().compute(predictions=[0.9, 0.4, 0.5, "
+                     "0.1], references=[1, 1, 0, 0])]))")
+    path, computed = json.loads(_run([str(python), "-c", metric_script], elsewhere, env).splitlines()[-1])
+    assert path.startswith(str(env_dir)) and computed["fpr95_ood_positive"] == 0.5, (path, computed)

@@ -8,13 +8,13 @@ Two kinds of bad data, caught at two moments:
   decoded; :func:`decode_image` then raises :class:`UndecodableImageError` in one line naming the dataset, the row
   and the file, or, with ``on_error="skip"``, drops the image so the caller can count it.
 
-Decoding happens here rather than inside ``datasets`` (whose errors name neither dataset nor row): callers switch
-the image column to ``datasets.Image(decode=False)`` with :func:`without_decoding` and decode each batch with
-:func:`decode_images`.
+Decoding happens here rather than inside ``datasets`` (whose errors name neither dataset nor row, and whose rules
+for bit depth and alpha are not the pipeline's): callers switch the image column to ``datasets.Image(decode=False)``
+with :func:`without_decoding` and decode each batch with :func:`decode_images`, which decodes through
+:func:`hf_gsc.images.decode`, the one rule of every entry point (``fit``, ``calibrate``, the pipeline).
 """
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +23,8 @@ from typing import Any, Literal
 import datasets
 from PIL import Image
 
-from ..image_limits import check_image_size, max_image_pixels
+from ..image_limits import max_image_pixels
+from ..images import UnreadableImageError, decode, reason
 
 #: What to do with an image that cannot be decoded: raise :class:`UndecodableImageError`, or leave it out.
 OnError = Literal["raise", "skip"]
@@ -33,7 +34,7 @@ ON_ERROR_CHOICES: tuple[str, ...] = ("raise", "skip")
 _TEXT_PREVIEW = 60
 
 
-class UndecodableImageError(ValueError):
+class UndecodableImageError(UnreadableImageError):
     """An image of a dataset could not be decoded; the message names the dataset, the row and the file."""
 
 
@@ -54,20 +55,10 @@ def _file_of(value: Any) -> str:
     return f"a {type(value).__name__} value"
 
 
-def _open_path(path: Any) -> Image.Image:
-    """Open an image file; a chained URL such as ``zip://member::/path/archive.zip`` (a file inside an archive, as
-    ``datasets``' image-folder loader records it) is read through ``fsspec``."""
-    if isinstance(path, str) and "::" in path:
-        import fsspec
-
-        with fsspec.open(path, "rb") as handle:
-            return Image.open(io.BytesIO(handle.read()))
-    return Image.open(path)
-
-
 def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnError = "raise") -> Image.Image | None:
-    """A PIL image from what a ``datasets.Image(decode=False)`` column holds (``{"bytes", "path"}``), a file path,
-    or an already decoded PIL image.
+    """The 8-bit, upright PIL image (``L`` or ``RGB``) of what a ``datasets.Image(decode=False)`` column holds
+    (``{"bytes", "path"}``), a file path, or an already decoded PIL image, decoded by
+    :func:`hf_gsc.images.decode`, the rule of every entry point (EXIF orientation, bit depth, alpha, palette).
 
     Returns ``None`` instead of raising when ``on_error="skip"`` and the image cannot be decoded. An image above
     ``HF_GSC_MAX_IMAGE_PIXELS`` pixels (:mod:`hf_gsc.image_limits`) counts as one that cannot be decoded: it is
@@ -77,28 +68,14 @@ def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnErro
         UndecodableImageError: (``on_error="raise"``) naming ``dataset_name``, ``row`` and the file.
     """
     check_on_error(on_error)
-    limit = max_image_pixels()  # outside the try: a bad HF_GSC_MAX_IMAGE_PIXELS is an error, never a skipped image
+    max_image_pixels()  # outside the try: a bad HF_GSC_MAX_IMAGE_PIXELS is an error, never a skipped image
     try:
-        if isinstance(value, Image.Image):
-            return check_image_size(value, limit)
-        if isinstance(value, Mapping):
-            if value.get("bytes") is not None:
-                image = Image.open(io.BytesIO(value["bytes"]))
-            elif value.get("path"):
-                image = _open_path(value["path"])
-            else:
-                raise ValueError("the row holds neither image bytes nor a path")
-        else:
-            image = _open_path(value)
-        check_image_size(image, limit)  # from the header: an oversized image is refused before its pixels exist
-        image.load()  # decode now, inside the try, rather than lazily in the image processor
-        return image
+        return decode(value)
     except Exception as err:  # noqa: BLE001 -- PIL and the file system raise many types for bad files
         if on_error == "skip":
             return None
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise UndecodableImageError(
-            f"cannot decode the image of dataset {dataset_name!r}, row {row}, file {_file_of(value)}: {reason}"
+            f"cannot decode the image of dataset {dataset_name!r}, row {row}, file {_file_of(value)}: {reason(err)}"
         ) from err
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import datasets
 from huggingface_hub.errors import GatedRepoError
 
+from ..progress import datasets_progress_bars_off
 from .decoding import check_image_column
 
 _IMAGE_NAMES = ("image", "img", "images", "picture")
@@ -33,11 +34,6 @@ _LABEL_NAMES = ("label", "labels", "fine_label", "class", "target")
 
 #: The one-line refusal of ``streaming=True`` for a local folder.
 LOCAL_STREAMING_ERROR = "--streaming needs a Hub dataset id; local folders are read in place anyway"
-
-
-#: What ``datasets`` shows while it lists the files of a local folder (its default, "Downloading data", would
-#: announce a download that does not happen).
-LOCAL_FILES_DESCRIPTION = "Listing local files"
 
 
 class GatedDatasetError(PermissionError):
@@ -114,11 +110,13 @@ def _pick_split(loaded: datasets.Dataset | datasets.DatasetDict, split: str | No
 
 def _load_local(path: Path, split: str | None, spec: str) -> datasets.Dataset:
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
-        return _pick_split(datasets.load_from_disk(str(path)), split, spec)
+        with datasets_progress_bars_off():
+            return _pick_split(datasets.load_from_disk(str(path)), split, spec)
     if path.is_dir():
-        download_config = datasets.DownloadConfig(download_desc=LOCAL_FILES_DESCRIPTION)
-        return _pick_split(datasets.load_dataset("imagefolder", data_dir=str(path), download_config=download_config),
-                           split, spec)
+        # Listing and "Generating train split" of a local folder announce nothing the user needs on every run
+        with datasets_progress_bars_off():
+            loaded = datasets.load_dataset("imagefolder", data_dir=str(path))
+        return _pick_split(loaded, split, spec)
     raise ValueError(f"{spec!r} is a file; give a folder of images or a saved dataset folder")
 
 

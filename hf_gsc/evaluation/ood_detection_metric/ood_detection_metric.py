@@ -1,10 +1,12 @@
-"""`evaluate` metric module for OOD detection: FPR@95%TPR, AUROC, AUPR-In, AUPR-Out.
+"""`evaluate` metric module for OOD detection: FPR@95%TPR (ID positive, and OOD positive as OpenOOD counts it),
+AUROC, AUPR-In, AUPR-Out.
 
-Load it from its local path; no Hugging Face Hub access is needed:
+It ships inside the installed package; load it from there, with no Hugging Face Hub access:
 
-    evaluate.load("<...>/hf_gsc/evaluation/ood_detection_metric")
+    from hf_gsc.evaluation.metrics import OOD_METRIC_PATH, load_ood_metric
+    metric = load_ood_metric()                    # or: evaluate.load(str(OOD_METRIC_PATH))
 
-or ``hf_gsc.evaluation.metrics.load_ood_metric()``. ``evaluate.load`` copies
+``OOD_METRIC_PATH`` is this folder wherever ``hf_gsc`` is installed. ``evaluate.load`` copies
 this script into its modules cache and imports it from there, so the script
 must not use relative imports: it imports the installed ``hf_gsc`` package,
 and all numbers come from ``hf_gsc.evaluation.metrics.ood_metrics``.
@@ -14,7 +16,7 @@ import datasets
 import evaluate
 import numpy as np
 
-from hf_gsc.evaluation.metrics import ood_metrics
+from hf_gsc.evaluation.metrics import fpr_at_tpr_ood_positive, ood_metrics
 
 _DESCRIPTION = """
 Out-of-distribution (OOD) detection metrics with in-distribution (ID) as the positive class.
@@ -25,7 +27,10 @@ ID samples and 0 for OOD samples.
   least 95% of the ID samples (score >= t). Ties at t are never split: all tied ID samples are
   kept and all tied OOD samples count as false positives. This is the GSC paper's convention;
   OpenOOD's "FPR@95" instead treats OOD as positive (fraction of ID rejected when 95% of OOD is
-  caught), so the numbers are not comparable.
+  caught), so the numbers are not comparable: that one is fpr95_ood_positive.
+- fpr95_ood_positive: fraction of ID samples rejected (score below t) at the threshold t that
+  catches at least 95% of the OOD samples, with OOD as the positive class and the negated score as
+  the detection score (OpenOOD v1.5's FPR@95).
 - auroc: area under the ROC curve (sklearn.metrics.roc_auc_score).
 - aupr_in: average precision with ID as positive (sklearn.metrics.average_precision_score).
 - aupr_out: average precision with OOD as positive, on the negated scores.
@@ -42,6 +47,7 @@ Args:
 
 Returns:
     fpr95 (`float`): false-positive rate (OOD accepted) at 95% true-positive rate (ID kept).
+    fpr95_ood_positive (`float`): fraction of ID rejected when 95% of OOD is caught (OpenOOD's FPR@95).
     auroc (`float`): area under the ROC curve.
     aupr_in (`float`): average precision, ID positive.
     aupr_out (`float`): average precision, OOD positive.
@@ -51,7 +57,7 @@ Examples:
     >>> metric = load_ood_metric()
     >>> results = metric.compute(predictions=[0.9, 0.8, 0.2, 0.1], references=[1, 1, 0, 0])
     >>> results
-    {'fpr95': 0.0, 'auroc': 1.0, 'aupr_in': 1.0, 'aupr_out': 1.0}
+    {'fpr95': 0.0, 'auroc': 1.0, 'aupr_in': 1.0, 'aupr_out': 1.0, 'fpr95_ood_positive': 0.0}
 """
 
 _CITATION = """
@@ -119,4 +125,6 @@ class OODDetectionMetric(evaluate.Metric):
                 "references must contain both classes (1 = in-distribution, 0 = OOD); "
                 f"got {int(is_id.sum())} ID and {int((~is_id).sum())} OOD samples"
             )
-        return ood_metrics(scores[is_id], scores[~is_id])
+        id_scores, ood_scores = scores[is_id], scores[~is_id]
+        return {**ood_metrics(id_scores, ood_scores),
+                "fpr95_ood_positive": fpr_at_tpr_ood_positive(id_scores, ood_scores, 0.95)}
