@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from .backbone_pass import BackbonePass, run_backbone
+from .backbone_pass import BackbonePass, FitShards, run_backbone
 from .config import DetectorConfig, bind_config
 from .push import HubPush
 from .inputs import check_pixel_values, labelled_batches
@@ -252,6 +252,14 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     def fit_end(self) -> None:
         """Finish the fit: compute the fitted state from what :meth:`fit_update` took."""
         self.fitted = True
+
+    def fit_gather(self, shards: FitShards) -> None:
+        """On several processes, between the last :meth:`fit_update` and :meth:`fit_end`: replace what
+        :meth:`fit_update` took from this process's batches by what every process took (``shards.batches`` for
+        per-sample values, kept in the order of the data; ``shards.sum`` for sums), so that :meth:`fit_end` computes
+        the whole fit, the same on every process. A method that fits must say how its parts combine."""
+        raise NotImplementedError(f"detector {self.method!r} cannot be fitted on several processes: its class does not "
+                                  "say how the processes' parts of its fit combine (fit_gather)")
 
     def fit(self, id_train_batches: Iterable[Any]) -> "OODDetector":
         """Fit on ID data, streamed: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and
