@@ -3,10 +3,11 @@
 Every process fits every detector of one ``fit_split`` from one backbone pass per batch over its share of that
 split's data (:func:`hf_gsc.backbone_pass.fit_together`); the shares are combined exactly, so that every process
 holds the fit one process would compute (:mod:`hf_gsc.evaluation.distributed`). The main process saves each fitted
-state to ``detectors/{method}/`` with a ``fit.json`` holding the fit's fingerprint and the images each process read;
-a rerun reuses a saved fit whose fingerprint still matches (every process loads it). Batches reach the model's device
-and run under the accelerator's autocast, like the scoring batches; unreadable images raise or are left out
-(``on_error``) and ``fit.json`` records how many were.
+state to ``detectors/{method}/`` with a ``fit.json`` holding the fit's fingerprint, the images each process read, the
+wall time of the pass and the methods fitted in it (``fitted_together``, which share that time); a rerun reuses a
+saved fit whose fingerprint still matches (every process loads it). Batches reach the model's device and run under
+the accelerator's autocast, like the scoring batches; unreadable images raise or are left out (``on_error``) and
+``fit.json`` records how many were.
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ def fit_detectors(
             counts = gather_object(counts)
         images = [count for count, _ in counts]
         num_skipped = sum(skipped for _, skipped in counts)
+        seconds = round(time.perf_counter() - begin, 3)
         if output_dir is not None and accelerator.is_main_process:
             for name in [name for name in group if name not in errors]:
                 directory = fit_dir(output_dir, name)
@@ -174,8 +176,9 @@ def fit_detectors(
                 atomic_write_text(directory / FIT_INFO, json.dumps({"fingerprint": fit_fingerprints[name],
                                                                    "num_samples": sum(images),
                                                                    NUM_SKIPPED_KEY: num_skipped,
-                                                                   IMAGES_PER_PROCESS: images}))
-        passes.append({"methods": list(group), "split": split, "seconds": round(time.perf_counter() - begin, 3),
+                                                                   IMAGES_PER_PROCESS: images, "seconds": seconds,
+                                                                   "fitted_together": list(group)}))
+        passes.append({"methods": list(group), "split": split, "seconds": seconds,
                        "images_per_process": images, NUM_SKIPPED_KEY: num_skipped})
     accelerator.wait_for_everyone()  # the saved fits are complete before any process goes on
     return FitOutcome(failed, passes, accelerator.num_processes)
