@@ -13,7 +13,9 @@ What a method reads from the backbone is declared, not fetched: :attr:`OODDetect
 that captured, and :meth:`OODDetector.score_batch` scores the resulting pass (the feature-level API, like
 pytorch-ood's ``predict_features``), so several detectors on one model share one forward
 (:class:`hf_gsc.detectors.DetectorBundle`). Fitting shares passes the same way: ``fit_begin`` /
-``fit_update(pass, labels)`` / ``fit_end``. Fitted tensors are registered buffers: they move with ``.to(device)``.
+``fit_update(pass, labels)`` / ``fit_end``, and ``fit_gather`` before ``fit_end`` when each of several processes
+passed its own share of the data (:mod:`hf_gsc.backbone_pass`). Fitted tensors are registered buffers: they move
+with ``.to(device)``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ odd number of batches, so that 2 processes get uneven shares. Methods: KNN (a ba
 and a Gram matrix), ReAct (a percentile), AdaSCALE-A (per-sample statistics and a seeded subsample of them) and GSC
 with the Fisher selection (a reduced float64 sum), on a tiny float64 ViT. Each process writes its fitted states
 (``OUT/state-{rank}.safetensors``) and, on the main process, the fit outcome (``OUT/outcome.json``); the fits
-themselves are saved in ``OUT/run`` as the evaluation saves them.
+themselves are saved in ``OUT/run`` as the evaluation saves them. Then the same data fitted with unreadable images
+raising: each process writes the error it raised (``OUT/raised-{rank}.txt``, empty if none).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def main(out: Path) -> None:
     from safetensors.torch import save_file
 
     from conftest import make_tiny_model
+    from hf_gsc.data.decoding import UndecodableImageError
     from hf_gsc.detectors import get_detector
     from hf_gsc.evaluation.accelerator import make_accelerator
     from hf_gsc.evaluation.fitting import fit_detectors
@@ -65,6 +67,14 @@ def main(out: Path) -> None:
                             seed=0, overwrite=False, on_error="skip", source="fit_on_processes")
     save_file({f"{name}.{key}": value.detach().cpu().contiguous() for name, detector in detectors.items()
                for key, value in detector.fitted_state().items()}, str(out / f"state-{accelerator.process_index}.safetensors"))
+    # Unreadable images raise: on every process, also on the one whose share holds none, naming the row.
+    try:
+        fit_detectors(accelerator, {"knn": get_detector("knn", model, k=3)}, ["knn"], {"knn": data}, {}, to_pixels,
+                      BATCH_SIZE, None, seed=0, overwrite=False, on_error="raise", source="fit_on_processes")
+        raised = ""
+    except UndecodableImageError as error:
+        raised = str(error)
+    (out / f"raised-{accelerator.process_index}.txt").write_text(raised)
     if accelerator.is_main_process:
         (out / "outcome.json").write_text(json.dumps({"failed": dict(outcome), "passes": outcome.passes,
                                                       "images_per_process": outcome.images_per_process}))

@@ -3,7 +3,7 @@ own share of the fit data.
 
 One 2-process launch of ``tests/fit_on_processes.py`` (KNN's bank, Mahalanobis' float64 class sums, ReAct's
 percentile, AdaSCALE's per-sample statistics and seeded subsample, GSC's reduced Fisher sum; uneven shares and one
-unreadable image), against the same script run in this process on one process. Tolerance: the model is float64 and
+unreadable image, left out, then raising), against the same script run in this process on one process. Tolerance: the model is float64 and
 both runs pass the same batches through the backbone, so the features agree to the last bit wherever the kernels do;
 the one sum taken in another order is GSC's Fisher (a float64 sum per process, then added: about 1e-16 relative).
 ``rtol=1e-9`` leaves room for kernels that depend on the thread count (this process runs with the default threads,
@@ -68,7 +68,8 @@ def test_a_fit_on_two_processes_equals_the_one_process_fit_on_each_process(runs)
     for name in one:
         torch.testing.assert_close(first[name], one[name], **TOLERANCE, msg=name)
         assert torch.equal(first[name], second[name]), f"{name} differs between the processes"
-    # The bank holds every readable image once, in the order of the data: the rows of the one-process bank.
+    # Both processes passed fit images through the backbone; the bank holds every readable image once.
+    assert all(json.loads((runs["two"] / "outcome.json").read_text())["images_per_process"])
     assert one["knn.bank"].shape[0] == script.NUM_IMAGES - 1
     # The saved fits are the fitted states.
     saved = load_file(str(runs["two"] / "run" / "detectors" / "knn" / "detector_state.safetensors"))
@@ -88,6 +89,14 @@ def test_each_process_reads_its_own_share_of_the_fit_data(runs):
         assert info["images_per_process"] == shares and info["num_samples"] == sum(shares)
     single = json.loads((runs["one"] / "outcome.json").read_text())
     assert single["images_per_process"] == _expected_shares(1) == [sum(shares)]
+
+
+def test_an_unreadable_image_raises_on_every_process(runs):
+    """The unreadable image lies in the first process's share; the second raises too instead of waiting for it."""
+    for run, ranks in (("one", [0]), ("two", [0, 1])):
+        for rank in ranks:
+            message = (runs[run] / f"raised-{rank}.txt").read_text()
+            assert f"row {script.BROKEN_ROW}" in message and "fit_on_processes" in message, (run, rank, message)
 
 
 def test_a_tuning_grid_fits_without_saving_and_keeps_each_grid_point_apart(tmp_path, monkeypatch):

@@ -30,8 +30,10 @@ from .score_cache import NUM_SKIPPED_KEY
 
 DETECTORS_DIR = "detectors"
 FIT_INFO = "fit.json"
-#: Key of ``fit.json`` and of :class:`FitOutcome`'s passes: the images each process read in the fit's pass, by rank.
+#: Keys of ``fit.json`` and of :class:`FitOutcome`'s passes: the images each process read in the fit's pass, by rank,
+#: and the names fitted in that pass.
 IMAGES_PER_PROCESS = "images_per_process"
+FITTED_TOGETHER = "fitted_together"
 
 
 def fit_dir(output_dir: Path, method: str) -> Path:
@@ -66,9 +68,9 @@ class FitOutcome(dict):
     in it), the same on every process; and this call's fit passes, for the run's timings.
 
     Attributes:
-        passes: one entry per pass over fit data: ``methods``, ``split``, ``seconds`` (wall time of the pass,
-            gathering and ``fit_end`` included), ``images_per_process`` (images each process decoded, by rank),
-            ``num_skipped`` (unreadable images left out, all processes).
+        passes: one entry per pass over fit data: ``fitted_together`` (the names fitted in it), ``split``,
+            ``seconds`` (wall time of the pass, gathering and ``fit_end`` included), ``images_per_process`` (images
+            each process decoded, by rank), ``num_skipped`` (unreadable images left out, all processes).
         images_per_process: the images the fit passes read on each process, by rank, all passes together (a fit
             reused from an earlier run reads none).
     """
@@ -77,7 +79,7 @@ class FitOutcome(dict):
                  num_processes: int = 1) -> None:
         super().__init__(failed or {})
         self.passes = [dict(entry) for entry in passes]
-        self.images_per_process = [sum(entry["images_per_process"][rank] for entry in self.passes)
+        self.images_per_process = [sum(entry[IMAGES_PER_PROCESS][rank] for entry in self.passes)
                                    for rank in range(num_processes)]
 
     @property
@@ -128,9 +130,10 @@ def fit_detectors(
     pending = list(to_fit)
     if output_dir is not None and not overwrite:
         # The main process decides which saved fits are valid, so that all processes agree; each loads those.
-        states = {name: _load_fit(fit_dir(output_dir, name), fit_fingerprints[name]) for name in to_fit} \
-            if accelerator.is_main_process else {}
-        pending = [name for name in to_fit if states.get(name) is None] if accelerator.is_main_process else None
+        states = {}
+        if accelerator.is_main_process:
+            states = {name: _load_fit(fit_dir(output_dir, name), fit_fingerprints[name]) for name in to_fit}
+        pending = [name for name in to_fit if states.get(name) is None]  # the main process's list replaces it
         if accelerator.num_processes > 1:
             from accelerate.utils import broadcast_object_list
 
@@ -177,11 +180,11 @@ def fit_detectors(
                                                                    "num_samples": sum(images),
                                                                    NUM_SKIPPED_KEY: num_skipped,
                                                                    IMAGES_PER_PROCESS: images, "seconds": seconds,
-                                                                   "fitted_together": list(group)}))
-        passes.append({"methods": list(group), "split": split, "seconds": seconds,
-                       "images_per_process": images, NUM_SKIPPED_KEY: num_skipped})
+                                                                   FITTED_TOGETHER: list(group)}))
+        passes.append({FITTED_TOGETHER: list(group), "split": split, "seconds": seconds, IMAGES_PER_PROCESS: images,
+                       NUM_SKIPPED_KEY: num_skipped})
     accelerator.wait_for_everyone()  # the saved fits are complete before any process goes on
     return FitOutcome(failed, passes, accelerator.num_processes)
 
 
-__all__ = ["DETECTORS_DIR", "FitOutcome", "IMAGES_PER_PROCESS", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
+__all__ = ["DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
