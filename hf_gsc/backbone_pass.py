@@ -10,13 +10,18 @@ captured (:func:`hf_gsc.feature_capture.capture_many`), and each detector scores
 For several detectors on one base model, :func:`run_backbone_for` runs that one forward with the union of what they
 read, and :func:`fit_together` fits every detector that needs it from one such pass per batch. The evaluation, the
 analyses, :class:`hf_gsc.DetectorBundle` and each detector's own ``fit`` go through these.
+
+A fit can run on several processes, each passing its own batches (:class:`FitShards`, given by the evaluation:
+:mod:`hf_gsc.evaluation.distributed`): between the last ``fit_update`` and ``fit_end`` each detector's
+:meth:`~hf_gsc.detector.OODDetector.fit_gather` replaces what it took from this process's batches by what every
+process took, so that ``fit_end`` computes the whole fit on every process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -78,6 +83,31 @@ class BackbonePass:
         return self.logits
 
 
+class FitShards(Protocol):
+    """How the parts of one fit that several processes took combine (:mod:`hf_gsc.evaluation.distributed`).
+
+    ``batches`` and ``sum`` are collectives: every process calls them, in the same order, for the same detectors.
+    """
+
+    num_processes: int
+
+    def batches(self, local: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Every process's batches, in the order of the data: ``local`` holds one tensor per batch this process
+        passed to ``fit_update`` (rows first); the same list object for the same tensors (detectors fitted in one
+        pass share the pass's features) is gathered once."""
+        ...
+
+    def sum(self, local: torch.Tensor | None) -> torch.Tensor | None:
+        """The sum over processes of ``local`` (``None`` where a process has nothing), added in process order, so
+        that every process gets the same tensor; ``None`` when no process has one."""
+        ...
+
+    def agree(self, errors: dict[str, str]) -> dict[str, str]:
+        """Every process's failed methods added to ``errors`` (and returned), so that all go on with the same
+        detectors; raises on every process where an image could not be read and unreadable images raise."""
+        ...
+
+
 def run_backbone(
     model: nn.Module, pixel_values: torch.Tensor, splits: Sequence[SplitPoint] = (), logits: bool = True
 ) -> BackbonePass:
@@ -136,35 +166,52 @@ def run_backbone_for(
 
 def fit_together(
     detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str = "id_train_batches",
-    errors: dict[str, str] | None = None,
+    errors: dict[str, str] | None = None, shards: FitShards | None = None, names: Sequence[str] | None = None,
 ) -> list[OODDetector]:
     """Fit every detector of ``detectors`` that needs it from one backbone pass per batch of ``id_batches``
     (batches of ``(pixel_values, labels)``, mappings, or images as ``calibrate`` takes them). Returns the fitted ones.
 
     All of them must fit on the same data (the same ``fit_split``) and wrap the same base model. ``errors``: where
-    given, a detector whose fit raises is left out of the rest of the pass and its method mapped to the reason, while
+    given, a detector whose fit raises is left out of the rest of the pass and its name mapped to the reason, while
     the others go on (a full-table evaluation does not die for one method); otherwise the error propagates.
+    ``names``: each detector's name in ``errors`` (default: its method; a tuning grid fits one method many times).
+    ``shards``: ``id_batches`` are this process's share of the data, and the fit combines every process's share
+    (see the module docstring).
     """
+    key = _names(detectors, names)
     to_fit = [detector for detector in detectors if detector.needs_fit]
     if not to_fit:
         for detector in detectors:
             detector.fitted = True
         return []
     # No batch at all is left to each detector's own count check, which says how many samples it needs.
-    fit_from_passes(to_fit, id_batches, name, allow_empty=True, errors=errors)
-    return [detector for detector in to_fit if errors is None or detector.method not in errors]
+    fit_from_passes(to_fit, id_batches, name, allow_empty=True, errors=errors, shards=shards,
+                    names=[key[id(detector)] for detector in to_fit])
+    return [detector for detector in to_fit if errors is None or key[id(detector)] not in errors]
+
+
+def _names(detectors: Sequence[OODDetector], names: Sequence[str] | None) -> dict[int, str]:
+    """``id(detector) -> its name in errors`` (its method by default)."""
+    if names is None:
+        return {id(detector): detector.method for detector in detectors}
+    if len(names) != len(detectors):
+        raise ValueError(f"names: one per detector expected, got {len(names)} names for {len(detectors)} detectors")
+    return {id(detector): name for detector, name in zip(detectors, names)}
 
 
 def fit_from_passes(
     detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str, allow_empty: bool = False,
-    errors: dict[str, str] | None = None,
+    errors: dict[str, str] | None = None, shards: FitShards | None = None, names: Sequence[str] | None = None,
 ) -> None:
     """``fit_begin`` / ``fit_update`` with one shared backbone pass per batch / ``fit_end`` for every detector of
-    ``detectors`` (on one base model), whether or not it says it needs a fit. ``errors``: see :func:`fit_together`
-    (the data's own errors, an unreadable image, always propagate)."""
+    ``detectors`` (on one base model), whether or not it says it needs a fit. ``errors`` and ``names``: see
+    :func:`fit_together` (the data's own errors, an unreadable image, always propagate). ``shards``: the processes
+    agree on the failed detectors, then (several processes) each live detector's ``fit_gather`` combines the
+    processes' parts before ``fit_end``, and they agree again after it."""
     shared_model(detectors)
     first = detectors[0]
     live = list(detectors)
+    key = _names(detectors, names)
 
     def each(step: Any) -> None:
         for detector in list(live):
@@ -174,8 +221,16 @@ def fit_from_passes(
             try:
                 step(detector)
             except Exception as error:  # noqa: BLE001  (any failure of one method's fit skips that method)
-                errors[detector.method] = f"fit failed: {type(error).__name__}: {error}"
+                errors[key[id(detector)]] = f"fit failed: {type(error).__name__}: {error}"
                 live.remove(detector)
+
+    def agree() -> None:
+        """Drop from ``live`` the detectors that failed on any process: every process goes on with the same ones,
+        in the same order (the gathering that follows is a collective per detector)."""
+        failed = shards.agree({} if errors is None else errors)
+        if errors is None and failed:  # no per-detector errors asked for: another process's failure raises here
+            raise RuntimeError(next(iter(failed.values())))
+        live[:] = [detector for detector in live if key[id(detector)] not in failed]
 
     each(lambda detector: detector.fit_begin())
     label2id = getattr(getattr(first.model, "config", None), "label2id", None)
@@ -190,8 +245,17 @@ def fit_from_passes(
         batch = run_backbone_for(live, first._check_pixel_values(pixel_values), logits=False)
         labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
         each(lambda detector: detector.fit_update(batch, labels))
+    if shards is not None:
+        agree()
+        if shards.num_processes > 1:
+            # Not caught per detector: fit_gather is a collective, and a process that left it would leave the
+            # others waiting.
+            for detector in live:
+                detector.fit_gather(shards)
     each(lambda detector: detector.fit_end())
+    if shards is not None:
+        agree()
 
 
-__all__ = ["BackbonePass", "fit_from_passes", "fit_together", "run_backbone", "run_backbone_for", "shared_model",
+__all__ = ["BackbonePass", "FitShards", "fit_from_passes", "fit_together", "run_backbone", "run_backbone_for", "shared_model",
            "split_union"]

@@ -13,7 +13,9 @@ What a method reads from the backbone is declared, not fetched: :attr:`OODDetect
 that captured, and :meth:`OODDetector.score_batch` scores the resulting pass (the feature-level API, like
 pytorch-ood's ``predict_features``), so several detectors on one model share one forward
 (:class:`hf_gsc.detectors.DetectorBundle`). Fitting shares passes the same way: ``fit_begin`` /
-``fit_update(pass, labels)`` / ``fit_end``. Fitted tensors are registered buffers: they move with ``.to(device)``.
+``fit_update(pass, labels)`` / ``fit_end``, and ``fit_gather`` before ``fit_end`` when each of several processes
+passed its own share of the data (:mod:`hf_gsc.backbone_pass`). Fitted tensors are registered buffers: they move
+with ``.to(device)``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from .backbone_pass import BackbonePass, run_backbone
+from .backbone_pass import BackbonePass, FitShards, run_backbone
 from .config import DetectorConfig, bind_config
 from .push import HubPush
 from .image_data import image_rows
@@ -273,6 +275,14 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     def fit_end(self) -> None:
         """Finish the fit: compute the fitted state from what :meth:`fit_update` took."""
         self.fitted = True
+
+    def fit_gather(self, shards: FitShards) -> None:
+        """On several processes, between the last :meth:`fit_update` and :meth:`fit_end`: replace what
+        :meth:`fit_update` took from this process's batches by what every process took (``shards.batches`` for
+        per-sample values, kept in the order of the data; ``shards.sum`` for sums), so that :meth:`fit_end` computes
+        the whole fit, the same on every process. A method that fits must say how its parts combine."""
+        raise NotImplementedError(f"detector {self.method!r} cannot be fitted on several processes: its class does not "
+                                  "say how the processes' parts of its fit combine (fit_gather)")
 
     def fit(self, id_train_batches: Iterable[Any], image_column: str | None = None,
             label_column: str | None = None) -> "OODDetector":

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
-from .backbone_pass import BackbonePass
+from .backbone_pass import BackbonePass, FitShards
 from .backends import Backend, Linearization, select_backend
 from .backends.shaped import shaped_backend
 from .feature_shapings import feature_shaping
@@ -409,6 +409,15 @@ class GSCForImageClassification(OODDetector):
         else:
             linearization, gradient = self._feature_gradient(batch)
             self._fit_gradients.append(ranking_gradient(gradient.flatten(1), linearization.layer_sizes))
+
+    def fit_gather(self, shards: FitShards) -> None:
+        # The Fisher's running float64 sum and count are reduced (a (d,) sum per process, not the per-sample
+        # gradients); the gradient mass's per-sample ranking gradients are gathered in the order of the data.
+        if self._fit_kind == "fisher":
+            self._fit_sum = shards.sum(self._fit_sum)
+            self._fit_count = int(shards.sum(torch.tensor(self._fit_count, dtype=torch.long)))
+        else:
+            self._fit_gradients = shards.batches(self._fit_gradients)
 
     def fit_end(self) -> None:
         if self._fit_kind == "fisher":

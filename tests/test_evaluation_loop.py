@@ -97,7 +97,7 @@ def test_fitting_batches_reach_the_accelerator_device(tmp_path: Path, monkeypatc
 
     detector = _FitRecorder()
 
-    def fit_together(detectors, batches, name="", errors=None):  # the shared fit loop, recording what reaches it
+    def fit_together(detectors, batches, name="", errors=None, **kwargs):  # the shared fit loop, recording what reaches it
         for member in detectors:
             member.devices += [(x.device.type, y.device.type) for x, y in batches]
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
-from ..backbone_pass import BackbonePass
+from ..backbone_pass import BackbonePass, FitShards
 from ..config import DetectorConfig, integer_check, number_check, setting
 from ..detector import register_detector
 from ..feature_capture import capture
@@ -217,6 +217,10 @@ class AdaSCALEDetector(FittedDetector):
 
     def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
         self._fit_statistics.append(self._features_and_statistic(batch)[1].double().cpu())
+
+    def fit_gather(self, shards: FitShards) -> None:
+        # In the order of the data: the seeded draw of num_samples rows then picks the rows one process would.
+        self._fit_statistics = shards.batches(self._fit_statistics or [])
 
     def fit_end(self) -> None:
         statistics, self._fit_statistics = torch.cat(self._fit_statistics or [torch.empty(0)]), None

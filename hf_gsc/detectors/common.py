@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Iterator
 import torch
 from torch import nn
 
-from ..backbone_pass import BackbonePass
+from ..backbone_pass import BackbonePass, FitShards
 from ..config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, number_check, setting
 from ..features import ClassStatistics, LinearHead, check_fit_samples, linear_head, penultimate_split
 from ..scores import ood_score
@@ -165,6 +165,15 @@ class FittedDetector(PenultimateDetector):
                                  "datasets.Dataset with a 'label' column, or (pixel_values, labels) batches")
             labels = torch.zeros(features.shape[0], dtype=torch.long)
         self._fit_batches.append((features, labels))
+
+    def fit_gather(self, shards: FitShards) -> None:
+        # Every process's (features, labels) batches, in the order of the data and with the same batch boundaries as
+        # on one process, so that ``_fit`` (streamed float64 sums, banks, percentiles) sees what one process sees.
+        # The features' list is the same objects for every detector of the pass: gathered once, shared.
+        batches = self._fit_batches or []
+        features = shards.batches([features for features, _ in batches])
+        labels = shards.batches([labels for _, labels in batches])
+        self._fit_batches = list(zip(features, labels))
 
     def fit_end(self) -> None:
         stream, self._fit_batches = self._fit_batches or [], None

@@ -1,15 +1,19 @@
 """Fitting the detectors that need ID data (ReAct, KNN, Mahalanobis, ..., GSC's Fisher / adaptive mass), and reusing fits.
 
-The main process fits every detector of one ``fit_split`` from one backbone pass per batch over that split's data
-(:func:`hf_gsc.backbone_pass.fit_together`), and saves each fitted state to ``detectors/{method}/`` with a ``fit.json``
-holding the fit's fingerprint; the other processes wait and load it. A rerun reuses a saved fit whose fingerprint
-still matches. Batches reach the model's device and run under the accelerator's autocast, like the scoring batches;
-unreadable images raise or are left out (``on_error``) and ``fit.json`` records how many were.
+Every process fits every detector of one ``fit_split`` from one backbone pass per batch over its share of that
+split's data (:func:`hf_gsc.backbone_pass.fit_together`); the shares are combined exactly, so that every process
+holds the fit one process would compute (:mod:`hf_gsc.evaluation.distributed`). The main process saves each fitted
+state to ``detectors/{method}/`` with a ``fit.json`` holding the fit's fingerprint, the images each process read, the
+wall time of the pass and the methods fitted in it (``fitted_together``, which share that time); a rerun reuses a
+saved fit whose fingerprint still matches (every process loads it). Batches reach the model's device and run under
+the accelerator's autocast, like the scoring batches; unreadable images raise or are left out (``on_error``) and
+``fit.json`` records how many were.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,11 +25,15 @@ from ..config import STATE_FILE
 from ..data.decoding import OnError
 from ..safe_files import atomic_write_text, make_dirs
 from ..saved_files import read_state, save_state
-from .loaders import device_batches, make_dataloader
+from .loaders import make_dataloader
 from .score_cache import NUM_SKIPPED_KEY
 
 DETECTORS_DIR = "detectors"
 FIT_INFO = "fit.json"
+#: Keys of ``fit.json`` and of :class:`FitOutcome`'s passes: the images each process read in the fit's pass, by rank,
+#: and the names fitted in that pass.
+IMAGES_PER_PROCESS = "images_per_process"
+FITTED_TOGETHER = "fitted_together"
 
 
 def fit_dir(output_dir: Path, method: str) -> Path:
@@ -55,18 +63,29 @@ def saved_fit_info(output_dir: Path, method: str) -> dict[str, int]:
         return {}
 
 
-class _Counted:
-    """Iterates a loader's batches and counts the decoded and the unreadable images (a streamed split has no ``len``)."""
+class FitOutcome(dict):
+    """What :func:`fit_detectors` returns: a dict, name -> why its fit failed (the fitted and the reused ones are not
+    in it), the same on every process; and this call's fit passes, for the run's timings.
 
-    def __init__(self, batches: Any) -> None:
-        self.batches, self.count, self.skipped = batches, 0, 0
+    Attributes:
+        passes: one entry per pass over fit data: ``fitted_together`` (the names fitted in it), ``split``,
+            ``seconds`` (wall time of the pass, gathering and ``fit_end`` included), ``images_per_process`` (images
+            each process decoded, by rank), ``num_skipped`` (unreadable images left out, all processes).
+        images_per_process: the images the fit passes read on each process, by rank, all passes together (a fit
+            reused from an earlier run reads none).
+    """
 
-    def __iter__(self):
-        for batch in self.batches:
-            decoded = int(batch["decoded"].sum())
-            self.count += decoded
-            self.skipped += len(batch["decoded"]) - decoded
-            yield batch
+    def __init__(self, failed: Mapping[str, str] | None = None, passes: Sequence[Mapping[str, Any]] = (),
+                 num_processes: int = 1) -> None:
+        super().__init__(failed or {})
+        self.passes = [dict(entry) for entry in passes]
+        self.images_per_process = [sum(entry[IMAGES_PER_PROCESS][rank] for entry in self.passes)
+                                   for rank in range(num_processes)]
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of this call's fit passes."""
+        return round(sum(entry["seconds"] for entry in self.passes), 3)
 
 
 def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Mapping[str, Any]) -> list[list[str]]:
@@ -86,63 +105,86 @@ def fit_detectors(
     fit_fingerprints: Mapping[str, str],
     transform: Callable[[list], torch.Tensor],
     batch_size: int,
-    output_dir: Path,
+    output_dir: Path | None,
     seed: int,
     overwrite: bool,
     num_workers: int = 0,
     on_error: OnError = "raise",
     source: str = "",
-) -> dict[str, str]:
-    """Main process: load each valid saved fit; fit the others, one backbone pass per batch for every method of a
-    fit split, and save them; then every other process loads them.
+) -> FitOutcome:
+    """Every process: load each valid saved fit; fit the others, one backbone pass per batch of its share of each
+    fit split for every method fitted on it (see the module docstring); the main process saves them.
 
-    A method whose fit fails (too few samples, a class without samples, ...) is not saved: it is returned, mapped to
-    the reason, on every process, and the others are fitted and saved as usual.
-    ``on_error``: an unreadable image raises, naming ``ID {split} ({source})``, its row and file, or is left out.
+    ``detectors``, ``to_fit``, ``fit_data`` (name -> data) and ``fit_fingerprints`` are keyed by name (a method, or a
+    tuning grid point). ``output_dir=None``: nothing is loaded or saved (a tuning grid; ``fit_fingerprints`` unused).
+    A fit that fails (too few samples, a class without samples, ...) is not saved: it is returned, mapped to the
+    reason, on every process, and the others are fitted and saved as usual.
+    ``on_error``: an unreadable image raises, naming ``ID {split} ({source})``, its row and file (on every process,
+    with several), or is left out.
     """
     from tqdm.auto import tqdm
 
     from ..detectors import fit_together
+    from .distributed import ProcessShards, shard_loader
 
+    pending = list(to_fit)
+    if output_dir is not None and not overwrite:
+        # The main process decides which saved fits are valid, so that all processes agree; each loads those.
+        states = {}
+        if accelerator.is_main_process:
+            states = {name: _load_fit(fit_dir(output_dir, name), fit_fingerprints[name]) for name in to_fit}
+        pending = [name for name in to_fit if states.get(name) is None]  # the main process's list replaces it
+        if accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            holder = [pending]
+            broadcast_object_list(holder, from_process=0)
+            pending = holder[0]
+        for name in [name for name in to_fit if name not in pending]:
+            path = fit_dir(output_dir, name) / STATE_FILE
+            state = states[name] if name in states else read_state(path)
+            detectors[name].load_fitted_state(state, source=str(path))
     failed: dict[str, str] = {}
-    if accelerator.is_main_process:
-        pending = []
-        for name in to_fit:
-            state = None if overwrite else _load_fit(fit_dir(output_dir, name), fit_fingerprints[name])
-            if state is not None:
-                detectors[name].load_fitted_state(state, source=str(fit_dir(output_dir, name) / STATE_FILE))
-            else:
-                pending.append(name)
-        for group in fit_groups(detectors, pending, fit_data):
-            torch.manual_seed(seed)
-            np.random.seed(seed)
-            split = detectors[group[0]].fit_split
-            loader = make_dataloader(fit_data[group[0]], transform, batch_size, num_workers,
-                                     accelerator.device, dataset_name=f"ID {split} ({source})")
-            counted = _Counted(tqdm(loader, desc=f"fit {', '.join(group)}", leave=False))
-            with accelerator.autocast():
-                fit_together([detectors[name] for name in group], device_batches(counted, accelerator.device, on_error),
-                             name=f"ID {split} data", errors=failed)
-            for name in [name for name in group if name not in failed]:
+    passes = []
+    for group in fit_groups(detectors, pending, fit_data):
+        begin = time.perf_counter()
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        dataset, split = fit_data[group[0]], detectors[group[0]].fit_split
+        dataset_name = f"ID {split} ({source})"
+        loader, keys = shard_loader(
+            lambda rank, world: make_dataloader(dataset, transform, batch_size, num_workers, accelerator.device, rank,
+                                                world, dataset_name=dataset_name),
+            dataset, accelerator.process_index, accelerator.num_processes)
+        shards = ProcessShards(accelerator, on_error)
+        bar = tqdm(loader, desc=f"fit {', '.join(group)}", leave=False, disable=not accelerator.is_local_main_process)
+        errors: dict[str, str] = {}
+        with accelerator.autocast():
+            fit_together([detectors[name] for name in group], shards.read(bar, keys, accelerator.device),
+                         name=f"ID {split} data", errors=errors, shards=shards, names=group)
+        failed.update(errors)
+        counts = [(shards.count, shards.skipped)]
+        if accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            counts = gather_object(counts)
+        images = [count for count, _ in counts]
+        num_skipped = sum(skipped for _, skipped in counts)
+        seconds = round(time.perf_counter() - begin, 3)
+        if output_dir is not None and accelerator.is_main_process:
+            for name in [name for name in group if name not in errors]:
                 directory = fit_dir(output_dir, name)
                 make_dirs(output_dir, Path(DETECTORS_DIR) / name)  # refuses a link on the way leading out of output_dir
                 save_state(detectors[name].fitted_state(), directory / STATE_FILE)
                 atomic_write_text(directory / FIT_INFO, json.dumps({"fingerprint": fit_fingerprints[name],
-                                                                   "num_samples": counted.count,
-                                                                   NUM_SKIPPED_KEY: counted.skipped}))
-    accelerator.wait_for_everyone()
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        holder = [failed]
-        broadcast_object_list(holder, from_process=0)
-        failed = holder[0]
-    if not accelerator.is_main_process:
-        for name in to_fit:
-            if name not in failed:
-                path = fit_dir(output_dir, name) / STATE_FILE
-                detectors[name].load_fitted_state(read_state(path), source=str(path))
-    return failed
+                                                                   "num_samples": sum(images),
+                                                                   NUM_SKIPPED_KEY: num_skipped,
+                                                                   IMAGES_PER_PROCESS: images, "seconds": seconds,
+                                                                   FITTED_TOGETHER: list(group)}))
+        passes.append({FITTED_TOGETHER: list(group), "split": split, "seconds": seconds, IMAGES_PER_PROCESS: images,
+                       NUM_SKIPPED_KEY: num_skipped})
+    accelerator.wait_for_everyone()  # the saved fits are complete before any process goes on
+    return FitOutcome(failed, passes, accelerator.num_processes)
 
 
-__all__ = ["DETECTORS_DIR", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
+__all__ = ["DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
