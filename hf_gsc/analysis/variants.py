@@ -49,7 +49,7 @@ from ..evaluation.loaders import device_batches, make_dataloader
 from ..evaluation.loop import score_split
 from ..evaluation.plan import subset
 from ..evaluation.report import average_over_splits, jsonable, table_lines
-from ..evaluation.tuning import VALIDATION_SEED, heldout_classes_validation
+from ..evaluation.validation_sets import VALIDATION_SEED, heldout_classes_validation
 from ..safe_files import atomic_write_text
 
 #: Every method compared, in report order.

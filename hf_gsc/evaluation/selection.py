@@ -26,29 +26,30 @@ from typing import Any
 import numpy as np
 import torch
 
-#: Prefix of the OOD validation splits in the plan and the score cache.
-VAL_OOD_PREFIX = "val_ood_"
+from .plan import VAL_OOD_PREFIX
+
 SELECTION_RULE = ("the highest mean AUROC over the OOD validation sets (ID validation = positive), ties broken by the "
                   "lower mean FPR95 (ID+), then by method name; test splits are never read")
 
 
-def selection_sets(args: Any, parsed: Mapping[str, Any], validation: Any) -> tuple[dict[str, Any], list[int] | None, str]:
+def selection_sets(validation: Any, *, given: Sequence[tuple[str, str]], benchmark: str | None, max_samples: int | None,
+                   seed: int, streaming: bool = False) -> tuple[dict[str, Any], list[int] | None, str]:
     """``(OOD validation sets by name, the rows of ``validation`` that form the ID side (``None``: all), what the
-    data is)``; ``validation`` is the evaluation's ID validation subset. Empty sets where none can be had (a
-    streamed ID validation split without ``--val-ood-dataset``)."""
+    data is)``; ``validation`` is the evaluation's ID validation subset, ``given`` the ``(NAME, SPEC)`` of each
+    ``--val-ood-dataset``. Empty sets where none can be had (a streamed ID validation split without
+    ``--val-ood-dataset``)."""
     from .fingerprints import is_streamed
     from .plan import _load_split, subset
-    from .tuning import VALIDATION_SEED, split_halves, validation_ood_sets
+    from .validation_sets import VALIDATION_SEED, split_halves, validation_ood_sets
 
-    given = parsed.get("val_ood") or []
     if given:
-        sets = {name: subset(_load_split(spec, f"--val-ood-dataset {name}={spec}", getattr(args, "streaming", False)),
-                             args.max_samples, args.seed, VAL_OOD_PREFIX + name) for name, spec in given}
+        sets = {name: subset(_load_split(spec, f"--val-ood-dataset {name}={spec}", streaming),
+                             max_samples, seed, VAL_OOD_PREFIX + name) for name, spec in given}
         return sets, None, "--val-ood-dataset " + ", ".join(f"{name}={spec}" for name, spec in given)
     if is_streamed(validation):
         return {}, None, "none: a streamed ID validation split cannot be split in halves; pass --val-ood-dataset"
-    fit_rows, select_rows = split_halves(len(validation), args.seed)
-    sets = validation_ood_sets(args.benchmark, validation.select(fit_rows), len(select_rows), VALIDATION_SEED)
+    fit_rows, select_rows = split_halves(len(validation), seed)
+    sets = validation_ood_sets(benchmark, validation.select(fit_rows), len(select_rows), VALIDATION_SEED)
     return sets, select_rows, ("generated from half of the ID validation subset (tune_fit), against the other half "
                                "(tune_select), as --tune does")
 
@@ -73,9 +74,9 @@ def choose(table: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: Mapping[str, Mapping[str, torch.Tensor]],
-                     id_rows: Sequence[int] | None, data: str, seconds: float) -> dict[str, Any]:
-    """``results.json``'s ``selection``: the chosen method, the rule, the data, the whole validation table (best
-    first) and the seconds its scoring took in this run. ``validation_scores``: method -> ID validation scores (all
+                     id_rows: Sequence[int] | None, data: str) -> dict[str, Any]:
+    """``results.json``'s ``selection``: the chosen method, the rule, the data and the whole validation table (best
+    first; its scoring time is ``seconds.selection``). ``validation_scores``: method -> ID validation scores (all
     rows, in dataset order); ``ood_scores``: method -> OOD validation set -> scores."""
     table = {}
     for name, scores in validation_scores.items():
@@ -91,7 +92,6 @@ def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: 
                                                         next(iter(validation_scores.values())).numel()),
                                               **{name: int(scores.numel()) for name, scores in first.items()}}},
         "validation": {name: table[name] for name in ranked},
-        "seconds": round(seconds, 2),
     }
 
 
@@ -106,7 +106,7 @@ def sentence(record: Mapping[str, Any]) -> str:
 
 def markdown_lines(record: Mapping[str, Any]) -> list[str]:
     """The validation table of ``results.md``: every method, best first (AUROC / FPR95 (ID+) / FPR95 (OOD+), %)."""
-    from .report import table_lines
+    from .json_files import table_lines
 
     sets = list(next(iter(record["validation"].values()))["ood"])
     rows = []
@@ -116,7 +116,7 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
                      f"{100 * entry['auroc']:.2f} / {100 * entry['fpr95']:.2f} / {100 * entry['fpr95_ood_positive']:.2f}"])
     sizes = record["data"]["num_samples"]
     return ["", f"Validation ranking ({record['data']['ood']}; ID {sizes['id']} rows; cells AUROC↑ / FPR95 (ID+)↓ in %, "
-                f"mean also FPR95 (OOD+)↓; scoring them took {record['seconds']:.1f} s in this run):", "",
+                f"mean also FPR95 (OOD+)↓):", "",
             *table_lines(["Method", *sets, "mean"], rows)]
 
 
