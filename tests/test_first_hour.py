@@ -203,7 +203,7 @@ def test_other_class_names_are_warned_before_scoring_and_recorded(tiny, tmp_path
         warnings.simplefilter("always")
         results = evaluate_argv(argv)
     mismatches = [w for w in caught if issubclass(w.category, LabelMismatchWarning)]
-    assert len(mismatches) == 1 and seen_at_scoring == [len(caught)] and len(caught) >= 1
+    assert len(mismatches) == 1 and seen_at_scoring and set(seen_at_scoring) == {len(caught)} and len(caught) >= 1
     message = str(mismatches[0].message)
     assert "'apple', 'pear', 'plum'" in message and "'cat', 'dog', 'bird'" in message, message
     assert results["label_check"]["status"] == "names_differ"
