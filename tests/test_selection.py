@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hf_gsc import AutoOODDetector
-from hf_gsc.evaluation.selection import SELECTION_RULE, VAL_OOD_PREFIX, validation_metrics
+from hf_gsc.evaluation.ranking import validation_metrics
+from hf_gsc.evaluation.selection import SELECTION_RULE, VAL_OOD_PREFIX
 from hf_gsc.evaluation.validation_sets import split_halves
 
 from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hf_gsc.evaluation import loaders, options, tuning, validation_sets
+from hf_gsc.evaluation import loaders, options, ranking, tuning, validation_sets
 from test_evaluation import _argv, tiny  # noqa: F401  (the tiny model and data fixture)
 from test_variants import NoTestSplits
 from conftest import evaluate_argv
@@ -26,12 +26,12 @@ TUNED_METHODS = ("--methods", "gsc,msp,energy,react,knn,dice")
 
 # ------------------------------------------------------------------------------------------------- pure parts
 def test_select_point_highest_auroc_then_fpr_then_order() -> None:
-    assert tuning.select_point([{"auroc": 0.7, "fpr95": 0.2}, {"auroc": 0.9, "fpr95": 0.9},
+    assert ranking.best_index([{"auroc": 0.7, "fpr95": 0.2}, {"auroc": 0.9, "fpr95": 0.9},
                                 {"auroc": 0.8, "fpr95": 0.1}]) == 1
-    assert tuning.select_point([{"auroc": 0.9, "fpr95": 0.5}, {"auroc": 0.9, "fpr95": 0.3}]) == 1  # tie: lower FPR95
-    assert tuning.select_point([{"auroc": 0.9, "fpr95": 0.3}, {"auroc": 0.9, "fpr95": 0.3}]) == 0  # tie: grid order
-    assert tuning.select_point([None, {"auroc": 0.1, "fpr95": 1.0}]) == 1  # unusable points are never chosen
-    assert tuning.select_point([None, None]) is None
+    assert ranking.best_index([{"auroc": 0.9, "fpr95": 0.5}, {"auroc": 0.9, "fpr95": 0.3}]) == 1  # tie: lower FPR95
+    assert ranking.best_index([{"auroc": 0.9, "fpr95": 0.3}, {"auroc": 0.9, "fpr95": 0.3}]) == 0  # tie: grid order
+    assert ranking.best_index([None, {"auroc": 0.1, "fpr95": 1.0}]) == 1  # unusable points are never chosen
+    assert ranking.best_index([None, None]) is None
 
 
 def test_grid_points_product_and_fixed_names() -> None:
@@ -161,7 +161,7 @@ def test_chosen_values_are_recorded_and_used(tuned_run) -> None:
     assert record["not_tuned"] == {"knn": "fixed by the command line (k)", "energy": "no grid defined"}
     for method, entry in record["methods"].items():
         metrics = [None if "error" in point else point for point in entry["grid"]]
-        best = entry["grid"][tuning.select_point(metrics)]
+        best = entry["grid"][ranking.best_index(metrics)]
         assert entry["chosen"] == best["hyperparameters"]  # the rule's choice
         for point in entry["grid"]:
             assert 0 <= point["auroc"] <= 1 and set(point["ood"]) == {"val_noise", "val_jigsaw"}

@@ -14,7 +14,8 @@ The sets are scored like any split (one backbone pass per batch for every method
 Methods fitted on ID validation (ReAct, AdaSCALE) were fitted on rows that include the ID side: their validation
 figures can be slightly optimistic.
 
-Rule (:data:`SELECTION_RULE`): the highest mean AUROC over the OOD validation sets (ID = positive), ties broken by the
+Rule (:data:`SELECTION_RULE`, :func:`hf_gsc.evaluation.ranking.rank`): the highest mean AUROC over the OOD validation
+sets (ID = positive), ties broken by the
 lower mean FPR95 (ID+), then by name.
 """
 
@@ -23,13 +24,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from .plan import VAL_OOD_PREFIX
+from .ranking import RANKING_RULE, rank, validation_metrics
 
-SELECTION_RULE = ("the highest mean AUROC over the OOD validation sets (ID validation = positive), ties broken by the "
-                  "lower mean FPR95 (ID+), then by method name; test splits are never read")
+SELECTION_RULE = f"{RANKING_RULE} (by method name); test splits are never read"
 
 
 def selection_sets(validation: Any, *, given: Sequence[tuple[str, str]], benchmark: str | None, max_samples: int | None,
@@ -54,25 +54,6 @@ def selection_sets(validation: Any, *, given: Sequence[tuple[str, str]], benchma
                                "(tune_select), as --tune does")
 
 
-def validation_metrics(id_scores: torch.Tensor, ood_scores: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """``{"auroc", "fpr95", "fpr95_ood_positive", "ood": {set: {...}}}``: each metric per OOD validation set and its
-    mean over the sets."""
-    from .metrics import auroc, fpr_at_tpr, fpr_at_tpr_ood_positive
-
-    ids = id_scores.double().numpy()
-    per_set = {name: {"auroc": auroc(ids, scores.double().numpy()), "fpr95": fpr_at_tpr(ids, scores.double().numpy()),
-                      "fpr95_ood_positive": fpr_at_tpr_ood_positive(ids, scores.double().numpy())}
-               for name, scores in ood_scores.items()}
-    means = {metric: float(np.mean([entry[metric] for entry in per_set.values()]))
-             for metric in ("auroc", "fpr95", "fpr95_ood_positive")}
-    return {**means, "ood": per_set}
-
-
-def choose(table: Mapping[str, Mapping[str, Any]]) -> str:
-    """The method :data:`SELECTION_RULE` picks from ``method -> validation_metrics``."""
-    return min(table, key=lambda name: (-table[name]["auroc"], table[name]["fpr95"], name))
-
-
 def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: Mapping[str, Mapping[str, torch.Tensor]],
                      id_rows: Sequence[int] | None, data: str) -> dict[str, Any]:
     """``results.json``'s ``selection``: the chosen method, the rule, the data and the whole validation table (best
@@ -82,8 +63,10 @@ def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: 
     for name, scores in validation_scores.items():
         id_side = scores if id_rows is None else scores[torch.as_tensor(list(id_rows), dtype=torch.long)]
         table[name] = validation_metrics(id_side, ood_scores[name])
-    chosen = choose(table)
-    ranked = sorted(table, key=lambda name: (-table[name]["auroc"], table[name]["fpr95"], name))
+    ranked = rank({name: table[name] for name in sorted(table)})  # ties: by name
+    if not ranked:
+        raise ValueError("no method has finite validation scores to rank")
+    chosen = ranked[0]
     first = next(iter(ood_scores.values()))
     return {
         "method": chosen,
@@ -120,5 +103,5 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
             *table_lines(["Method", *sets, "mean"], rows)]
 
 
-__all__ = ["SELECTION_RULE", "VAL_OOD_PREFIX", "choose", "markdown_lines", "selection_record", "selection_sets",
-           "sentence", "validation_metrics"]
+__all__ = ["SELECTION_RULE", "VAL_OOD_PREFIX", "markdown_lines", "selection_record", "selection_sets",
+           "sentence"]

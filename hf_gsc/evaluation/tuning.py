@@ -19,7 +19,7 @@ Grid (:func:`search_spaces`: each method's class holds its ``search_space`` and 
 sweeps the method). A name given with ``--hyperparameter`` (or a GSC option for ``gsc``) is
 fixed and not searched. Methods without a grid keep their settings; their ``search_space_source`` says why.
 
-Rule (:func:`select_point`): per method, the grid point with the highest AUROC of ``tune_select`` against the OOD
+Rule (:func:`hf_gsc.evaluation.ranking.rank`): per method, the grid point with the highest AUROC of ``tune_select`` against the OOD
 validation sets (the mean over the sets; ID = positive), ties broken by the lower mean FPR95, then by grid order.
 OpenOOD keeps the highest AUROC against its one OOD validation set, the first grid point winning ties. A grid
 point that cannot be built or fitted on this model and data, or whose scores are not all finite, is recorded with
@@ -41,11 +41,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..data.decoding import OnError
 
+from .ranking import RANKING_RULE, best_index, validation_metrics
 from .validation_sets import VALIDATION_SEED, split_halves, validation_ood_sets
 
 #: The folder (under the output folder) of the grid points' fits, one per point (``detectors/knn[0]/``, ...).
@@ -67,8 +67,7 @@ def not_tuned_reason(method: str) -> str:
     return "no grid defined" if cls.search_space else cls.search_space_source
 
 
-SELECTION_RULE = ("per method, the grid point with the highest mean AUROC of tune_select vs the OOD validation sets "
-                  "(ID positive), ties broken by the lower mean FPR95 (ID positive), then grid order")
+SELECTION_RULE = f"per method and vs tune_select, {RANKING_RULE} (grid order)"
 
 
 # ------------------------------------------------------------------------------------------------------ the grid
@@ -83,27 +82,7 @@ def grid_points(method: str, fixed: Sequence[str] = (), grids: Mapping[str, Mapp
     return [dict(zip(grid, combination)) for combination in itertools.product(*grid.values())]
 
 
-def select_point(metrics: Sequence[Mapping[str, float] | None]) -> int | None:
-    """Index of the chosen grid point (:data:`SELECTION_RULE`) among ``metrics`` (``{"auroc", "fpr95"}`` means, or
-    ``None`` for an unusable point); ``None`` when no point is usable."""
-    ranked = [(-entry["auroc"], entry["fpr95"], index) for index, entry in enumerate(metrics) if entry is not None]
-    return min(ranked)[2] if ranked else None
-
-
 # ---------------------------------------------------------------------------------------------------- the search
-def _validation_metrics(id_scores: torch.Tensor, ood_scores: Mapping[str, torch.Tensor]) -> dict[str, Any] | None:
-    """``{"auroc", "fpr95", "ood": {set: {"auroc", "fpr95"}}}`` (means over the sets), or ``None`` when a score is
-    not finite."""
-    from .metrics import auroc, fpr_at_tpr
-
-    if not all(bool(torch.isfinite(scores).all()) for scores in [id_scores, *ood_scores.values()]):
-        return None
-    per_set = {name: {"auroc": auroc(id_scores.numpy(), scores.numpy()), "fpr95": fpr_at_tpr(id_scores.numpy(), scores.numpy())}
-               for name, scores in ood_scores.items()}
-    return {"auroc": float(np.mean([m["auroc"] for m in per_set.values()])),
-            "fpr95": float(np.mean([m["fpr95"] for m in per_set.values()])), "ood": per_set}
-
-
 def tune_hyperparameters(
     accelerator: Any,
     model: torch.nn.Module,
@@ -219,13 +198,13 @@ def tune_hyperparameters(
             key = f"{method}[{index}]"
             result = None
             if key in candidates:
-                result = _validation_metrics(scores["tune_select"][key],
+                result = validation_metrics(scores["tune_select"][key],
                                              {name: scores[name][key] for name in ood_sets})
                 if result is None:
                     problems[key] = "scores that are not finite (NaN or infinite)"
             metrics.append(result)
             entries.append({"hyperparameters": point, **(result or {"error": problems[key]})})
-        chosen = select_point(metrics)
+        chosen = best_index(metrics)
         record["methods"][method] = {"chosen": None if chosen is None else dict(grid[chosen]), "grid": entries}
     record["num_grid_points"] = sum(map(len, points.values()))
     record["num_samples"] = {"tune_fit": len(tune_fit), "tune_select": sizes.get("tune_select", len(tune_select)),
@@ -269,6 +248,5 @@ __all__ = [
     "chosen_hyperparameters",
     "grid_points",
     "markdown_lines",
-    "select_point",
     "tune_hyperparameters",
 ]
