@@ -11,7 +11,7 @@ import pytest
 
 from hf_gsc.detectors import DETECTORS
 from hf_gsc.evaluation import cli, evaluator
-from hf_gsc.evaluation.arguments import EvaluationArgumentParser, EvaluationArguments, parse_arguments
+from hf_gsc.evaluation.arguments import EvaluationArgumentParser, EvaluationArguments
 from hf_gsc.evaluation.errors import InputError
 
 from conftest import evaluate_argv

@@ -6,6 +6,7 @@ evaluation must then run with the chosen values; without ``--tune`` nothing chan
 
 from __future__ import annotations
 
+import json
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ TUNED_METHODS = ("--methods", "gsc,msp,energy,react,knn,dice")
 
 
 # ------------------------------------------------------------------------------------------------- pure parts
-def test_select_point_highest_auroc_then_fpr_then_order() -> None:
+def test_best_grid_point_highest_auroc_then_fpr_then_order() -> None:
     assert ranking.best_index([{"auroc": 0.7, "fpr95": 0.2}, {"auroc": 0.9, "fpr95": 0.9},
                                 {"auroc": 0.8, "fpr95": 0.1}]) == 1
     assert ranking.best_index([{"auroc": 0.9, "fpr95": 0.5}, {"auroc": 0.9, "fpr95": 0.3}]) == 1  # tie: lower FPR95
@@ -174,6 +175,19 @@ def test_chosen_values_are_recorded_and_used(tuned_run) -> None:
     text = (output_dir / "results.md").read_text()
     assert "Hyperparameters chosen on validation only" in text
     assert f"temperature={record['methods']['msp']['chosen']['temperature']}" in text
+
+
+def test_the_grid_is_fitted_once_by_fit_detectors_and_kept_for_a_rerun(tuned_run) -> None:
+    """The grid points are fitted like the evaluation's own detectors (``fitting.fit_detectors``: on the main process,
+    the others load the fit), each kept with its fingerprint under ``OUTPUT/tuning/detectors/METHOD[i]/``."""
+    output_dir, results, _ = tuned_run
+    fits = {path.parent.name: json.loads(path.read_text()) for path in
+            (output_dir / tuning.TUNING_FITS / "detectors").glob("*/fit.json")}
+    assert {name.split("[")[0] for name in fits} == {"react", "dice"}  # the grid's methods fitted on ID data
+    sizes = results["tuning"]["num_samples"]["fit"]
+    assert {fit["num_samples"] for name, fit in fits.items() if name.startswith("react")} == {sizes["tune_fit"]}
+    assert {fit["num_samples"] for name, fit in fits.items() if name.startswith("dice")} == {sizes["train"]}
+    assert len({fit["fingerprint"] for fit in fits.values()}) == len(fits)
 
 
 def test_without_tune_nothing_changes(tiny, tmp_path, monkeypatch) -> None:

@@ -48,7 +48,7 @@ from ..evaluation.accelerator import make_accelerator
 from ..evaluation.loaders import device_batches, make_dataloader
 from ..evaluation.loop import score_split
 from ..evaluation.plan import subset
-from ..evaluation.report import average_over_splits, jsonable, table_lines
+from ..evaluation.json_files import jsonable, table_lines
 from ..evaluation.ranking import VALIDATION_METRICS, rank, validation_metrics
 from ..evaluation.validation_sets import VALIDATION_SEED, GeneratedImages, heldout_classes_validation
 from ..safe_files import atomic_write_text

@@ -5,7 +5,7 @@ Data (:func:`selection_sets`):
 
 * with ``--val-ood-dataset NAME=SPEC`` (repeatable): those OOD sets (``--max-samples`` rows each) against the whole ID
   validation subset the thresholds are calibrated on;
-* otherwise the OOD validation sets ``--tune`` uses (:func:`hf_gsc.evaluation.tuning.validation_ood_sets`): the ID
+* otherwise the OOD validation sets ``--tune`` uses (:func:`hf_gsc.evaluation.validation_sets.validation_ood_sets`): the ID
   validation subset is split in the same two halves, the OOD sets are generated from the ``tune_fit`` half
   (``val_noise``, ``val_jigsaw``; ``val_heldout_classes`` for ``fmnist-openset``) and the ID side is the
   ``tune_select`` half, so no image of the ID side reappears, shuffled, on the OOD side.
