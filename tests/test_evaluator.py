@@ -172,6 +172,14 @@ def test_a_saved_detector_is_evaluated_without_an_id_validation_split(tiny, tmp_
     shipped = AutoOODDetector.from_pretrained(folder)
     assert results["methods"]["knn"]["threshold"] == pytest.approx(shipped.config.threshold)
     assert "id_validation" not in results["split_sizes"]
+    # The same detector as an object (a notebook's), evaluated as it is: the same figures.
+    from hf_gsc import OODEvaluator
+
+    args = EvaluationArguments(id_dataset=str(tmp_path / "test_only"), ood_dataset=[f"noise={tiny['noise']}"],
+                               output_dir=str(tmp_path / "object"), batch_size=8, no_plots=True)
+    as_object = OODEvaluator(shipped, args).evaluate()
+    assert as_object.methods["knn"]["ood"]["noise"] == pytest.approx(results["methods"]["knn"]["ood"]["noise"])
+    assert as_object.selection is None and as_object.details["detector"]["method"] == "knn"
 
 
 def _unsupported_model(tiny, tmp_path, monkeypatch) -> str:  # noqa: F811
