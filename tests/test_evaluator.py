@@ -96,6 +96,8 @@ def test_a_rerun_rebuilds_saved_detectors_from_cached_fits_and_scores(tiny, tmp_
     for name in ("msp", "knn", "react", "selected"):
         detector = AutoOODDetector.from_pretrained(tmp_path / "detectors" / name)
         assert detector.config.threshold is not None
+        # The results a saved detector carries are the folder's, timings included.
+        assert (tmp_path / "detectors" / name / "results.json").read_text() == (tmp_path / "results.json").read_text()
 
 
 def test_a_run_that_saves_nothing_removes_a_stale_selected_detector(tiny, tmp_path):  # noqa: F811

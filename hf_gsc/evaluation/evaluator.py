@@ -219,9 +219,10 @@ class OODEvaluator:
         self.report(result)
         if self.args.save_detectors:  # the detectors' cards copy results.json and results.md: they come after them
             with self._timed("save"):
-                self.save(result)
+                saved = self.save(result)
             self.seconds["total"] = round(time.perf_counter() - start, 2)
             write_json(self.output_dir / RESULTS_JSON, result.to_dict(), self.output_dir)
+            _copy_results_json(self.output_dir, saved)  # with the save's time, the same file as the folder's
         return result
 
     @contextmanager
@@ -593,12 +594,12 @@ class OODEvaluator:
                                 seconds=self.seconds, details=details)
 
     # --------------------------------------------------------------------------------------------- 7. save
-    def save(self, result: EvaluationResult) -> None:
+    def save(self, result: EvaluationResult) -> list[Path]:
         """``--save-detectors``: each evaluated method as a detector folder ``detectors/{method}/`` (beside its fit),
         with the threshold calibrated on ID validation for ``results.json`` and a card carrying these results; the
-        method the selection chose again as ``detectors/selected/``."""
+        method the selection chose again as ``detectors/selected/``. Returns the folders written."""
         if not self.args.save_detectors:
-            return
+            return []
         for name, detector in self.detectors.items():
             entry = result.methods[name]
             detector.config.threshold = entry["threshold"]
@@ -606,10 +607,13 @@ class OODEvaluator:
             if detector.image_processor is None:
                 detector.image_processor = self.processor
             detector.save_pretrained(fit_dir(self.output_dir, name), results_dir=self.output_dir)
+        folders = [fit_dir(self.output_dir, name) for name in self.detectors]
         chosen = result.selected_method
         if chosen in self.detectors:  # ready to publish: hf-gsc publish --detector-dir OUTPUT/detectors/selected
             self.detectors[chosen].save_pretrained(fit_dir(self.output_dir, SELECTED), results_dir=self.output_dir)
             print(f"selected {chosen} (validation only): saved as {fit_dir(self.output_dir, SELECTED)}", flush=True)
+            folders.append(fit_dir(self.output_dir, SELECTED))
+        return folders
 
     # ------------------------------------------------------------------------------------------- 8. report
     def report(self, result: EvaluationResult) -> None:
@@ -644,6 +648,15 @@ def _broadcast(accelerator: Any, value: Any) -> Any:
 def _resumable(error: UndecodableImageError) -> UndecodableImageError:
     return UndecodableImageError(f"{error} (fix or remove the file, or pass --skip-unreadable-images to leave such "
                                  "images out; finished splits are kept and not scored again)")
+
+
+def _copy_results_json(output_dir: Path, folders: list[Path]) -> None:
+    """The final ``results.json`` (with the save phase's time) into each saved detector folder, over the copy its
+    ``save_pretrained`` made a moment before."""
+    from ..safe_files import copy_file
+
+    for folder in folders:
+        copy_file(output_dir, RESULTS_JSON, folder)
 
 
 def _saved_fingerprint(output_dir: Path, method: str) -> str | None:
