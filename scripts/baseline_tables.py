@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Every registered method on the six reference model/benchmark pairs, and ``docs/baselines.md`` written from them.
 
-Each pair is one ``hf-gsc evaluate --methods all`` run (``hf_gsc.evaluation.run_evaluation``) into
+Each pair is one ``hf-gsc evaluate --methods all`` run (``hf_gsc.OODEvaluator``) into
 ``docs/results/baselines/BENCHMARK/MODEL`` (``results.json``, ``results.md``; score caches are left out of git by
 ``.gitignore``). The page's summary (which method wins where, where GSC stands) is computed here from those
 ``results.json`` files, never typed in. Test metrics only describe; nothing here chooses by them.
@@ -29,12 +29,14 @@ SETTINGS = ["--max-samples", "500", "--max-fit-samples", "2000", "--seed", "0", 
 
 
 def evaluate(benchmark: str, model: str) -> None:
-    from hf_gsc.evaluation import run_evaluation
+    from hf_gsc import OODEvaluator
+    from hf_gsc.evaluation.arguments import parse_arguments
 
     # Paths relative to the repository root, the working directory: results.json records the arguments.
     os.chdir(ROOT)
-    run_evaluation(["--model", f"hf_gsc/reference_models/{model}", "--benchmark", benchmark, "--methods", "all",
-                    *SETTINGS, "--output-dir", str((RESULTS / benchmark / model).relative_to(ROOT)), "--overwrite"])
+    OODEvaluator(args=parse_arguments([
+        "--model", f"hf_gsc/reference_models/{model}", "--benchmark", benchmark, "--methods", "all", *SETTINGS,
+        "--output-dir", str((RESULTS / benchmark / model).relative_to(ROOT)), "--overwrite"])).evaluate()
 
 
 def _pct(value: float) -> str:

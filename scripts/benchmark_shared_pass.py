@@ -2,7 +2,7 @@
 """The full comparison table at the cost of one backbone pass: the evaluation's wall time with every method
 that scores from the shared pass (all but ODIN and AdaSCALE, which perturb the input) against one fitted method alone (KNN) and MSP alone, on a model whose backbone dominates.
 
-Each configuration is a whole ``hf-gsc evaluate`` run (``hf_gsc.evaluation.run_evaluation``) into a fresh output
+Each configuration is a whole ``hf-gsc evaluate`` run (``hf_gsc.OODEvaluator``) into a fresh output
 folder: fitting, scoring, metrics, no plots. The runs are interleaved in rounds (each round runs every configuration
 once, in a rotating order) because the machine's speed drifts over minutes; the JSON holds every round and the
 medians. ``knn,react`` is one method per fit split: KNN fits on ID train, ReAct on ID validation, and the full
@@ -80,13 +80,14 @@ def save_model(folder: Path, head_samples: int = 500) -> Path:
 
 
 def run(model: Path, methods: str, output_dir: Path, args: argparse.Namespace) -> dict:
-    from hf_gsc.evaluation import run_evaluation
+    from hf_gsc import OODEvaluator
+    from hf_gsc.evaluation.arguments import parse_arguments
 
     argv = ["--model", str(model), "--benchmark", "fmnist-ood", "--ood-splits", args.ood_splits,
             "--methods", methods, "--max-samples", str(args.max_samples), "--max-fit-samples", str(args.max_fit_samples),
             "--batch-size", str(args.batch_size), "--num-workers", "0", "--no-plots", "--output-dir", str(output_dir)]
     begin = time.perf_counter()
-    results = run_evaluation(argv)
+    results = OODEvaluator(args=parse_arguments(argv)).evaluate().to_dict()
     return {"wall_seconds": round(time.perf_counter() - begin, 3), "seconds_total": results["seconds"]["total"],
             "splits_scored": results["seconds"]["splits_scored"],
             "split_sizes": results["split_sizes"]}

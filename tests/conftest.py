@@ -70,3 +70,13 @@ def pixel_values() -> torch.Tensor:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes tens of seconds (builds and installs a wheel); -m 'not slow' skips it")
+
+
+def evaluate_argv(argv: list[str]) -> dict | None:
+    """An evaluation run from a ``hf-gsc evaluate`` command line in this process: ``results.json``'s content (``None``
+    on a process other than the main one)."""
+    from hf_gsc.evaluation.arguments import parse_arguments
+    from hf_gsc.evaluation.evaluator import OODEvaluator
+
+    result = OODEvaluator(args=parse_arguments(argv)).evaluate()
+    return None if result is None else result.to_dict()

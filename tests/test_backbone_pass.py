@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from hf_gsc.evaluation import plan as plan_module
-from hf_gsc.evaluation import runner
 from test_evaluation import tiny  # noqa: F401  (module fixture: tiny ViT, ID and OOD datasets on disk)
+from conftest import evaluate_argv
 
 #: Every method the tiny data can fit (its validation split is too small for Mahalanobis / ViM / GEM's covariance).
 METHODS = "msp,energy,max_logit,react,dice,ash_p,ash_b,ash_s,knn,gradnorm,gsc,gsc_ash,odin"
@@ -31,13 +31,13 @@ def _scores(output_dir: Path, method: str) -> dict[str, dict[str, torch.Tensor]]
 @pytest.fixture(scope="module")
 def together(tiny, tmp_path_factory) -> Path:  # noqa: F811
     output_dir = tmp_path_factory.mktemp("together")
-    runner.run_evaluation(_argv(tiny, output_dir, METHODS))
+    evaluate_argv(_argv(tiny, output_dir, METHODS))
     return output_dir
 
 
 @pytest.mark.parametrize("method", METHODS.split(","))
 def test_a_method_scores_the_same_alone_and_with_the_others(tiny, together, tmp_path, method):  # noqa: F811
-    runner.run_evaluation(_argv(tiny, tmp_path, method))
+    evaluate_argv(_argv(tiny, tmp_path, method))
     alone, shared = _scores(tmp_path, method), _scores(together, method)
     assert alone.keys() == shared.keys() == {"id_test", "id_validation", "ood_noise", "val_ood_val_noise", "val_ood_val_jigsaw"}
     for split in alone:
@@ -59,27 +59,27 @@ def test_one_backbone_pass_per_batch_for_all_methods(tiny, together, monkeypatch
         return real(model, pixel_values, splits, logits)
 
     monkeypatch.setattr(backbone_pass, "run_backbone", counted)
-    runner.run_evaluation(_argv(tiny, tmp_path / "one", "knn,react"))
+    evaluate_argv(_argv(tiny, tmp_path / "one", "knn,react"))
     one = list(calls)
     calls.clear()
-    runner.run_evaluation(_argv(tiny, tmp_path / "all", METHODS.replace(",odin", "")))
+    evaluate_argv(_argv(tiny, tmp_path / "all", METHODS.replace(",odin", "")))
     assert sorted(calls) == sorted(one) and len(calls) == len(one)
 
 
 def test_a_changed_default_computes_the_scores_again(tiny, tmp_path, monkeypatch):  # noqa: F811
-    runner.run_evaluation(_argv(tiny, tmp_path, "react"))
+    evaluate_argv(_argv(tiny, tmp_path, "react"))
     before = _scores(tmp_path, "react")
     from hf_gsc.detectors.react import ReActDetector
 
     monkeypatch.setattr(ReActDetector, "defaults", {"percentile": 50.0})
-    results = runner.run_evaluation(_argv(tiny, tmp_path, "react"))
+    results = evaluate_argv(_argv(tiny, tmp_path, "react"))
     after = _scores(tmp_path, "react")
     assert results["methods"]["react"]["hyperparameters"] == {"percentile": 50.0}
     assert not torch.equal(before["id_test"]["ood_score"], after["id_test"]["ood_score"])
     # Passing the default explicitly is the same setting: the cache is reused.
     monkeypatch.undo()
-    runner.run_evaluation(_argv(tiny, tmp_path / "explicit", "react", "--hyperparameter", "react.percentile=90"))
-    runner.run_evaluation(_argv(tiny, tmp_path / "implicit", "react"))
+    evaluate_argv(_argv(tiny, tmp_path / "explicit", "react", "--hyperparameter", "react.percentile=90"))
+    evaluate_argv(_argv(tiny, tmp_path / "implicit", "react"))
     assert _fingerprints(tmp_path / "explicit", "react") == _fingerprints(tmp_path / "implicit", "react")
 
 
@@ -94,10 +94,10 @@ def _fingerprints(output_dir: Path, method: str) -> dict[str, str]:
 
 
 def test_a_new_library_version_computes_the_scores_again(tiny, tmp_path, monkeypatch):  # noqa: F811
-    runner.run_evaluation(_argv(tiny, tmp_path, "msp"))
+    evaluate_argv(_argv(tiny, tmp_path, "msp"))
     first = _fingerprints(tmp_path, "msp")
     monkeypatch.setattr(plan_module, "__version__", "999.0.0")
-    runner.run_evaluation(_argv(tiny, tmp_path, "msp"))
+    evaluate_argv(_argv(tiny, tmp_path, "msp"))
     second = _fingerprints(tmp_path, "msp")
     assert first.keys() == second.keys() and all(first[split] != second[split] for split in first)
 
@@ -109,7 +109,7 @@ def test_saved_detectors_reproduce_the_score_files(tiny, tmp_path):  # noqa: F81
 
     from hf_gsc import AutoOODDetector
 
-    results = runner.run_evaluation(_argv(tiny, tmp_path, "knn,gsc,react", "--save-detectors"))
+    results = evaluate_argv(_argv(tiny, tmp_path, "knn,gsc,react", "--save-detectors"))
     images = list(datasets.load_from_disk(tiny["id"])["test"]["image"])
     for method in ("knn", "gsc", "react"):
         detector = AutoOODDetector.from_pretrained(str(tmp_path / "detectors" / method))

@@ -23,10 +23,12 @@ import torch
 from safetensors.torch import load_file
 
 from hf_gsc.data.decoding import UndecodableImageError
-from hf_gsc.evaluation import cli, fingerprints, loop, models, options, runner
+from hf_gsc.evaluation import cli, evaluator, fingerprints, loop, models, options, validation
 from hf_gsc.evaluation.calibration import true_positive_rate
 from hf_gsc.thresholds import threshold_at_tpr
 from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
+from conftest import evaluate_argv
+from hf_gsc.evaluation.arguments import parse_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "evaluate_ood.py"
@@ -121,7 +123,7 @@ def _assert_close(a, b, path: str = "") -> None:
 @pytest.fixture(scope="module")
 def single_run(tiny: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     output_dir = tmp_path_factory.mktemp("single")
-    results = runner.run_evaluation(_argv(tiny, output_dir))
+    results = evaluate_argv(_argv(tiny, output_dir))
     return output_dir, results
 
 
@@ -180,7 +182,7 @@ def test_plots_written(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_
     output_dir = tmp_path / "plots_run"
     shutil.copytree(single_run[0], output_dir)  # all scores cached: only the report and plots are made
     argv = [arg for arg in _argv(tiny, output_dir) if arg != "--no-plots"]
-    runner.run_evaluation(argv)
+    evaluate_argv(argv)
     for name in ("densities.png", "roc.png", "risk_coverage.png"):
         assert (output_dir / "plots" / name).stat().st_size > 1000
 
@@ -218,7 +220,7 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
     shutil.copytree(single_run[0], output_dir)
     scored, spy = _record_scored_splits(monkeypatch)
     # 1. Everything cached: no split is scored again, same numbers.
-    again = runner.run_evaluation(_argv(tiny, output_dir))
+    again = evaluate_argv(_argv(tiny, output_dir))
     assert scored == []
     _assert_close(_numbers(again), _numbers(single_run[1]))
 
@@ -232,7 +234,7 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
 
     monkeypatch.setattr(loop, "score_split", crash)
     with pytest.raises(KeyboardInterrupt):
-        runner.run_evaluation(_argv(tiny, output_dir))
+        evaluate_argv(_argv(tiny, output_dir))
     assert (output_dir / "scores" / "gsc" / "ood_noise.safetensors").is_file()
     assert not (output_dir / "scores" / "gsc" / "ood_flat.safetensors").exists()
 
@@ -241,14 +243,14 @@ def test_rerun_reuses_cache_and_resumes_after_crash(
     monkeypatch.setattr(loop, "score_split", spy)
     truncated = output_dir / "scores" / "msp" / "id_validation.safetensors"
     truncated.write_bytes(truncated.read_bytes()[:20])
-    resumed = runner.run_evaluation(_argv(tiny, output_dir))
+    resumed = evaluate_argv(_argv(tiny, output_dir))
     assert sorted(scored) == ["id_validation", "ood_flat"]
     _assert_close(_numbers(resumed), _numbers(single_run[1]))
 
     # 4. Other settings invalidate only the affected method's files.
     scored.clear()
     argv = _argv(tiny, output_dir, "--mask-ratio", "0.2")
-    runner.run_evaluation(argv)
+    evaluate_argv(argv)
     assert len(scored) == 4  # the 4 splits, for gsc only
     assert json.loads((output_dir / "results.json").read_text())["methods"]["gsc"]["hyperparameters"]["mask_ratio"] == 0.2
 
@@ -262,14 +264,14 @@ def test_cache_follows_the_data_content(tiny: dict[str, str], tmp_path: Path, mo
     original = datasets.load_from_disk(tiny["flat"])
     original.save_to_disk(flat)
     argv = _argv(dict(tiny, flat=str(flat)), tmp_path / "out")
-    runner.run_evaluation(argv)
+    evaluate_argv(argv)
     scored, _ = _record_scored_splits(monkeypatch)
     new_images = _images(np.random.default_rng(7), len(original), "flat")
     replaced = datasets.Dataset.from_dict({"image": new_images, "label": [-1] * len(original)}, features=original.features)
     replaced.save_to_disk(tmp_path / "staging")
     shutil.rmtree(flat)
     shutil.copytree(tmp_path / "staging", flat)
-    runner.run_evaluation(argv)
+    evaluate_argv(argv)
     assert scored == ["ood_flat"]
 
 
@@ -280,9 +282,9 @@ def test_odin_takes_the_image_std_from_the_processor(tiny: dict[str, str], tmp_p
 
     base = ["--model", tiny["model"], "--id-dataset", tiny["id"], "--ood-dataset", tiny["noise"],
             "--methods", "msp,odin", "--no-plots"]
-    automatic = runner.run_evaluation([*base, "--output-dir", str(tmp_path / "auto")])
+    automatic = evaluate_argv([*base, "--output-dir", str(tmp_path / "auto")])
     assert automatic["methods"]["odin"]["hyperparameters"]["image_std"] == [0.5]  # the tiny processor's std
-    given = runner.run_evaluation([*base, "--output-dir", str(tmp_path / "given"), "--hyperparameter", "odin.image_std=2.0"])
+    given = evaluate_argv([*base, "--output-dir", str(tmp_path / "given"), "--hyperparameter", "odin.image_std=2.0"])
     assert given["methods"]["odin"]["hyperparameters"]["image_std"] == 2.0
     assert ODIN.model_defaults(SimpleNamespace(image_std=[0.2, 0.3], do_normalize=False)) == {"image_std": [1.0]}
     assert ODIN.model_defaults(SimpleNamespace(image_std=0.25)) == {"image_std": [0.25]}
@@ -294,7 +296,7 @@ def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:
 
     detector_dir = tmp_path / "detector"
     GSCForImageClassification.from_pretrained(tiny["model"], mask_ratio=0.2).save_pretrained(detector_dir)
-    results = runner.run_evaluation([
+    results = evaluate_argv([
         "--model", str(detector_dir), "--id-dataset", tiny["id"], "--ood-dataset", tiny["noise"],
         "--methods", "gsc,msp", "--operation", "clip", "--output-dir", str(tmp_path / "out"), "--no-plots",
     ])
@@ -309,11 +311,11 @@ def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch, be
         raise AssertionError("expensive work started before the input was checked")
 
     monkeypatch.setattr(loop, "score_split", forbidden)
-    monkeypatch.setattr(runner, "fit_detectors", forbidden)
+    monkeypatch.setattr(evaluator, "fit_detectors", forbidden)
     if before_model:
-        monkeypatch.setattr(runner, "load_model", forbidden)
+        monkeypatch.setattr(evaluator, "load_model", forbidden)
     with pytest.raises(options.InputError, match=match):
-        runner.run_evaluation(argv)
+        evaluate_argv(argv)
 
 
 def test_unknown_method(tiny, tmp_path, monkeypatch) -> None:
@@ -412,8 +414,8 @@ def test_streaming_a_hub_benchmark_passes_validation() -> None:
     from hf_gsc.data import HUB_BENCHMARKS
 
     name = sorted(HUB_BENCHMARKS)[0]
-    args = options.parse_args(["--model", "m", "--benchmark", name, "--streaming", "--output-dir", "out"])
-    assert options.validate_args(args)["ood_splits"] is None
+    args = parse_arguments(["--model", "m", "--benchmark", name, "--streaming", "--output-dir", "out"])
+    assert args.ood_split_names is None
 
 
 def test_cli_exit_status_and_message(tiny, tmp_path, capsys) -> None:
@@ -475,14 +477,14 @@ def test_unreadable_image_stops_with_one_line_and_keeps_finished_splits(
     shutil.copytree(output_dir, fixed_dir)
     fixed_folder = _write_broken_folder(tmp_path / "fixed_folder", corrupt=False)
     scored, _ = _record_scored_splits(monkeypatch)
-    fixed = runner.run_evaluation(_argv(tiny, fixed_dir, "--ood-dataset", f"broken={fixed_folder}"))
+    fixed = evaluate_argv(_argv(tiny, fixed_dir, "--ood-dataset", f"broken={fixed_folder}"))
     assert scored == ["ood_broken"]
     assert fixed["num_skipped"]["ood"]["broken"] == 0 and fixed["split_sizes"]["ood"]["broken"] == 7
     assert "Unreadable" not in (fixed_dir / "results.md").read_text()
 
     # Skipped: a rerun scores only the split that failed, without the unreadable image, and says so.
     scored.clear()
-    results = runner.run_evaluation(argv + ["--skip-unreadable-images"])
+    results = evaluate_argv(argv + ["--skip-unreadable-images"])
     assert scored == ["ood_broken"]
     assert results["num_skipped"] == {"id_test": 0, "id_validation": 0, "ood": {"noise": 0, "flat": 0, "broken": 1},
                                       "fit": {name: 0 for name in results["split_sizes"]["fit"]}}
@@ -513,8 +515,8 @@ def test_unreadable_fit_image_is_counted(tiny: dict[str, str], tmp_path: Path) -
     if "knn" not in _methods():
         pytest.skip("no registered method fits on the train split")
     with pytest.raises(UndecodableImageError, match=r"dataset 'ID train \(.*\)', row 2, file train_2.png"):
-        runner.run_evaluation(argv)
-    results = runner.run_evaluation(argv + ["--skip-unreadable-images"])
+        evaluate_argv(argv)
+    results = evaluate_argv(argv + ["--skip-unreadable-images"])
     assert results["num_skipped"]["fit"]["knn"] == 1 and results["methods"]["knn"]["fit"]["num_samples"] == SIZES["train"] - 1
     bank = load_file(str(tmp_path / "out" / "detectors" / "knn" / "detector_state.safetensors"))["bank"]
     assert bank.shape[0] == SIZES["train"] - 1  # the fit saw no placeholder
@@ -553,7 +555,7 @@ def test_bf16_from_the_environment_runs_under_autocast(
     from safetensors.torch import load_file
 
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    results = runner.run_evaluation(_argv(tiny, tmp_path / "bf16"))
+    results = evaluate_argv(_argv(tiny, tmp_path / "bf16"))
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
     assert results["mixed_precision"] == "bf16"
     for name in ("msp", "gsc"):
@@ -562,12 +564,12 @@ def test_bf16_from_the_environment_runs_under_autocast(
         assert not torch.equal(fp32, bf16), name
         assert torch.allclose(fp32, bf16, atol=0.1, rtol=0.05), name
     # The next evaluation in this process runs in fp32 again (accelerate's shared state is reset).
-    again = runner.run_evaluation(_argv(tiny, tmp_path / "fp32"))
+    again = evaluate_argv(_argv(tiny, tmp_path / "fp32"))
     assert again["mixed_precision"] == "no"
 
 
 def test_worker_processes_give_the_same_numbers(tiny: dict[str, str], single_run: tuple[Path, dict], tmp_path: Path) -> None:
-    results = runner.run_evaluation(_argv(tiny, tmp_path / "workers", "--num-workers", "2"))
+    results = evaluate_argv(_argv(tiny, tmp_path / "workers", "--num-workers", "2"))
     assert results["num_workers"] == 2
     _assert_close(_numbers(results), _numbers(single_run[1]))
 
@@ -590,14 +592,14 @@ def test_streaming_matches_the_map_style_run_and_resumes(
         return dataset.to_iterable_dataset(num_shards=3) if streaming else dataset
 
     monkeypatch.setattr(hf_gsc.data, "load_split", load_split)
-    monkeypatch.setattr(options, "_is_local", lambda spec: False)
+    monkeypatch.setattr(validation, "_is_local", lambda spec: False)
     output_dir = tmp_path / "streamed"
-    results = runner.run_evaluation(_argv(tiny, output_dir, "--streaming"))
+    results = evaluate_argv(_argv(tiny, output_dir, "--streaming"))
     assert requested and all(requested)
     assert isinstance(load_split(tiny["noise"], streaming=True), datasets.IterableDataset)
     _assert_close(_numbers(results), _numbers(single_run[1]))
     scored, _ = _record_scored_splits(monkeypatch)
-    again = runner.run_evaluation(_argv(tiny, output_dir, "--streaming"))
+    again = evaluate_argv(_argv(tiny, output_dir, "--streaming"))
     assert scored == []
     _assert_close(_numbers(again), _numbers(single_run[1]))
 
@@ -626,11 +628,11 @@ def test_cuda_scores_match_a_cpu_reference(tiny: dict[str, str], single_run: tup
 STREAMING_SCRIPT = """
 import sys
 import hf_gsc.data
-from hf_gsc.evaluation import main, options
+from hf_gsc.evaluation import main, validation
 
 loaded = hf_gsc.data.load_split
 hf_gsc.data.load_split = lambda spec, streaming=False: loaded(spec).to_iterable_dataset(num_shards=3) if streaming else loaded(spec)
-options._is_local = lambda spec: False
+validation._is_local = lambda spec: False
 sys.exit(main(sys.argv[1:], prog="evaluate_ood.py"))
 """
 
@@ -676,7 +678,7 @@ def test_two_processes_skip_the_same_unreadable_image(
     """The unreadable image leaves the two processes with unequal numbers of kept rows: the gathered scores
     are still exactly those of one process, one per readable image, in order."""
     argv = [*_argv(tiny, tmp_path / "one", "--ood-dataset", f"broken={broken_folder}"), "--skip-unreadable-images"]
-    one = runner.run_evaluation(argv)
+    one = evaluate_argv(argv)
     argv[argv.index("--output-dir") + 1] = str(tmp_path / "two")
     result = _launch_two_processes(tmp_path, argv, streaming)
     assert result.returncode == 0, result.stderr[-4000:]

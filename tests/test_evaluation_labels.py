@@ -13,12 +13,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_gsc.evaluation import labels, runner
+from hf_gsc.evaluation import labels
 from hf_gsc.evaluation.score_cache import BASE_MODEL, PREDICTIONS_KEY
 from hf_gsc.evaluation.labels import LabelMismatchWarning
 from hf_gsc.evaluation.options import InputError
 
 from test_first_hour import CLASSES, _id_data, _argv, tiny  # noqa: F401  (model classes cat, dog, bird)
+from conftest import evaluate_argv
 
 
 def _labels_of(run: Path) -> torch.Tensor:
@@ -37,7 +38,7 @@ def runs(tiny, tmp_path_factory):  # noqa: F811
 def _run(tiny, id_data: str, output: Path, *extra: str) -> dict:  # noqa: F811
     argv = _argv(tiny, output, *extra)
     argv[argv.index("--id-dataset") + 1] = id_data
-    return runner.run_evaluation(argv)
+    return evaluate_argv(argv)
 
 
 def test_names_in_another_order_are_mapped_by_name(tiny, runs, tmp_path):  # noqa: F811

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from hf_gsc import GSCForImageClassification, safe_files
 from hf_gsc.cli import publish
 from hf_gsc.data.decoding import UndecodableImageError, decode_image
-from hf_gsc.evaluation import loop, options, runner, score_cache
+from hf_gsc.evaluation import loop, options, score_cache, validation
 from hf_gsc.evaluation.metrics import NonFiniteScoreError
 from hf_gsc.evaluation.report import method_results, write_report
 from hf_gsc.image_limits import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_ENV, ImageTooLargeError, max_image_pixels
@@ -33,6 +33,8 @@ from hf_gsc.detector_results import read_results
 
 from conftest import IMAGE_SIZE, make_tiny_model
 from test_evaluation import tiny  # noqa: F401  (module fixture: tiny ViT, ID and OOD datasets on disk)
+from conftest import evaluate_argv
+from hf_gsc.evaluation.arguments import parse_arguments
 
 SECRET = "secret outside the folder\n"
 
@@ -166,7 +168,7 @@ def test_a_bad_limit_is_an_error_not_a_skipped_image(monkeypatch, text):
     with pytest.raises(ValueError, match=f"{MAX_IMAGE_PIXELS_ENV} must be a positive integer"):
         decode_image({"bytes": _png((4, 4)), "path": None}, "small", 0, on_error="skip")
     with pytest.raises(options.InputError, match=MAX_IMAGE_PIXELS_ENV):
-        options.validate_args(options.parse_args(["--model", "m", "--benchmark", "fmnist-ood", "--output-dir", "o"]))
+        parse_arguments(["--model", "m", "--benchmark", "fmnist-ood", "--output-dir", "o"])
 
 
 @pytest.fixture
@@ -207,7 +209,7 @@ def _argv(tiny, output_dir: Path) -> list[str]:  # noqa: F811
 @pytest.fixture(scope="module")
 def evaluated(tiny, tmp_path_factory) -> tuple[Path, dict]:  # noqa: F811
     output_dir = tmp_path_factory.mktemp("evaluated")
-    return output_dir, runner.run_evaluation(_argv(tiny, output_dir))
+    return output_dir, evaluate_argv(_argv(tiny, output_dir))
 
 
 def _forge(path: Path, **changes) -> None:
@@ -243,7 +245,7 @@ def test_a_score_file_that_does_not_fit_its_split_is_computed_again(
     real = loop.score_split
     monkeypatch.setattr(loop, "score_split", lambda *a, **k: scored.append(k["description"]) or real(*a, **k))
     with caplog.at_level(logging.WARNING, logger="hf_gsc.evaluation.loop"):
-        results = runner.run_evaluation(_argv(tiny, output_dir))
+        results = evaluate_argv(_argv(tiny, output_dir))
     assert [d.split(" ")[0] for d in scored] == ["ood_noise"]
     assert f"ignoring score file {path}, its fingerprint matches but" in caplog.text
     assert results["split_sizes"]["ood"]["noise"] == 11
@@ -282,7 +284,7 @@ def test_evaluation_skips_a_method_with_non_finite_scores_without_caching_them(t
         return scores
 
     monkeypatch.setattr(MSPDetector, "score_batch", nan_score)
-    results = runner.run_evaluation(_argv(tiny, tmp_path / "nan"))
+    results = evaluate_argv(_argv(tiny, tmp_path / "nan"))
     assert re.match(r"method 'msp' gave \d+ non-finite .* on split 'id_test'", results["skipped"]["msp"])
     assert "msp" not in results["methods"] and results["methods"]  # the others are reported
     assert not (tmp_path / "nan" / "scores" / "msp" / "id_test.safetensors").exists()
@@ -363,7 +365,7 @@ def test_fit_json_and_score_files_replace_planted_links(tmp_path, outside):
 def test_output_dir_probe_does_not_write_through_a_planted_link(tmp_path, outside):
     output_dir = tmp_path / "out"
     _plant(output_dir / f".write_test.{os.getpid()}.0", outside)
-    options.check_output_dir(output_dir)
+    validation.check_output_dir(output_dir)
     assert outside.read_text() == SECRET
 
 
@@ -371,7 +373,7 @@ def test_outputs_land_under_a_relative_output_dir(tiny, tmp_path, monkeypatch): 
     monkeypatch.chdir(tmp_path)
     argv = _argv(tiny, Path("run"))
     argv[argv.index("--methods") + 1] = "react"  # fits: detectors/react/ is written too
-    runner.run_evaluation(argv)
+    evaluate_argv(argv)
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == ["run/detectors/react/detector_state.safetensors",
                        "run/detectors/react/fit.json", "run/results.json", "run/results.md",

@@ -25,8 +25,11 @@ import pytest
 import torch
 
 from hf_gsc import cli as hf_gsc_cli
-from hf_gsc.evaluation import cli, labels, options, run_info, runner
+from hf_gsc.evaluation import cli, labels, options, run_info
 from hf_gsc.evaluation.labels import LabelMismatchWarning
+from conftest import evaluate_argv
+from hf_gsc.evaluation.arguments import parse_arguments
+from hf_gsc.evaluation import evaluator
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "bird"]
@@ -123,7 +126,7 @@ def test_a_missing_module_names_its_extra(module, extra, monkeypatch, capsys) ->
 
 # --------------------------------------------------------------------------- 2. processes, header
 def test_run_header_says_what_runs(tiny, tmp_path, capsys) -> None:
-    runner.run_evaluation(_argv(tiny, tmp_path / "run"))
+    evaluate_argv(_argv(tiny, tmp_path / "run"))
     header = capsys.readouterr().out
     assert f"hf-gsc evaluate: {tiny['model']} on ID {tiny['id']}, OOD far={tiny['far']}" in header
     assert "device cpu, 1 process, mixed precision no, 0 data workers per process" in header
@@ -150,7 +153,7 @@ def test_a_run_whose_processes_would_each_run_alone_stops_before_the_model(tiny,
     make_accelerator(None)  # accelerate's shared state: this one process
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(options.InputError, match=r"launched as 2 processes"):
-        runner.run_evaluation(_argv(tiny, tmp_path / "run"))
+        evaluate_argv(_argv(tiny, tmp_path / "run"))
     assert not (tmp_path / "run" / "scores").exists()
 
 
@@ -187,20 +190,20 @@ def test_compare_labels() -> None:
 
 def test_other_class_names_are_warned_before_scoring_and_recorded(tiny, tmp_path, monkeypatch) -> None:
     seen_at_scoring = []
-    real = runner.score_missing
+    real = evaluator.score_missing
 
     def spy(*args, **kwargs):
         seen_at_scoring.append(len(caught))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "score_missing", spy)
+    monkeypatch.setattr(evaluator, "score_missing", spy)
     argv = _argv(tiny, tmp_path / "run")
     argv[argv.index("--id-dataset") + 1] = tiny["id_other"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        results = runner.run_evaluation(argv)
+        results = evaluate_argv(argv)
     mismatches = [w for w in caught if issubclass(w.category, LabelMismatchWarning)]
-    assert len(mismatches) == 1 and seen_at_scoring == [len(caught)] and len(caught) >= 1
+    assert len(mismatches) == 1 and seen_at_scoring and set(seen_at_scoring) == {len(caught)} and len(caught) >= 1
     message = str(mismatches[0].message)
     assert "'apple', 'pear', 'plum'" in message and "'cat', 'dog', 'bird'" in message, message
     assert results["label_check"]["status"] == "names_differ"
@@ -211,7 +214,7 @@ def test_other_class_names_are_warned_before_scoring_and_recorded(tiny, tmp_path
 def test_matching_class_names_are_recorded_without_warning(tiny, tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", LabelMismatchWarning)
-        results = runner.run_evaluation(_argv(tiny, tmp_path / "run"))
+        results = evaluate_argv(_argv(tiny, tmp_path / "run"))
     assert results["label_check"] == {"status": "match"}
 
 
@@ -220,13 +223,12 @@ def test_a_missing_local_folder_is_named(tiny, tmp_path) -> None:
     missing = str(tmp_path / "no_such_folder")
     for spec in (missing, f"{missing}:test", "relative_folder_that_is_not_here"):
         with pytest.raises(options.InputError, match=r"no such folder") as error:
-            options.validate_args(options.build_parser().parse_args(_argv(tiny, tmp_path / "run", "--ood-dataset",
-                                                                          f"near={spec}")))
+            parse_arguments(_argv(tiny, tmp_path / "run", "--ood-dataset", f"near={spec}"))
         assert f"--ood-dataset 'near={spec}'" in str(error.value) and "split" not in str(error.value).split("(")[0]
     with pytest.raises(options.InputError, match=r"--id-dataset .*no such folder"):
         argv = _argv(tiny, tmp_path / "run")
         argv[argv.index("--id-dataset") + 1] = missing
-        options.validate_args(options.build_parser().parse_args(argv))
+        parse_arguments(argv)
     from hf_gsc.data import load_split
 
     with pytest.raises(FileNotFoundError, match=r"no such folder: '.*no_such_folder'"):
@@ -238,8 +240,8 @@ def test_the_users_split_name_is_kept(tiny, tmp_path) -> None:
     not_a_folder.write_text("not images")
     argv = _argv(tiny, tmp_path / "run", "--ood-dataset", f"my_photos={not_a_folder}")
     with pytest.raises(options.InputError, match=rf"^--ood-dataset my_photos={not_a_folder}: could not load"):
-        runner.run_evaluation(argv)
-    results = runner.run_evaluation(_argv(tiny, tmp_path / "run"))
+        evaluate_argv(argv)
+    results = evaluate_argv(_argv(tiny, tmp_path / "run"))
     table = (tmp_path / "run" / "results.md").read_text()
     assert table.startswith(f"## OOD detection: {tiny['model']} on ID {tiny['id']}\n") and "custom" not in table
     assert results["ood_datasets"] == {"far": tiny["far"]} and results["id_dataset"] == tiny["id"]
@@ -284,8 +286,8 @@ def test_list_methods(capsys) -> None:
 
 
 def test_a_cached_rerun_keeps_the_timings_of_the_run_that_scored(tiny, tmp_path) -> None:
-    first = runner.run_evaluation(_argv(tiny, tmp_path / "run"))
-    again = runner.run_evaluation(_argv(tiny, tmp_path / "run"))
+    first = evaluate_argv(_argv(tiny, tmp_path / "run"))
+    again = evaluate_argv(_argv(tiny, tmp_path / "run"))
     scored, kept = first["seconds"]["splits_scored"], again["seconds"]["splits_scored"]
     assert set(scored) == set(kept) == {"id_test", "id_validation", "ood_far", "val_ood_val_noise", "val_ood_val_jigsaw"}
     for split, entry in scored.items():
@@ -293,6 +295,6 @@ def test_a_cached_rerun_keeps_the_timings_of_the_run_that_scored(tiny, tmp_path)
         assert {k: v for k, v in kept[split].items() if k != "cached"} == {k: v for k, v in entry.items() if k != "cached"}
     assert again["seconds"]["scoring_main_process"] == first["seconds"]["scoring_main_process"]
     # One method scored again: its splits report the new pass, and only that method.
-    third = runner.run_evaluation(_argv(tiny, tmp_path / "run", "--methods", "msp,energy,max_logit"))
+    third = evaluate_argv(_argv(tiny, tmp_path / "run", "--methods", "msp,energy,max_logit"))
     assert {entry["methods"][0] for entry in third["seconds"]["splits_scored"].values()} == {"max_logit"}
     assert third["seconds"]["scoring_main_process"]["msp"] == first["seconds"]["scoring_main_process"]["msp"]

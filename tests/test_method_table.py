@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hf_gsc.detectors import DETECTORS
 from hf_gsc.method_table import method_table
+from hf_gsc.evaluation.arguments import parse_arguments
 
 
 def _row(table: str, method: str) -> list[str]:
@@ -25,7 +26,7 @@ def test_every_method_has_a_row_saying_what_it_reads_fits_and_keeps():
 def test_the_default_table_and_a_methods_own_flags_come_from_its_class(monkeypatch, tmp_path):
     """``--methods``' default and a method's own flags are read from the classes (``in_default_table``,
     ``command_line_flags``), never inherited, so that a new method's file is the only place that sets them."""
-    from hf_gsc.evaluation.options import build_parser, parse_methods, validate_args
+    from hf_gsc.evaluation.options import parse_methods
     from hf_gsc.registry import default_methods
 
     assert default_methods() == ["gsc", "ash_b", "energy", "max_logit", "msp", "odin", "react"]
@@ -45,15 +46,14 @@ def test_the_default_table_and_a_methods_own_flags_come_from_its_class(monkeypat
     assert parse_methods(None) == ["gsc", "ash_b", "energy", "max_logit", "msp", "odin", "react", "flagged_knn"]
     argv = ["--model", "some/model", "--benchmark", "fmnist-ood", "--output-dir", str(tmp_path), "--no-plots",
             "--flagged-k", "7"]
-    parsed = validate_args(build_parser().parse_args([*argv, "--methods", "flagged_knn,unflagged_knn"]))
-    assert parsed["hyperparameters"] == {"flagged_knn": {"k": 7}, "unflagged_knn": {}}
+    parsed = parse_arguments([*argv, "--methods", "flagged_knn,unflagged_knn"])
+    assert parsed.method_hyperparameters == {"flagged_knn": {"k": 7}, "unflagged_knn": {}}
     # The more specific --hyperparameter wins over the flag.
-    parsed = validate_args(build_parser().parse_args([*argv, "--methods", "flagged_knn",
-                                                      "--hyperparameter", "flagged_knn.k=3"]))
-    assert parsed["hyperparameters"] == {"flagged_knn": {"k": 3}}
+    parsed = parse_arguments([*argv, "--methods", "flagged_knn", "--hyperparameter", "flagged_knn.k=3"])
+    assert parsed.method_hyperparameters == {"flagged_knn": {"k": 3}}
     import pytest
 
     from hf_gsc.evaluation.errors import InputError
 
     with pytest.raises(InputError, match="flagged_knn options \\(k\\) given but 'flagged_knn' is not in --methods"):
-        validate_args(build_parser().parse_args([*argv, "--methods", "knn"]))
+        parse_arguments([*argv, "--methods", "knn"])

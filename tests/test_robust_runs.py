@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from hf_gsc.detectors import DETECTORS
-from hf_gsc.evaluation import runner
 from hf_gsc.evaluation.options import InputError, parse_methods
 
 from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
+from conftest import evaluate_argv
+from hf_gsc.evaluation import evaluator
 
 
 def _argv(tiny, output_dir: Path, methods: str, *extra: str) -> list[str]:  # noqa: F811
@@ -25,7 +26,7 @@ def _argv(tiny, output_dir: Path, methods: str, *extra: str) -> list[str]:  # no
 @pytest.fixture(scope="module")
 def full_table(tiny, tmp_path_factory):  # noqa: F811
     output_dir = tmp_path_factory.mktemp("all")
-    return output_dir, runner.run_evaluation(_argv(tiny, output_dir, "all"))
+    return output_dir, evaluate_argv(_argv(tiny, output_dir, "all"))
 
 
 def test_all_methods_run_and_the_ones_that_cannot_fit_are_skipped_with_reasons(full_table):
@@ -62,7 +63,7 @@ def test_a_method_that_raises_while_scoring_is_skipped(tiny, tmp_path, monkeypat
         raise RuntimeError("boom")
 
     monkeypatch.setattr(MSPDetector, "score_batch", broken)
-    results = runner.run_evaluation(_argv(tiny, tmp_path, "msp,energy,knn"))
+    results = evaluate_argv(_argv(tiny, tmp_path, "msp,energy,knn"))
     assert results["skipped"] == {"msp": "scoring failed: RuntimeError: boom"}
     assert set(results["methods"]) == {"energy", "knn"}
     assert "skipped msp: scoring failed: RuntimeError: boom" in capsys.readouterr().out
@@ -75,9 +76,9 @@ def test_a_failed_run_keeps_its_fits_and_scores_and_a_rerun_resumes(tiny, tmp_pa
     def failing_report(*args, **kwargs):
         raise RuntimeError("the disk filled up while writing the report")
 
-    monkeypatch.setattr(runner, "write_report", failing_report)
+    monkeypatch.setattr(evaluator, "write_report", failing_report)
     with pytest.raises(RuntimeError, match="disk filled up"):
-        runner.run_evaluation(_argv(tiny, tmp_path, "knn,energy"))
+        evaluate_argv(_argv(tiny, tmp_path, "knn,energy"))
     assert (tmp_path / "detectors" / "knn" / "fit.json").exists()
     files = sorted((tmp_path / "scores").rglob("*.safetensors"))
     assert files
@@ -89,8 +90,8 @@ def test_a_failed_run_keeps_its_fits_and_scores_and_a_rerun_resumes(tiny, tmp_pa
         scored.extend(name for names in missing.values() for name in names)
         return real(accelerator, plan, missing, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "score_missing", spy)
-    results = runner.run_evaluation(_argv(tiny, tmp_path, "knn,energy"))
+    monkeypatch.setattr(evaluator, "score_missing", spy)
+    results = evaluate_argv(_argv(tiny, tmp_path, "knn,energy"))
     assert scored == [] and set(results["methods"]) == {"knn", "energy"}  # nothing computed again
 
 
@@ -98,12 +99,12 @@ def test_a_rerun_reuses_the_saved_tuning_search(tiny, tmp_path, monkeypatch):  #
     from hf_gsc.evaluation import tuning
 
     monkeypatch.setattr(tuning, "search_spaces", lambda: {"msp": {"temperature": (3.0, 7.0)}})
-    first = runner.run_evaluation(_argv(tiny, tmp_path, "msp,energy,knn", "--tune"))
-    assert (tmp_path / runner.TUNING_RECORD).exists()
+    first = evaluate_argv(_argv(tiny, tmp_path, "msp,energy,knn", "--tune"))
+    assert (tmp_path / evaluator.TUNING_RECORD).exists()
     calls = []
     real = tuning.tune_hyperparameters
     monkeypatch.setattr(tuning, "tune_hyperparameters", lambda *a, **k: calls.append(1) or real(*a, **k))
-    second = runner.run_evaluation(_argv(tiny, tmp_path, "msp,energy,knn", "--tune"))
+    second = evaluate_argv(_argv(tiny, tmp_path, "msp,energy,knn", "--tune"))
     assert calls == [] and second["tuning"] == first["tuning"]
-    runner.run_evaluation(_argv(tiny, tmp_path, "msp,energy,knn", "--tune", "--seed", "1"))  # other inputs: searched
+    evaluate_argv(_argv(tiny, tmp_path, "msp,energy,knn", "--tune", "--seed", "1"))  # other inputs: searched
     assert calls == [1]

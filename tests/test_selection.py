@@ -11,11 +11,12 @@ import pytest
 import torch
 
 from hf_gsc import AutoOODDetector
-from hf_gsc.evaluation import runner
-from hf_gsc.evaluation.selection import SELECTION_RULE, VAL_OOD_PREFIX, validation_metrics
-from hf_gsc.evaluation.tuning import split_halves
+from hf_gsc.evaluation.ranking import validation_metrics
+from hf_gsc.evaluation.selection import SELECTION_RULE, VAL_OOD_PREFIX
+from hf_gsc.evaluation.validation_sets import split_halves
 
 from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
+from conftest import evaluate_argv
 
 METHODS = "msp,energy,knn,mahalanobis"
 
@@ -29,7 +30,7 @@ def _argv(tiny, output_dir: Path, *extra: str, ood: str = "noise") -> list[str]:
 @pytest.fixture(scope="module")
 def selected(tiny, tmp_path_factory):  # noqa: F811
     output_dir = tmp_path_factory.mktemp("selected")
-    return output_dir, runner.run_evaluation(_argv(tiny, output_dir, "--save-detectors"))
+    return output_dir, evaluate_argv(_argv(tiny, output_dir, "--save-detectors"))
 
 
 def test_every_method_is_ranked_on_validation_and_one_is_chosen(selected):
@@ -63,7 +64,7 @@ def test_the_table_is_computed_from_the_validation_score_files_only(selected):
 def test_the_choice_does_not_depend_on_the_test_splits(tiny, tmp_path, selected):  # noqa: F811
     """Other test OOD data, the same choice and the same validation table (test splits are never read for it)."""
     _, results = selected
-    other = runner.run_evaluation(_argv(tiny, tmp_path, ood="flat"))
+    other = evaluate_argv(_argv(tiny, tmp_path, ood="flat"))
     strip = lambda record: {k: v for k, v in record.items() if k != "seconds"}  # noqa: E731
     assert strip(other["selection"]) == strip(results["selection"])
     assert other["methods"] != results["methods"]  # the test figures did change
@@ -81,12 +82,12 @@ def test_the_chosen_detector_is_saved_as_selected_with_its_reason(selected):
 
 
 def test_user_validation_ood_sets_and_no_selection(tiny, tmp_path):  # noqa: F811
-    given = runner.run_evaluation(_argv(tiny, tmp_path / "given", "--val-ood-dataset", f"flatval={tiny['flat']}"))
+    given = evaluate_argv(_argv(tiny, tmp_path / "given", "--val-ood-dataset", f"flatval={tiny['flat']}"))
     record = given["selection"]
     assert "--val-ood-dataset flatval=" in record["data"]["ood"]
     assert set(next(iter(record["validation"].values()))["ood"]) == {"flatval"}
     assert record["data"]["num_samples"]["id"] == given["split_sizes"]["id_validation"]  # the whole ID validation
-    none = runner.run_evaluation(_argv(tiny, tmp_path / "none", "--no-selection"))
+    none = evaluate_argv(_argv(tiny, tmp_path / "none", "--no-selection"))
     assert "selection" not in none
     assert not list((tmp_path / "none" / "scores").rglob(f"{VAL_OOD_PREFIX}*"))
     assert "Selected on" not in (tmp_path / "none" / "results.md").read_text()

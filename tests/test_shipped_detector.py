@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from hf_gsc import AutoOODDetector
-from hf_gsc.evaluation import runner
 from hf_gsc.evaluation.options import InputError
 
 from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
+from conftest import evaluate_argv
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def _argv(tiny, output_dir: Path, *extra: str) -> list[str]:  # noqa: F811
 
 def test_the_saved_detector_is_evaluated_as_it_is(tiny, tmp_path, shipped, capsys):  # noqa: F811
     folder, detector = shipped
-    results = runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder)))
+    results = evaluate_argv(_argv(tiny, tmp_path, "--detector", str(folder)))
     assert "detector: the saved 'knn' detector as it is" in capsys.readouterr().out
     entry = results["methods"]["knn"]
     assert set(results["methods"]) == {"knn"} and entry["hyperparameters"]["k"] == 2
@@ -57,7 +57,7 @@ def test_scores_equal_the_detectors_own_forward(tiny, tmp_path, shipped):  # noq
     import datasets
 
     folder, _ = shipped
-    runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder)))
+    evaluate_argv(_argv(tiny, tmp_path, "--detector", str(folder)))
     loaded = AutoOODDetector.from_pretrained(folder)
     images = list(datasets.load_from_disk(tiny["id"])["test"]["image"])
     pixel_values = loaded.image_processor(images=images, return_tensors="pt")["pixel_values"]
@@ -72,20 +72,20 @@ def test_options_that_would_change_the_shipped_detector_are_refused(tiny, tmp_pa
     for extra in (["--methods", "knn"], ["--hyperparameter", "knn.k=3"], ["--tune"], ["--save-detectors"],
                   ["--tpr", "0.9"], ["--tpr", "0.95"]):  # the shipped threshold is used: nothing is calibrated
         with pytest.raises(InputError, match=f"as it is.*{extra[0]}"):
-            runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder), *extra))
+            evaluate_argv(_argv(tiny, tmp_path, "--detector", str(folder), *extra))
     with pytest.raises(InputError, match="exactly one of --model"):
-        runner.run_evaluation(_argv(tiny, tmp_path, "--detector", str(folder), "--model", tiny["model"]))
+        evaluate_argv(_argv(tiny, tmp_path, "--detector", str(folder), "--model", tiny["model"]))
     with pytest.raises(InputError, match="not a saved detector"):
-        runner.run_evaluation(_argv(tiny, tmp_path, "--detector", tiny["model"]))
+        evaluate_argv(_argv(tiny, tmp_path, "--detector", tiny["model"]))
 
 
 def test_a_saved_detector_as_model_without_methods_is_refused_with_the_hint(tiny, tmp_path, shipped):  # noqa: F811
     """Before, ``--model SAVED_KNN`` evaluated the default methods and silently left KNN out."""
     folder, _ = shipped
     with pytest.raises(InputError, match=rf"saved 'knn' detector: .* use --detector {folder}.*--methods knn"):
-        runner.run_evaluation(["--model", str(folder), *_argv(tiny, tmp_path)])
+        evaluate_argv(["--model", str(folder), *_argv(tiny, tmp_path)])
     # Naming the methods keeps the saved settings as defaults (refitted, recalibrated here).
-    results = runner.run_evaluation(["--model", str(folder), *_argv(tiny, tmp_path), "--methods", "knn"])
+    results = evaluate_argv(["--model", str(folder), *_argv(tiny, tmp_path), "--methods", "knn"])
     assert set(results["methods"]) == {"knn"} and results["methods"]["knn"]["hyperparameters"]["k"] == 2
 
 
@@ -93,10 +93,10 @@ def test_a_shipped_detector_on_the_loopback_hub_is_evaluated_by_repo_id(tiny, tm
     from hub_server import LoopbackHub
 
     folder, detector = shipped
-    local = runner.run_evaluation(_argv(tiny, tmp_path / "local", "--detector", str(folder)))
+    local = evaluate_argv(_argv(tiny, tmp_path / "local", "--detector", str(folder)))
     with LoopbackHub() as hub, hub.patch_client(cache_dir=tmp_path / "cache", token=hub.token):
         AutoOODDetector.from_pretrained(folder).push_to_hub("user/knn-shipped", save_base_model=True)
-        by_id = runner.run_evaluation(_argv(tiny, tmp_path / "hub", "--detector", "user/knn-shipped"))
+        by_id = evaluate_argv(_argv(tiny, tmp_path / "hub", "--detector", "user/knn-shipped"))
     assert by_id["detector"]["source"] == "user/knn-shipped"
     assert by_id["methods"]["knn"]["threshold"] == detector.config.threshold
     for split in ("id_test", "ood_noise"):

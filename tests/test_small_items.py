@@ -10,9 +10,11 @@ import pytest
 
 from hf_gsc import AutoOODDetector
 from hf_gsc import cli as hf_gsc_cli
-from hf_gsc.evaluation import options, runner
+from hf_gsc.evaluation import options
 
 from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
+from conftest import evaluate_argv
+from hf_gsc.evaluation.arguments import EvaluationArgumentParser
 
 
 def test_publish_without_save_base_model_names_the_cli_option(tiny, tmp_path, capsys):  # noqa: F811
@@ -29,7 +31,7 @@ def test_an_ood_split_that_is_the_id_test_split_is_warned_about(tiny, tmp_path):
             "--batch-size", "8", "--no-plots", "--no-selection"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        results = runner.run_evaluation(argv)
+        results = evaluate_argv(argv)
     messages = [str(w.message) for w in caught if "same images as the ID test split" in str(w.message)]
     assert len(messages) == 1 and "'same'" in messages[0] and "'noise'" not in messages[0]
     assert results["methods"]["msp"]["ood"]["same"]["auroc"] == pytest.approx(0.5)
@@ -38,5 +40,5 @@ def test_an_ood_split_that_is_the_id_test_split_is_warned_about(tiny, tmp_path):
 
 
 def test_id_dataset_help_names_image_folders():
-    help_text = next(action.help for action in options.build_parser()._actions if "--id-dataset" in action.option_strings)
+    help_text = next(action.help for action in EvaluationArgumentParser()._actions if "--id-dataset" in action.option_strings)
     assert "image folders" in help_text and "train/" in help_text

@@ -6,14 +6,17 @@ evaluation must then run with the chosen values; without ``--tune`` nothing chan
 
 from __future__ import annotations
 
+import json
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from hf_gsc.evaluation import loaders, options, runner, tuning
+from hf_gsc.evaluation import loaders, options, ranking, tuning, validation_sets
 from test_evaluation import _argv, tiny  # noqa: F401  (the tiny model and data fixture)
 from test_variants import NoTestSplits
+from conftest import evaluate_argv
+from hf_gsc.evaluation.arguments import parse_arguments
 
 #: A small grid for the tiny runs, none of whose values is a default, so that "the chosen values are used" can fail.
 TEST_GRIDS = {"msp": {"temperature": (3.0, 7.0)}, "react": {"percentile": (80.0, 97.0)},
@@ -23,13 +26,13 @@ TUNED_METHODS = ("--methods", "gsc,msp,energy,react,knn,dice")
 
 
 # ------------------------------------------------------------------------------------------------- pure parts
-def test_select_point_highest_auroc_then_fpr_then_order() -> None:
-    assert tuning.select_point([{"auroc": 0.7, "fpr95": 0.2}, {"auroc": 0.9, "fpr95": 0.9},
+def test_best_grid_point_highest_auroc_then_fpr_then_order() -> None:
+    assert ranking.best_index([{"auroc": 0.7, "fpr95": 0.2}, {"auroc": 0.9, "fpr95": 0.9},
                                 {"auroc": 0.8, "fpr95": 0.1}]) == 1
-    assert tuning.select_point([{"auroc": 0.9, "fpr95": 0.5}, {"auroc": 0.9, "fpr95": 0.3}]) == 1  # tie: lower FPR95
-    assert tuning.select_point([{"auroc": 0.9, "fpr95": 0.3}, {"auroc": 0.9, "fpr95": 0.3}]) == 0  # tie: grid order
-    assert tuning.select_point([None, {"auroc": 0.1, "fpr95": 1.0}]) == 1  # unusable points are never chosen
-    assert tuning.select_point([None, None]) is None
+    assert ranking.best_index([{"auroc": 0.9, "fpr95": 0.5}, {"auroc": 0.9, "fpr95": 0.3}]) == 1  # tie: lower FPR95
+    assert ranking.best_index([{"auroc": 0.9, "fpr95": 0.3}, {"auroc": 0.9, "fpr95": 0.3}]) == 0  # tie: grid order
+    assert ranking.best_index([None, {"auroc": 0.1, "fpr95": 1.0}]) == 1  # unusable points are never chosen
+    assert ranking.best_index([None, None]) is None
 
 
 def test_grid_points_product_and_fixed_names() -> None:
@@ -57,8 +60,8 @@ def test_generated_images_jigsaw_and_noise() -> None:
     source = datasets.Dataset.from_dict({"image": [Image.fromarray(a) for a in arrays], "label": [0, 1]},
                                         features=datasets.Features({"image": datasets.Image(),
                                                                     "label": datasets.Value("int64")}))
-    jigsaw = tuning.GeneratedImages(source, "jigsaw")
-    noise = tuning.GeneratedImages(source, "noise")
+    jigsaw = validation_sets.GeneratedImages(source, "jigsaw")
+    noise = validation_sets.GeneratedImages(source, "noise")
     assert len(jigsaw) == len(noise) == 2
     batch = jigsaw[[0, 1]]
     assert batch["label"] == [-1, -1]
@@ -73,21 +76,20 @@ def test_generated_images_jigsaw_and_noise() -> None:
     made = noise[[0, 1]]["image"]
     assert [(im.mode, im.size) for im in made] == [("RGB", (17, 18)), ("L", (16, 16))]
     assert np.array_equal(np.asarray(noise[[0]]["image"][0]), np.asarray(made[0]))
-    other = tuning.GeneratedImages(source, "noise", seed=tuning.VALIDATION_SEED + 1)
+    other = validation_sets.GeneratedImages(source, "noise", seed=validation_sets.VALIDATION_SEED + 1)
     assert not np.array_equal(np.asarray(other[[0]]["image"][0]), np.asarray(made[0]))
 
 
 def test_split_halves_disjoint_and_seeded() -> None:
-    fit, select = tuning.split_halves(13, seed=0)
+    fit, select = validation_sets.split_halves(13, seed=0)
     assert len(fit) == 6 and len(select) == 7 and sorted(fit + select) == list(range(13))
-    assert tuning.split_halves(13, seed=0) == (fit, select)
-    assert tuning.split_halves(13, seed=1) != (fit, select)
+    assert validation_sets.split_halves(13, seed=0) == (fit, select)
+    assert validation_sets.split_halves(13, seed=1) != (fit, select)
 
 
 def test_tune_with_streaming_is_refused(tiny, tmp_path) -> None:
-    args = options.parse_args(_argv(tiny, tmp_path, "--tune", "--streaming"))
     with pytest.raises(options.InputError, match="--tune"):
-        options.validate_args(args)
+        parse_arguments(_argv(tiny, tmp_path, "--tune", "--streaming"))
 
 
 # ----------------------------------------------------------------------------------------------- whole runs
@@ -95,7 +97,7 @@ def _raw_images(dataset) -> set[bytes]:
     """The encoded bytes of every image of a dataset (of its source, for a generated set)."""
     from hf_gsc.data.decoding import without_decoding
 
-    if isinstance(dataset, tuning.GeneratedImages):
+    if isinstance(dataset, validation_sets.GeneratedImages):
         dataset = dataset.source
     return {value["bytes"] for value in without_decoding(dataset)["image"]}
 
@@ -121,7 +123,7 @@ def tuned_run(tiny, tmp_path_factory):
         patch.setattr(tuning, "search_spaces", lambda: TEST_GRIDS)
         patch.setattr(tuning, "tune_hyperparameters", spy_search)
         patch.setattr(loaders, "make_dataloader", spy_loader)  # the search imports it from loaders when it runs
-        results = runner.run_evaluation(_argv(tiny, output_dir, "--tune", *TUNED_METHODS))
+        results = evaluate_argv(_argv(tiny, output_dir, "--tune", *TUNED_METHODS))
     return output_dir, results, seen
 
 
@@ -160,7 +162,7 @@ def test_chosen_values_are_recorded_and_used(tuned_run) -> None:
     assert record["not_tuned"] == {"knn": "fixed by the command line (k)", "energy": "no grid defined"}
     for method, entry in record["methods"].items():
         metrics = [None if "error" in point else point for point in entry["grid"]]
-        best = entry["grid"][tuning.select_point(metrics)]
+        best = entry["grid"][ranking.best_index(metrics)]
         assert entry["chosen"] == best["hyperparameters"]  # the rule's choice
         for point in entry["grid"]:
             assert 0 <= point["auroc"] <= 1 and set(point["ood"]) == {"val_noise", "val_jigsaw"}
@@ -175,12 +177,25 @@ def test_chosen_values_are_recorded_and_used(tuned_run) -> None:
     assert f"temperature={record['methods']['msp']['chosen']['temperature']}" in text
 
 
+def test_the_grid_is_fitted_once_by_fit_detectors_and_kept_for_a_rerun(tuned_run) -> None:
+    """The grid points are fitted like the evaluation's own detectors (``fitting.fit_detectors``: on the main process,
+    the others load the fit), each kept with its fingerprint under ``OUTPUT/tuning/detectors/METHOD[i]/``."""
+    output_dir, results, _ = tuned_run
+    fits = {path.parent.name: json.loads(path.read_text()) for path in
+            (output_dir / tuning.TUNING_FITS / "detectors").glob("*/fit.json")}
+    assert {name.split("[")[0] for name in fits} == {"react", "dice"}  # the grid's methods fitted on ID data
+    sizes = results["tuning"]["num_samples"]["fit"]
+    assert {fit["num_samples"] for name, fit in fits.items() if name.startswith("react")} == {sizes["tune_fit"]}
+    assert {fit["num_samples"] for name, fit in fits.items() if name.startswith("dice")} == {sizes["train"]}
+    assert len({fit["fingerprint"] for fit in fits.values()}) == len(fits)
+
+
 def test_without_tune_nothing_changes(tiny, tmp_path, monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("the search ran without --tune")
 
     monkeypatch.setattr(tuning, "tune_hyperparameters", refuse)
-    results = runner.run_evaluation(_argv(tiny, tmp_path))
+    results = evaluate_argv(_argv(tiny, tmp_path))
     assert "tuning" not in results and results["config"]["tune"] is False
     assert results["methods"]["msp"]["hyperparameters"]["temperature"] == 1.0
     assert results["methods"]["gsc"]["hyperparameters"]["mask_ratio"] == 0.05
@@ -193,7 +208,7 @@ def test_two_processes_choose_as_one(tiny, tmp_path) -> None:
 
     from test_evaluation import _assert_close, _launch_two_processes
 
-    one = runner.run_evaluation(_argv(tiny, tmp_path / "one", "--tune"))
+    one = evaluate_argv(_argv(tiny, tmp_path / "one", "--tune"))
     result = _launch_two_processes(tmp_path, _argv(tiny, tmp_path / "two", "--tune"), streaming=False)
     assert result.returncode == 0, result.stderr[-4000:]
     two = json.loads((tmp_path / "two" / "results.json").read_text())

@@ -112,11 +112,12 @@ def test_earlier_block_is_the_one_before_the_last():
     assert V.earlier_block(make_tiny_model("vit")) == "vit.layers.-2"
 
 
-def test_selection_rule_fpr_then_auroc_then_default_first():
+def test_selection_rule_auroc_then_fpr_then_default_first():
     def entry(fpr, auroc):
         return {"average": {"fpr95": fpr, "auroc": auroc}}
 
-    assert V.select_variant({"gsc": entry(0.5, 0.9), "gsc_fisher": entry(0.4, 0.8)}) == "gsc_fisher"
+    assert V.select_variant({"gsc": entry(0.5, 0.9), "gsc_fisher": entry(0.4, 0.8)}) == "gsc"
+    assert V.select_variant({"gsc": entry(0.5, 0.9), "gsc_fisher": entry(0.4, 0.9)}) == "gsc_fisher"
     assert V.select_variant({"gsc": entry(0.4, 0.8), "gsc_fisher": entry(0.4, 0.9)}) == "gsc_fisher"
     assert V.select_variant({"gsc_fisher": entry(0.4, 0.9), "gsc": entry(0.4, 0.9)}) == "gsc"
     # Energy is reported but never chosen as the GSC default.
@@ -130,19 +131,6 @@ def test_verdict_needs_a_strict_majority():
     assert V.verdict([result("gsc_fisher"), result("gsc")])["default"] == "gsc"
     assert V.verdict([result("gsc_fisher"), result("gsc_fisher"), result("gsc")])["default"] == "gsc_fisher"
     assert V.verdict([])["default"] == "gsc"
-
-
-def test_jigsaw_shuffles_patches_only():
-    images = np.random.default_rng(0).integers(0, 256, size=(6, 28, 28), dtype=np.uint8)
-    shuffled = V.jigsaw(images, seed=3)
-    np.testing.assert_array_equal(shuffled, V.jigsaw(images, seed=3))
-
-    def patches(batch):
-        return batch.reshape(len(batch), 4, 7, 4, 7).transpose(0, 1, 3, 2, 4).reshape(len(batch), 16, 49)
-
-    for before, after in zip(patches(images), patches(shuffled)):
-        assert not np.array_equal(before, after)
-        assert sorted(map(bytes, before)) == sorted(map(bytes, after))
 
 
 def test_validation_parts_are_disjoint():

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..evaluation.report import table_lines
+from ..evaluation.json_files import table_lines
 from .gradient_concentration import TABLE_FRACTIONS, column_of
 
 PAPER_TABLES = {

@@ -20,13 +20,13 @@ Selection protocol (:func:`run_protocol`), which never reads an ID test split or
 * Validation OOD (:func:`build_validation_ood`):
     - ``fmnist-ood``: ``val_noise`` = ``hf_gsc.data.noise.generate_noise`` with seed
       ``VALIDATION_SEED`` (test ``noise`` uses seed 0: same generator, different pixels) and
-      ``val_jigsaw`` = ID validation images (part ``jigsaw``) whose 4x4 grid of 7x7 patches is
-      shuffled (a random non-identity permutation per image, seed ``VALIDATION_SEED``).
+      ``val_jigsaw`` = ID validation images (part ``jigsaw``) whose 4x4 grid of patches is shuffled
+      (:class:`hf_gsc.evaluation.validation_sets.GeneratedImages`, the evaluation's own jigsaw set).
     - ``fmnist-openset``: ``val_heldout_classes`` = the Fashion-MNIST *validation* rows (held out of
       training, never test images) of the four classes the benchmark keeps out of distribution.
-* Rule (fixed before any result was seen): among the GSC configurations, pick the lowest mean
-  validation FPR95 over the validation OOD sets, ties broken by the higher mean AUROC, then by
-  the order of ``GSC_VARIANTS`` (default first). Energy is reported but is not a GSC default candidate.
+* Rule: the evaluation's own (:func:`hf_gsc.evaluation.ranking.rank`): among the GSC configurations, the highest
+  mean validation AUROC over the validation OOD sets, ties broken by the lower mean FPR95, then by the order of
+  ``GSC_VARIANTS`` (default first). Energy is reported but is not a GSC default candidate.
 * A variant is *recommended as the default* (:func:`verdict`) only if the protocol picks it over
   default GSC in a strict majority of the evaluated (model, benchmark) pairs.
 """
@@ -48,8 +48,9 @@ from ..evaluation.accelerator import make_accelerator
 from ..evaluation.loaders import device_batches, make_dataloader
 from ..evaluation.loop import score_split
 from ..evaluation.plan import subset
-from ..evaluation.report import average_over_splits, jsonable, table_lines
-from ..evaluation.tuning import VALIDATION_SEED, heldout_classes_validation
+from ..evaluation.json_files import jsonable, table_lines
+from ..evaluation.ranking import VALIDATION_METRICS, rank, validation_metrics
+from ..evaluation.validation_sets import VALIDATION_SEED, GeneratedImages, heldout_classes_validation
 from ..safe_files import atomic_write_text
 
 #: Every method compared, in report order.
@@ -105,31 +106,6 @@ def build_variants(
 
 
 # ----------------------------------------------------------------------------------------- data
-def _images(dataset: Any) -> np.ndarray:
-    """uint8 (N, H, W) grayscale images of a benchmark-style dataset."""
-    from ..data.preprocessing import decode_image
-
-    return np.stack([np.asarray(decode_image(v, "dataset", i).convert("L")) for i, v in enumerate(dataset["image"])])
-
-
-def jigsaw(images: np.ndarray, grid: int = 4, seed: int = VALIDATION_SEED) -> np.ndarray:
-    """Shuffle each image's ``grid x grid`` patches with its own random non-identity permutation."""
-    n, h, w = images.shape
-    if h % grid or w % grid:
-        raise ValueError(f"image size {h}x{w} is not divisible by the {grid}x{grid} grid")
-    ph, pw = h // grid, w // grid
-    rng = np.random.default_rng(seed)
-    patches = images.reshape(n, grid, ph, grid, pw).transpose(0, 1, 3, 2, 4).reshape(n, grid * grid, ph, pw)
-    out = np.empty_like(patches)
-    identity = np.arange(grid * grid)
-    for i in range(n):
-        order = rng.permutation(grid * grid)
-        while np.array_equal(order, identity):
-            order = rng.permutation(grid * grid)
-        out[i] = patches[i, order]
-    return out.reshape(n, grid, grid, ph, pw).transpose(0, 1, 3, 2, 4).reshape(n, h, w)
-
-
 def split_validation(num_rows: int, parts: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
     """Disjoint random row sets of the ID validation split, sorted, of the requested sizes (shrunk
     proportionally when the split is too small)."""
@@ -156,8 +132,7 @@ def build_validation_ood(
         noise, _ = generate_noise(num_samples, seed=seed)
         sets = {"val_noise": to_dataset(noise, [-1] * len(noise))}
         if jigsaw_source is not None and len(jigsaw_source):
-            shuffled = jigsaw(_images(jigsaw_source), seed=seed)
-            sets["val_jigsaw"] = to_dataset(shuffled, [-1] * len(shuffled))
+            sets["val_jigsaw"] = GeneratedImages(jigsaw_source, "jigsaw", seed)
         return sets
     if benchmark == "fmnist-openset":
         return {"val_heldout_classes": heldout_classes_validation(num_samples, seed)}
@@ -183,21 +158,21 @@ def score_dataset(
 
 
 def metrics(id_scores: np.ndarray, ood_scores: Mapping[str, np.ndarray]) -> dict[str, dict[str, float]]:
-    """FPR95 and AUROC per OOD set and their mean (``"average"``)."""
-    from ..evaluation.metrics import auroc, fpr_at_tpr
-
-    out = {name: {"fpr95": fpr_at_tpr(id_scores, s), "auroc": auroc(id_scores, s)} for name, s in ood_scores.items()}
-    out["average"] = average_over_splits(out, ("fpr95", "auroc"))
-    return out
+    """The validation metrics of :func:`hf_gsc.evaluation.ranking.validation_metrics` (FPR95, AUROC, FPR95 (OOD+))
+    per OOD set and their mean (``"average"``)."""
+    result = validation_metrics(id_scores, ood_scores)
+    if result is None:
+        raise ValueError("scores that are not finite (NaN or infinite) cannot be compared")
+    return {**result["ood"], "average": {metric: result[metric] for metric in VALIDATION_METRICS}}
 
 
 def select_variant(validation: Mapping[str, Mapping[str, Mapping[str, float]]], candidates: Sequence[str] = GSC_VARIANTS) -> str:
-    """The protocol's rule: lowest mean validation FPR95, then highest mean AUROC, then candidate order."""
-    ranked = [(validation[name]["average"]["fpr95"], -validation[name]["average"]["auroc"], i, name)
-              for i, name in enumerate(candidates) if name in validation]
+    """The protocol's rule, the package's one (:func:`hf_gsc.evaluation.ranking.rank`): the highest mean AUROC, then
+    the lowest mean FPR95, then the candidates' order (the default first)."""
+    ranked = rank({name: validation[name]["average"] for name in candidates if name in validation})
     if not ranked:
         raise ValueError("no candidate variant has validation metrics")
-    return min(ranked)[3]
+    return ranked[0]
 
 
 # ------------------------------------------------------------------------------------- protocol

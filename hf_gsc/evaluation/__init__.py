@@ -2,14 +2,17 @@
 
 * :mod:`.metrics`, :mod:`.calibration`: FPR@95%TPR, AUROC, AUPR-In/Out (and the offline ``evaluate``
   module), thresholds calibrated on ID validation data.
-* :mod:`.options` (flags and their validation), :mod:`.models` (model, image processor, detectors),
-  :mod:`.plan` (splits, subsets, fingerprints), :mod:`.fitting`, :mod:`.loop` (the ``accelerate``
-  scoring loop and score cache), :mod:`.scoring`, :mod:`.report` / :mod:`.plots`, tied together by
-  :func:`run_evaluation` (:mod:`.runner`); :func:`main` (:mod:`.cli`) is the command line.
+* :mod:`.arguments` (:data:`EvaluationArguments`, one field per flag, checked by :mod:`.validation`),
+  :mod:`.models` (model, image processor, detectors), :mod:`.plan` (splits, subsets, fingerprints),
+  :mod:`.fitting`, :mod:`.tuning`, :mod:`.loop` (the ``accelerate`` scoring loop and score cache), :mod:`.scoring`,
+  :mod:`.selection`, :mod:`.report` / :mod:`.plots`, tied together by :class:`OODEvaluator` (:mod:`.evaluator`);
+  :func:`main` (:mod:`.cli`) is the command line.
 
->>> from hf_gsc.evaluation import run_evaluation
->>> results = run_evaluation(["--model", "hf_gsc/reference_models/resnet", "--benchmark", "fmnist-ood",
-...                           "--methods", "gsc,msp,energy", "--output-dir", "outputs/run", "--max-samples", "500"])  # doctest: +SKIP
+>>> from hf_gsc import EvaluationArguments, OODEvaluator
+>>> args = EvaluationArguments(benchmark="fmnist-ood", methods="gsc,msp,energy", output_dir="outputs/run",
+...                            max_samples=500)  # doctest: +SKIP
+>>> result = OODEvaluator("hf_gsc/reference_models/resnet", args).evaluate()  # doctest: +SKIP
+>>> result.selected_method  # doctest: +SKIP
 """
 
 import importlib
@@ -25,9 +28,10 @@ _EXPORTS = {
     "ScoreCache": "score_cache", "make_dataloader": "loaders", "score_split": "loop",
     "METRIC_NAMES": "metrics", "fpr_at_tpr": "metrics", "load_ood_metric": "metrics", "ood_metrics": "metrics",
     "threshold_at_tpr": "metrics",
-    "InputError": "options", "build_parser": "options", "default_methods": "options",
+    "InputError": "errors", "default_methods": "options",
+    "EvaluationArguments": "arguments", "EvaluationArgumentParser": "arguments",
+    "OODEvaluator": "evaluator", "EvaluationResult": "evaluator",
     "markdown_table": "report", "method_results": "report", "write_report": "report",
-    "run_evaluation": "runner",
 }
 
 
@@ -39,9 +43,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "METRIC_NAMES",
+    "EvaluationArgumentParser",
+    "EvaluationArguments",
+    "EvaluationResult",
     "InputError",
+    "OODEvaluator",
     "ScoreCache",
-    "build_parser",
     "calibration_record",
     "conformal_threshold",
     "default_methods",
@@ -56,7 +63,6 @@ __all__ = [
     "markdown_table",
     "method_results",
     "ood_metrics",
-    "run_evaluation",
     "score_split",
     "threshold_at_tpr",
     "true_positive_rate",

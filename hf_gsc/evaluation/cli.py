@@ -1,36 +1,59 @@
-"""``main(argv, prog)``: the command line of ``scripts/evaluate_ood.py`` / ``scripts/demo.py`` (and ``hf-gsc evaluate``).
+"""``main(argv, prog)``: the command line of ``hf-gsc evaluate`` (and ``scripts/evaluate_ood.py``, ``scripts/demo.py``):
+:class:`~hf_gsc.evaluation.arguments.EvaluationArgumentParser` + :class:`~hf_gsc.evaluation.evaluator.OODEvaluator`.
 
-Parses the options (:mod:`.options`), runs :func:`~hf_gsc.evaluation.runner.run_evaluation` and prints
-``results.md`` on the main process. Bad input, and an image that cannot be decoded (without
-``--skip-unreadable-images``), exit with status 2 and one line on stderr, no traceback.
+Exits: 0 with ``results.md`` printed (main process); 2 with one line on bad input or an image that cannot be decoded
+(without ``--skip-unreadable-images``); 1 with one line naming each reason when every method was skipped; 130 on
+Ctrl-C, with one line saying that the same command resumes. No traceback for any of these.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..data.decoding import UndecodableImageError
-from .options import InputError, build_parser
+from .arguments import EvaluationArgumentParser
+from .errors import InputError
+from .evaluator import EverythingSkippedError, OODEvaluator
 from .report import RESULTS_JSON, RESULTS_MD
-from .runner import run_evaluation
+
+#: The exit status of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """CLI entry point: run, print ``results.md`` on the main process; bad input exits with status 2."""
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
+    """CLI entry point: parse, evaluate, print ``results.md`` on the main process; the status as described above."""
+    parser = EvaluationArgumentParser(prog)
     try:
-        results = run_evaluation(args)
+        try:
+            args = parser.parse(argv)
+            result = OODEvaluator(args=args).evaluate()
+        finally:
+            _end_process_group()
     except (InputError, UndecodableImageError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    finally:
-        _end_process_group()
-    if results is not None:
+    except EverythingSkippedError as error:
+        if _is_main_process():
+            print(f"{parser.prog}: error: every method was skipped: "
+                  + "; ".join(f"{name}: {reason}" for name, reason in error.reasons.items()), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if _is_main_process():
+            print(f"{parser.prog}: interrupted; run the same command again to resume (finished fits, score files and "
+                  "the tuning search are kept)", file=sys.stderr, flush=True)
+        return INTERRUPTED
+    if result is not None:
         output_dir = Path(args.output_dir)
         print((output_dir / RESULTS_MD).read_text())
-        print(f"wrote {output_dir / RESULTS_JSON} ({results['seconds']['total']:.1f}s)")
+        print(f"wrote {output_dir / RESULTS_JSON} ({result.seconds['total']:.1f}s)")
     return 0
+
+
+def _is_main_process() -> bool:
+    """Whether this is the launch's main process (``RANK`` 0 or no launcher), without touching a process group."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _end_process_group() -> None:
@@ -44,4 +67,4 @@ def _end_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
-__all__ = ["main"]
+__all__ = ["INTERRUPTED", "main"]

@@ -58,7 +58,7 @@ def dataset_fingerprint(dataset: Any) -> str:
         digest.update(json.dumps({"builder": info.builder_name, "config": info.config_name, "split": str(dataset.split),
                                   "version": str(info.version), "num_shards": dataset.num_shards}).encode())
         return "streamed-" + digest.hexdigest()
-    if hasattr(dataset, "content_fingerprint"):  # made on the fly from another dataset (tuning.GeneratedImages)
+    if hasattr(dataset, "content_fingerprint"):  # made on the fly from another dataset (validation_sets.GeneratedImages)
         return dataset.content_fingerprint()
     if not hasattr(dataset, "with_format"):  # not a datasets.Dataset: fall back to its repr
         digest.update(repr(dataset).encode())

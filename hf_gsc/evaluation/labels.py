@@ -3,7 +3,7 @@
 The evaluation compares predicted class *indices* with label *indices*: ID data whose classes are other ones,
 or the same ones in another order, gives a meaningless ID accuracy (0% in the worst case) and no error.
 :func:`compare_labels` checks the class names of the ID test split's ``ClassLabel`` against
-``model.config.id2label`` when the data is loaded, before any scoring; the runner warns
+``model.config.id2label`` when the data is loaded, before any scoring; the evaluator warns
 (:class:`LabelMismatchWarning`) and records the result in ``results.json`` (``label_check``).
 
 Names are compared ignoring case, ``_`` / ``-`` versus spaces and surrounding whitespace (folder names such as

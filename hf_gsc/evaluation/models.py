@@ -79,28 +79,62 @@ def image_transform(processor: Any, model: torch.nn.Module) -> Any:
 
 def build_detectors(
     model: torch.nn.Module, methods: Sequence[str], hyperparameters: Mapping[str, Mapping[str, Any]]
-) -> dict[str, Any]:
-    """Construct every detector right after the model is loaded (resolves split points early)."""
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Construct every detector right after the model is loaded (resolves split points early).
+
+    Returns ``(detectors, method -> why it cannot be built on this model)``; the reason names the flag that fixes it
+    where one does (:func:`fixing_flag`).
+    """
     from ..detectors import get_detector
 
-    detectors = {}
+    detectors, problems = {}, {}
     for name in methods:
         try:
             detectors[name] = get_detector(name, model, **hyperparameters.get(name, {}))
         except (ValueError, TypeError, KeyError, AttributeError) as error:
-            raise InputError(f"--methods {name}: cannot build this detector on this model: {error}") from None
-    return detectors
+            flag = fixing_flag(model, name, hyperparameters.get(name, {}))
+            problems[name] = f"cannot build this detector on this model: {error}" + (
+                f" (it can be built with {flag})" if flag else "")
+    return detectors, problems
+
+
+#: The split point every architecture has (the input of the classifier's last ``nn.Linear``).
+FALLBACK_SPLIT_POINT = "penultimate"
+
+
+def fixing_flag(model: torch.nn.Module, method: str, hyperparameters: Mapping[str, Any]) -> str | None:
+    """The flag that lets ``method`` be built on ``model`` when its split point does not apply there: its own flag
+    (GSC's ``--split-point penultimate``) or ``--hyperparameter METHOD.split_point=penultimate``; ``None`` when the
+    split point is not what fails (or is set by hand)."""
+    from ..detectors import get_detector
+    from .options import command_line_flags, registered_methods
+
+    config_class = registered_methods()[method].config_class
+    if "split_point" not in config_class.field_names() or "split_point" in hyperparameters:
+        return None
+    if getattr(config_class(), "split_point", None) == FALLBACK_SPLIT_POINT:
+        return None
+    try:
+        get_detector(method, model, **{**hyperparameters, "split_point": FALLBACK_SPLIT_POINT})
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    own = {name: dest for dest, name in command_line_flags().get(method, {}).items()}
+    if "split_point" in own:
+        return f"--{own['split_point'].replace('_', '-')} {FALLBACK_SPLIT_POINT}"
+    return f"--hyperparameter {method}.split_point={FALLBACK_SPLIT_POINT}"
 
 
 def effective_hyperparameters(detector: Any) -> dict[str, Any]:
     """Every setting that changes the detector's scores, defaults filled in (what the cache is keyed on)."""
-    from .report import jsonable
+    from .json_files import jsonable
 
     return jsonable(detector.config.score_hyperparameters())
 
 
 __all__ = [
+    "FALLBACK_SPLIT_POINT",
     "build_detectors",
+    "fixing_flag",
     "effective_hyperparameters",
     "image_backend_of",
     "image_transform",

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import argparse
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from .errors import InputError
 ID_TEST, ID_VALIDATION = "id_test", "id_validation"
 #: Prefix of the OOD splits in the score cache: ``ood_{name}``.
 OOD_PREFIX = "ood_"
+#: Prefix of the OOD validation splits (the selection's) in the plan and the score cache.
+VAL_OOD_PREFIX = "val_ood_"
 
 
 def _load_split(spec: str, what: str, streaming: bool = False) -> Any:
@@ -40,9 +41,12 @@ def _load_split(spec: str, what: str, streaming: bool = False) -> Any:
         raise InputError(f"{what}: could not load {spec!r}: {error}") from None
 
 
-def needed_id_splits(detectors: Mapping[str, Any]) -> dict[str, str]:
-    """ID split name -> why it is needed: ``test``, ``validation`` and each detector's ``fit_split``."""
-    needed = {"test": "the metrics (ID test)", "validation": "threshold calibration (ID validation)"}
+def needed_id_splits(detectors: Mapping[str, Any], calibrate: bool = True) -> dict[str, str]:
+    """ID split name -> why it is needed: ``test``, ``validation`` (unless nothing is calibrated: ``calibrate``
+    false, a saved detector evaluated at its own threshold) and each detector's ``fit_split``."""
+    needed = {"test": "the metrics (ID test)"}
+    if calibrate:
+        needed["validation"] = "threshold calibration (ID validation)"
     for name, detector in detectors.items():
         if detector.needs_fit:
             needed.setdefault(detector.fit_split, f"fitting {name}")
@@ -60,38 +64,44 @@ def _check_columns(source: str, label: str, dataset: Any) -> None:
 
 
 def load_data(
-    args: argparse.Namespace, parsed: Mapping[str, Any], needed: Mapping[str, str]
+    needed: Mapping[str, str],
+    *,
+    benchmark: str | None,
+    id_dataset: str | None,
+    ood_split_names: Sequence[str] | None = None,
+    extra_ood: Sequence[tuple[str, str]] = (),
+    streaming: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(id_splits, ood_splits)`` from ``--benchmark`` or ``--id-dataset``, plus ``--ood-dataset``.
+    """``(id_splits, ood_splits)`` from ``benchmark`` (its OOD splits, or those named in ``ood_split_names``) or
+    ``id_dataset``, plus ``extra_ood`` (``(NAME, SPEC)`` of each ``--ood-dataset``).
 
     Only the ID splits in ``needed`` are returned; a missing one raises :class:`InputError`.
     """
-    streaming = bool(getattr(args, "streaming", False))
-    if args.benchmark is not None:
+    if benchmark is not None:
         from ..data import load_benchmark
 
         streamed = {"streaming": True} if streaming else {}  # only Hub-read benchmarks accept it (checked in options)
         try:
-            benchmark = load_benchmark(args.benchmark, ood_splits=parsed["ood_splits"], **streamed)
+            loaded = load_benchmark(benchmark, ood_splits=ood_split_names, **streamed)
         except Exception as error:  # noqa: BLE001  (Hub access, gated datasets, decoding: many types)
-            raise InputError(f"--benchmark {args.benchmark}: could not load it: {error}") from None
-        source = f"--benchmark {args.benchmark}"
-        available = benchmark.id_splits
+            raise InputError(f"--benchmark {benchmark}: could not load it: {error}") from None
+        source = f"--benchmark {benchmark}"
+        available = loaded.id_splits
         id_splits = {split: available[split] for split in needed if split in available}
-        ood_splits = dict(benchmark.ood_splits)
+        ood_splits = dict(loaded.ood_splits)
     else:
-        source = f"--id-dataset {args.id_dataset}"
+        source = f"--id-dataset {id_dataset}"
         id_splits = {}
         for split, why in needed.items():
             try:
-                id_splits[split] = _load_split(f"{args.id_dataset}:{split}", "--id-dataset", streaming)
+                id_splits[split] = _load_split(f"{id_dataset}:{split}", "--id-dataset", streaming)
             except InputError as error:
                 raise InputError(f"{source}: cannot load the ID {split!r} split, needed for {why}: {error}") from None
         ood_splits = {}
     for split, why in needed.items():
         if split not in id_splits:
             raise InputError(f"{source}: the ID data has no {split!r} split, needed for {why}")
-    for name, spec in parsed["extra_ood"]:
+    for name, spec in extra_ood:
         if name in ood_splits:
             raise InputError(f"--ood-dataset {name!r}: the benchmark already has an OOD split of that name")
         ood_splits[name] = _load_split(spec, f"--ood-dataset {name}={spec}", streaming)
@@ -148,35 +158,38 @@ class EvaluationPlan:
 
 
 def make_plan(
-    args: argparse.Namespace,
-    parsed: Mapping[str, Any],
     model: torch.nn.Module,
     detectors: Mapping[str, Any],
-    hyperparameters: Mapping[str, Mapping[str, Any]],
     id_splits: Mapping[str, Any],
     ood_splits: Mapping[str, Any],
+    *,
+    source: str,
+    ood_sources: Mapping[str, str],
+    max_samples: int | None,
+    max_fit_samples: int,
+    seed: int,
     validation_ood: Mapping[str, Any] | None = None,
     validation_ood_source: str = "",
     shipped: bool = False,
 ) -> EvaluationPlan:
     """Subsample the splits and fingerprint what each score depends on: the weights, the method and
-    its settings (and fit), the exact samples. ``validation_ood``: the OOD validation sets of the selection
+    its settings (and fit), the exact samples. ``source``: the benchmark or ID dataset; ``ood_sources``: the SPEC of
+    each OOD split given by hand. ``validation_ood``: the OOD validation sets of the selection
     (:mod:`.selection`), already subsampled, planned as ``val_ood_{name}``. ``shipped``: the detectors are saved ones
-    evaluated as they are (``--detector``): nothing is fitted, and their scores follow their saved fitted state."""
-    from .selection import VAL_OOD_PREFIX
-
+    evaluated as they are (``--detector``): nothing is fitted, nothing calibrated (no ID validation split unless
+    ``id_splits`` has one), and their scores follow their saved fitted state."""
     model_fp = model_fingerprint(model)
-    source = args.benchmark or args.id_dataset
     splits = {
-        ID_TEST: subset(id_splits["test"], args.max_samples, args.seed, "test"),
-        ID_VALIDATION: subset(id_splits["validation"], args.max_samples, args.seed, "validation"),
+        ID_TEST: subset(id_splits["test"], max_samples, seed, "test"),
+        **({ID_VALIDATION: subset(id_splits["validation"], max_samples, seed, "validation")}
+           if "validation" in id_splits else {}),
         **{
-            OOD_PREFIX + name: subset(dataset, args.max_samples, args.seed, OOD_PREFIX + name)
+            OOD_PREFIX + name: subset(dataset, max_samples, seed, OOD_PREFIX + name)
             for name, dataset in ood_splits.items()
         },
         **{VAL_OOD_PREFIX + name: dataset for name, dataset in (validation_ood or {}).items()},
     }
-    ood_sources = dict(parsed["extra_ood"])
+    ood_sources = dict(ood_sources)
     def split_source(split: str) -> str:
         if split.startswith(VAL_OOD_PREFIX):
             return f"{validation_ood_source} ({split[len(VAL_OOD_PREFIX):]})"
@@ -188,15 +201,15 @@ def make_plan(
         split: {
             "source": split_source(split),
             "rows": num_rows(dataset),
-            "max_samples": args.max_samples,
-            "seed": args.seed,
+            "max_samples": max_samples,
+            "seed": seed,
             "content": dataset_fingerprint(dataset),
         }
         for split, dataset in splits.items()
     }
     # One subset object per fit split: the methods fitted on it share one pass over it (fitting.fit_groups).
     fit_sets = {
-        split: subset(id_splits[split], args.max_fit_samples, args.seed, f"fit_{split}")
+        split: subset(id_splits[split], max_fit_samples, seed, f"fit_{split}")
         for split in dict.fromkeys(detector.fit_split for detector in detectors.values() if detector.needs_fit)
         if not shipped
     }
@@ -208,8 +221,8 @@ def make_plan(
     fit_fps = {
         name: fingerprint({"model": model_fp, "method": name, "hyperparameters": settings[name], "hf_gsc": __version__,
                            "fit_split": detectors[name].fit_split, "source": source,
-                           "num_samples": num_rows(dataset) if num_rows(dataset) is not None else args.max_fit_samples,
-                           "seed": args.seed, "content": dataset_fingerprint(dataset)})
+                           "num_samples": num_rows(dataset) if num_rows(dataset) is not None else max_fit_samples,
+                           "seed": seed, "content": dataset_fingerprint(dataset)})
         for name, dataset in fit_data.items()
     }
     if shipped:  # the saved fitted state is what the scores depend on

@@ -15,16 +15,16 @@ Two FPR@95 conventions are reported, each under its own key:
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..safe_files import atomic_write_text
+from .json_files import jsonable, table_lines, write_json
 from .calibration import calibration_record, threshold_for, true_positive_rate
 from .labels import label_warning
 from .metrics import METRIC_NAMES, check_finite_scores, fpr_at_tpr_ood_positive, ood_metrics
@@ -59,6 +59,7 @@ def method_results(
     id_test_correct: Any | None = None,
     delta: float | None = None,
     groups: Mapping[str, Sequence[str]] | None = None,
+    threshold: float | None = None,
 ) -> dict[str, Any]:
     """Calibrate on ID validation, then evaluate on ID test vs each OOD split.
 
@@ -74,6 +75,8 @@ def method_results(
         delta: ``None`` for the plain ``tpr`` quantile threshold, else the split-conformal threshold that keeps
             TPR >= ``tpr`` on new ID data with probability >= ``1 - delta``.
         groups: group name (``near``, ``far``) -> its OOD splits; gives ``average_by_group``.
+        threshold: a threshold set beforehand (a saved detector's), with ``id_validation_scores`` ``None``: nothing
+            is calibrated (``calibration`` is ``None``).
 
     Returns:
         The ``results.json`` entry of one method: ``threshold`` (from ``id_validation_scores`` only),
@@ -83,14 +86,21 @@ def method_results(
         and ``selective`` (``accuracy``: base-model accuracy on the ID test samples accepted at the threshold;
         ``aurc``: area under the risk-coverage curve).
     """
+    if (threshold is None) == (id_validation_scores is None):
+        raise ValueError("give exactly one of id_validation_scores (to calibrate the threshold) and threshold")
     for split, scores in [("id_test", id_test_scores), ("id_validation", id_validation_scores),
                           *((f"ood_{name}", values) for name, values in ood_scores.items())]:
-        check_finite_scores(scores, method, split)
-    threshold = threshold_for(id_validation_scores, tpr, delta)
+        if scores is not None:
+            check_finite_scores(scores, method, split)
+    calibration = None
+    if threshold is None:
+        threshold = threshold_for(id_validation_scores, tpr, delta)
+        calibration = calibration_record(validation_split, len(id_validation_scores), tpr, delta)
+    threshold = float(threshold)
     ood = {name: split_metrics(id_test_scores, scores) for name, scores in ood_scores.items()}
     entry = {
         "threshold": threshold,
-        "calibration": calibration_record(validation_split, len(id_validation_scores), tpr, delta),
+        "calibration": calibration,
         "id_tpr_at_threshold": true_positive_rate(id_test_scores, threshold),
         "ood": ood,
         "average": average_over_splits(ood),
@@ -122,37 +132,6 @@ def average_over_splits(
         metric: float(np.mean([values[metric] for values in per_split.values()])) if per_split else math.nan
         for metric in metrics
     }
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` with only JSON types: numpy scalars as Python numbers, tuples as lists, non-finite floats as
-    strings (``"nan"``, strict JSON has no NaN), anything else unknown as its ``str``."""
-    if isinstance(value, Mapping):
-        return {k if isinstance(k, str) else str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else str(float(value))
-    if value is None or isinstance(value, str):
-        return value
-    return str(value)
-
-
-def table_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """A markdown table: the header row, the ``|---|`` rule, one line per row of cells."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
-        "| " + " | ".join(cells) + " |" for cells in rows
-    ]
-
-
-def write_json(path: str | os.PathLike, data: Any, root: str | os.PathLike | None = None) -> Path:
-    """Write JSON atomically (temporary file, then ``os.replace``) and never through a link out of ``root``
-    (default: ``path``'s folder), see :mod:`hf_gsc.safe_files`."""
-    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n", root)
 
 
 def _best(values: Sequence[float], metric: str) -> float:
@@ -260,10 +239,8 @@ def markdown_table(
     sizes = results.get("split_sizes")
     if sizes:
         ood_sizes = ", ".join(f"{k} {v}" for k, v in sizes.get("ood", {}).items())
-        lines += [
-            "",
-            f"Samples: ID test {sizes.get('id_test')}, ID validation {sizes.get('id_validation')}; OOD: {ood_sizes}.",
-        ]
+        validation = f", ID validation {sizes['id_validation']}" if "id_validation" in sizes else ""
+        lines += ["", f"Samples: ID test {sizes.get('id_test')}{validation}; OOD: {ood_sizes}."]
     if results.get("tuning"):
         from .tuning import markdown_lines
 
@@ -307,10 +284,11 @@ def _target_tpr(methods: Mapping[str, Any]) -> float:
 
 
 def write_report(output_dir: str | os.PathLike, results: Mapping[str, Any]) -> tuple[Path, Path]:
-    """Write ``results.json`` and ``results.md`` into ``output_dir``; returns both paths."""
+    """Write ``results.md`` then ``results.json`` (last: its presence says the run finished) into ``output_dir``, each
+    atomically; returns both paths."""
     output_dir = Path(output_dir)
-    json_path = write_json(output_dir / RESULTS_JSON, results, output_dir)
     md_path = atomic_write_text(output_dir / RESULTS_MD, markdown_table(results), output_dir)
+    json_path = write_json(output_dir / RESULTS_JSON, results, output_dir)
     return json_path, md_path
 
 

@@ -5,7 +5,7 @@ Data (:func:`selection_sets`):
 
 * with ``--val-ood-dataset NAME=SPEC`` (repeatable): those OOD sets (``--max-samples`` rows each) against the whole ID
   validation subset the thresholds are calibrated on;
-* otherwise the OOD validation sets ``--tune`` uses (:func:`hf_gsc.evaluation.tuning.validation_ood_sets`): the ID
+* otherwise the OOD validation sets ``--tune`` uses (:func:`hf_gsc.evaluation.validation_sets.validation_ood_sets`): the ID
   validation subset is split in the same two halves, the OOD sets are generated from the ``tune_fit`` half
   (``val_noise``, ``val_jigsaw``; ``val_heldout_classes`` for ``fmnist-openset``) and the ID side is the
   ``tune_select`` half, so no image of the ID side reappears, shuffled, on the OOD side.
@@ -14,7 +14,8 @@ The sets are scored like any split (one backbone pass per batch for every method
 Methods fitted on ID validation (ReAct, AdaSCALE) were fitted on rows that include the ID side: their validation
 figures can be slightly optimistic.
 
-Rule (:data:`SELECTION_RULE`): the highest mean AUROC over the OOD validation sets (ID = positive), ties broken by the
+Rule (:data:`SELECTION_RULE`, :func:`hf_gsc.evaluation.ranking.rank`): the highest mean AUROC over the OOD validation
+sets (ID = positive), ties broken by the
 lower mean FPR95 (ID+), then by name.
 """
 
@@ -23,66 +24,49 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-#: Prefix of the OOD validation splits in the plan and the score cache.
-VAL_OOD_PREFIX = "val_ood_"
-SELECTION_RULE = ("the highest mean AUROC over the OOD validation sets (ID validation = positive), ties broken by the "
-                  "lower mean FPR95 (ID+), then by method name; test splits are never read")
+from .plan import VAL_OOD_PREFIX
+from .ranking import RANKING_RULE, rank, validation_metrics
+
+SELECTION_RULE = f"{RANKING_RULE} (by method name); test splits are never read"
 
 
-def selection_sets(args: Any, parsed: Mapping[str, Any], validation: Any) -> tuple[dict[str, Any], list[int] | None, str]:
+def selection_sets(validation: Any, *, given: Sequence[tuple[str, str]], benchmark: str | None, max_samples: int | None,
+                   seed: int, streaming: bool = False) -> tuple[dict[str, Any], list[int] | None, str]:
     """``(OOD validation sets by name, the rows of ``validation`` that form the ID side (``None``: all), what the
-    data is)``; ``validation`` is the evaluation's ID validation subset. Empty sets where none can be had (a
-    streamed ID validation split without ``--val-ood-dataset``)."""
+    data is)``; ``validation`` is the evaluation's ID validation subset, ``given`` the ``(NAME, SPEC)`` of each
+    ``--val-ood-dataset``. Empty sets where none can be had (a streamed ID validation split without
+    ``--val-ood-dataset``)."""
     from .fingerprints import is_streamed
     from .plan import _load_split, subset
-    from .tuning import VALIDATION_SEED, split_halves, validation_ood_sets
+    from .validation_sets import VALIDATION_SEED, split_halves, validation_ood_sets
 
-    given = parsed.get("val_ood") or []
     if given:
-        sets = {name: subset(_load_split(spec, f"--val-ood-dataset {name}={spec}", getattr(args, "streaming", False)),
-                             args.max_samples, args.seed, VAL_OOD_PREFIX + name) for name, spec in given}
+        sets = {name: subset(_load_split(spec, f"--val-ood-dataset {name}={spec}", streaming),
+                             max_samples, seed, VAL_OOD_PREFIX + name) for name, spec in given}
         return sets, None, "--val-ood-dataset " + ", ".join(f"{name}={spec}" for name, spec in given)
     if is_streamed(validation):
         return {}, None, "none: a streamed ID validation split cannot be split in halves; pass --val-ood-dataset"
-    fit_rows, select_rows = split_halves(len(validation), args.seed)
-    sets = validation_ood_sets(args.benchmark, validation.select(fit_rows), len(select_rows), VALIDATION_SEED)
+    fit_rows, select_rows = split_halves(len(validation), seed)
+    sets = validation_ood_sets(benchmark, validation.select(fit_rows), len(select_rows), VALIDATION_SEED)
     return sets, select_rows, ("generated from half of the ID validation subset (tune_fit), against the other half "
                                "(tune_select), as --tune does")
 
 
-def validation_metrics(id_scores: torch.Tensor, ood_scores: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """``{"auroc", "fpr95", "fpr95_ood_positive", "ood": {set: {...}}}``: each metric per OOD validation set and its
-    mean over the sets."""
-    from .metrics import auroc, fpr_at_tpr, fpr_at_tpr_ood_positive
-
-    ids = id_scores.double().numpy()
-    per_set = {name: {"auroc": auroc(ids, scores.double().numpy()), "fpr95": fpr_at_tpr(ids, scores.double().numpy()),
-                      "fpr95_ood_positive": fpr_at_tpr_ood_positive(ids, scores.double().numpy())}
-               for name, scores in ood_scores.items()}
-    means = {metric: float(np.mean([entry[metric] for entry in per_set.values()]))
-             for metric in ("auroc", "fpr95", "fpr95_ood_positive")}
-    return {**means, "ood": per_set}
-
-
-def choose(table: Mapping[str, Mapping[str, Any]]) -> str:
-    """The method :data:`SELECTION_RULE` picks from ``method -> validation_metrics``."""
-    return min(table, key=lambda name: (-table[name]["auroc"], table[name]["fpr95"], name))
-
-
 def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: Mapping[str, Mapping[str, torch.Tensor]],
-                     id_rows: Sequence[int] | None, data: str, seconds: float) -> dict[str, Any]:
-    """``results.json``'s ``selection``: the chosen method, the rule, the data, the whole validation table (best
-    first) and the seconds its scoring took in this run. ``validation_scores``: method -> ID validation scores (all
+                     id_rows: Sequence[int] | None, data: str) -> dict[str, Any]:
+    """``results.json``'s ``selection``: the chosen method, the rule, the data and the whole validation table (best
+    first; its scoring time is ``seconds.selection``). ``validation_scores``: method -> ID validation scores (all
     rows, in dataset order); ``ood_scores``: method -> OOD validation set -> scores."""
     table = {}
     for name, scores in validation_scores.items():
         id_side = scores if id_rows is None else scores[torch.as_tensor(list(id_rows), dtype=torch.long)]
         table[name] = validation_metrics(id_side, ood_scores[name])
-    chosen = choose(table)
-    ranked = sorted(table, key=lambda name: (-table[name]["auroc"], table[name]["fpr95"], name))
+    ranked = rank({name: table[name] for name in sorted(table)})  # ties: by name
+    if not ranked:
+        raise ValueError("no method has finite validation scores to rank")
+    chosen = ranked[0]
     first = next(iter(ood_scores.values()))
     return {
         "method": chosen,
@@ -91,7 +75,6 @@ def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: 
                                                         next(iter(validation_scores.values())).numel()),
                                               **{name: int(scores.numel()) for name, scores in first.items()}}},
         "validation": {name: table[name] for name in ranked},
-        "seconds": round(seconds, 2),
     }
 
 
@@ -106,7 +89,7 @@ def sentence(record: Mapping[str, Any]) -> str:
 
 def markdown_lines(record: Mapping[str, Any]) -> list[str]:
     """The validation table of ``results.md``: every method, best first (AUROC / FPR95 (ID+) / FPR95 (OOD+), %)."""
-    from .report import table_lines
+    from .json_files import table_lines
 
     sets = list(next(iter(record["validation"].values()))["ood"])
     rows = []
@@ -116,9 +99,9 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
                      f"{100 * entry['auroc']:.2f} / {100 * entry['fpr95']:.2f} / {100 * entry['fpr95_ood_positive']:.2f}"])
     sizes = record["data"]["num_samples"]
     return ["", f"Validation ranking ({record['data']['ood']}; ID {sizes['id']} rows; cells AUROC↑ / FPR95 (ID+)↓ in %, "
-                f"mean also FPR95 (OOD+)↓; scoring them took {record['seconds']:.1f} s in this run):", "",
+                f"mean also FPR95 (OOD+)↓):", "",
             *table_lines(["Method", *sets, "mean"], rows)]
 
 
-__all__ = ["SELECTION_RULE", "VAL_OOD_PREFIX", "choose", "markdown_lines", "selection_record", "selection_sets",
-           "sentence", "validation_metrics"]
+__all__ = ["SELECTION_RULE", "VAL_OOD_PREFIX", "markdown_lines", "selection_record", "selection_sets",
+           "sentence"]

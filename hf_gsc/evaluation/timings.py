@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .report import write_json
+from .json_files import write_json
 
 #: The timing records' file, inside the score cache folder (``scores/``).
 TIMINGS_FILE = "timings.json"

@@ -1,0 +1,238 @@
+"""The evaluation as a library (``EvaluationArguments``, ``OODEvaluator``) and its run folder as one artifact: reruns
+reuse what is valid and rebuild the rest, results and saved detectors never disagree, user stops end in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_gsc.detectors import DETECTORS
+from hf_gsc.evaluation import cli, evaluator
+from hf_gsc.evaluation.arguments import EvaluationArgumentParser, EvaluationArguments
+from hf_gsc.evaluation.errors import InputError
+
+from conftest import evaluate_argv
+from test_evaluation import _launch_two_processes, tiny  # noqa: F401  (the tiny model and data fixture)
+
+
+def _argv(tiny, output_dir: Path, methods: str, *extra: str) -> list[str]:  # noqa: F811
+    return ["--model", tiny["model"], "--id-dataset", tiny["id"], "--ood-dataset", f"noise={tiny['noise']}",
+            "--methods", methods, "--output-dir", str(output_dir), "--batch-size", "8", "--no-plots",
+            *(["--hyperparameter", "knn.k=3"] if "knn" in methods.split(",") else []), *extra]
+
+
+# ------------------------------------------------------------------------------------------- the arguments
+def test_every_option_is_a_documented_field_parsed_by_hf_argument_parser(tmp_path):
+    from transformers import HfArgumentParser
+
+    fields = [item for item in dataclasses.fields(EvaluationArguments) if item.init]
+    undocumented = [item.name for item in fields if not item.metadata.get("help")]
+    assert not undocumented, undocumented
+    parser = EvaluationArgumentParser()
+    assert isinstance(parser, HfArgumentParser)
+    flags = {option for action in parser._actions for option in action.option_strings}
+    assert {f"--{item.name.replace('_', '-')}" for item in fields} <= flags
+    # Today's spellings: repeated --ood-dataset and --hyperparameter, store-true switches, a method's own flags.
+    args = parser.parse(["--model", "m", "--id-dataset", str(tmp_path), "--ood-dataset", f"a={tmp_path}",
+                         "--ood-dataset", f"b={tmp_path}", "--output-dir", str(tmp_path / "out"), "--tune",
+                         "--no-plots", "--methods", "gsc,knn", "--hyperparameter", "knn.k=3",
+                         "--hyperparameter", "gsc.mask_ratio=0.1", "--split-point", "penultimate"])
+    assert args.named_ood_datasets == [("a", str(tmp_path)), ("b", str(tmp_path))]
+    assert args.tune and args.no_plots and not args.save_detectors and args.batch_size == 64
+    assert args.method_hyperparameters == {"gsc": {"split_point": "penultimate", "mask_ratio": 0.1}, "knn": {"k": 3}}
+    assert args.tpr is None and args.target_tpr == 0.95  # the default is resolved without changing the field
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.tpr = 0.5
+    # The same in Python, checked on construction.
+    same = EvaluationArguments(model="m", id_dataset=str(tmp_path), ood_dataset=[f"a={tmp_path}", f"b={tmp_path}"],
+                               output_dir=str(tmp_path / "out"), tune=True, no_plots=True, methods="gsc,knn",
+                               hyperparameter=["knn.k=3", "gsc.mask_ratio=0.1"], split_point="penultimate")
+    assert same == args
+    with pytest.raises(InputError, match="--batch-size must be a positive integer"):
+        EvaluationArguments(model="m", benchmark="fmnist-ood", output_dir=str(tmp_path), batch_size=0)
+
+
+def test_list_methods_names_no_internal_class(capsys):
+    with pytest.raises(SystemExit) as stop:
+        EvaluationArgumentParser().parse(["--list-methods"])
+    assert stop.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(DETECTORS)
+    internal = [line for line in lines if any(cls.__name__ in line for cls in DETECTORS.values())
+                or "Detector" in line or "Config" in line or "hf_gsc." in line or "(see " in line]
+    assert not internal, internal
+
+
+# --------------------------------------------------------------------------------------- the library example
+def test_the_notebook_example_evaluates_a_model_object(tiny, tmp_path):  # noqa: F811
+    """The example of docs/evaluation.md ("Python"), on the tiny model and data."""
+    from transformers import AutoModelForImageClassification
+
+    from hf_gsc import EvaluationArguments, OODEvaluator
+
+    model = AutoModelForImageClassification.from_pretrained(tiny["model"])
+    args = EvaluationArguments(id_dataset=tiny["id"], ood_dataset=[f"noise={tiny['noise']}"],
+                               methods="msp,energy,knn", hyperparameter=["knn.k=3"], output_dir=str(tmp_path),
+                               batch_size=8, no_plots=True)
+    result = OODEvaluator(model, args).evaluate()
+    assert result.selected_method in {"msp", "energy", "knn"}
+    assert result.methods[result.selected_method]["ood"]["noise"]["auroc"] >= 0
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk == json.loads(json.dumps(result.to_dict()))
+    assert set(result.seconds) >= {*evaluator.PHASES, "total"}
+
+
+# ------------------------------------------------------------------------------------------------- reruns
+def test_a_rerun_rebuilds_saved_detectors_from_cached_fits_and_scores(tiny, tmp_path):  # noqa: F811
+    from hf_gsc import AutoOODDetector
+
+    argv = _argv(tiny, tmp_path, "msp,knn,react", "--save-detectors")
+    first = evaluate_argv(argv)
+    again = evaluate_argv(argv)  # every score cached: the fits are loaded to save the detectors again
+    assert again["methods"]["knn"]["threshold"] == first["methods"]["knn"]["threshold"]
+    for name in ("msp", "knn", "react", "selected"):
+        detector = AutoOODDetector.from_pretrained(tmp_path / "detectors" / name)
+        assert detector.config.threshold is not None
+        # The results a saved detector carries are the folder's, timings included.
+        assert (tmp_path / "detectors" / name / "results.json").read_text() == (tmp_path / "results.json").read_text()
+
+
+def test_a_run_that_saves_nothing_removes_a_stale_selected_detector(tiny, tmp_path):  # noqa: F811
+    evaluate_argv(_argv(tiny, tmp_path, "msp,energy", "--save-detectors"))
+    assert (tmp_path / "detectors" / "selected").is_dir()
+    results = evaluate_argv(_argv(tiny, tmp_path, "msp,energy"))
+    assert results["selection"]["method"] in {"msp", "energy"}
+    assert not (tmp_path / "detectors" / "selected").exists()
+
+
+def test_results_md_holds_no_timing(tiny, tmp_path):  # noqa: F811
+    argv = _argv(tiny, tmp_path, "msp,energy")
+    evaluate_argv(argv)
+    first = (tmp_path / "results.md").read_text()
+    for path in (tmp_path / "scores").rglob("*.safetensors"):  # scored again: other timings, the same report
+        path.unlink()
+    evaluate_argv(argv)
+    assert (tmp_path / "results.md").read_text() == first
+    assert " s)" not in first and "took" not in first
+
+
+# ------------------------------------------------------------------------------------------------- exits
+def test_ctrl_c_ends_in_one_line_and_the_same_command_resumes(tiny, tmp_path, monkeypatch, capsys):  # noqa: F811
+    argv = _argv(tiny, tmp_path, "msp,knn", "--save-detectors")
+    real = evaluator.score_missing
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # after the test splits, while the selection is scored
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator, "score_missing", interrupted)
+    assert cli.main(argv, prog="hf-gsc evaluate") == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("hf-gsc evaluate: interrupted; run the same command again to resume (finished fits, score "
+                       "files and the tuning search are kept)"), err
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "detectors" / "selected").exists()
+    monkeypatch.setattr(evaluator, "score_missing", real)
+    assert cli.main(argv, prog="hf-gsc evaluate") == 0
+    out = capsys.readouterr().out
+    assert "score files: 4 to compute" in out  # only the two OOD validation sets of the two methods
+    assert (tmp_path / "detectors" / "selected").is_dir()
+
+
+def test_a_run_whose_every_method_is_skipped_ends_in_one_line(tiny, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from hf_gsc.detectors.msp import MSPDetector
+
+    def broken(self, batch):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(MSPDetector, "score_batch", broken)
+    assert cli.main(_argv(tiny, tmp_path, "msp"), prog="hf-gsc evaluate") == 1
+    err = capsys.readouterr().err
+    assert "hf-gsc evaluate: error: every method was skipped: msp: scoring failed: RuntimeError: boom" in err
+    assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------------------------- what a run reads, builds
+def test_a_saved_detector_is_evaluated_without_an_id_validation_split(tiny, tmp_path):  # noqa: F811
+    import datasets
+
+    from hf_gsc import AutoOODDetector
+
+    evaluate_argv(_argv(tiny, tmp_path / "fit", "knn", "--save-detectors", "--no-selection"))
+    folder = tmp_path / "fit" / "detectors" / "knn"
+    ids = datasets.load_from_disk(tiny["id"])
+    datasets.DatasetDict({"test": ids["test"]}).save_to_disk(tmp_path / "test_only")
+    results = evaluate_argv(["--detector", str(folder), "--id-dataset", str(tmp_path / "test_only"),
+                             "--ood-dataset", f"noise={tiny['noise']}", "--output-dir", str(tmp_path / "shipped"),
+                             "--batch-size", "8", "--no-plots"])
+    shipped = AutoOODDetector.from_pretrained(folder)
+    assert results["methods"]["knn"]["threshold"] == pytest.approx(shipped.config.threshold)
+    assert "id_validation" not in results["split_sizes"]
+    # The same detector as an object (a notebook's), evaluated as it is: the same figures.
+    from hf_gsc import OODEvaluator
+
+    args = EvaluationArguments(id_dataset=str(tmp_path / "test_only"), ood_dataset=[f"noise={tiny['noise']}"],
+                               output_dir=str(tmp_path / "object"), batch_size=8, no_plots=True)
+    as_object = OODEvaluator(shipped, args).evaluate()
+    assert as_object.methods["knn"]["ood"]["noise"] == pytest.approx(results["methods"]["knn"]["ood"]["noise"])
+    assert as_object.selection is None and as_object.details["detector"]["method"] == "knn"
+
+
+def _unsupported_model(tiny, tmp_path, monkeypatch) -> str:  # noqa: F811
+    """A RegNet whose architecture is taken out of the registry (and out of discovery): GSC's default split point
+    does not apply to it, the penultimate one does."""
+    from transformers import RegNetConfig, RegNetForImageClassification
+
+    from hf_gsc.architectures import ARCHITECTURES, NOT_APPLICABLE
+
+    monkeypatch.delitem(ARCHITECTURES, "regnet")
+    monkeypatch.setitem(NOT_APPLICABLE, "regnet", "removed from the registry by this test")
+    model_dir = tmp_path / "regnet"
+    RegNetForImageClassification(
+        RegNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1], groups_width=8, num_labels=3)
+    ).save_pretrained(model_dir)
+    (model_dir / "preprocessor_config.json").write_text((Path(tiny["model"]) / "preprocessor_config.json").read_text())
+    return str(model_dir)
+
+
+def test_methods_all_skips_a_method_that_cannot_be_built_and_names_the_flag(tiny, tmp_path, monkeypatch):  # noqa: F811
+    model = _unsupported_model(tiny, tmp_path, monkeypatch)
+    others = [name for name in DETECTORS if name not in ("gsc", "msp")]
+    argv = _argv(tiny, tmp_path / "all", "all," + ",".join(f"-{name}" for name in others), "--no-selection")
+    argv[argv.index("--model") + 1] = model
+    results = evaluate_argv(argv)
+    assert set(results["methods"]) == {"msp"}
+    assert "cannot build this detector on this model" in results["skipped"]["gsc"]
+    assert "--split-point penultimate" in results["skipped"]["gsc"]
+    with pytest.raises(InputError, match=r"--methods gsc: cannot build .*--split-point penultimate"):
+        evaluate_argv([*argv[:argv.index("--methods") + 1], "gsc", *argv[argv.index("--methods") + 2:]])
+
+
+def test_own_ood_datasets_in_near_and_far_groups(tiny, tmp_path):  # noqa: F811
+    argv = _argv(tiny, tmp_path, "msp", "--no-selection")
+    argv[argv.index("--ood-dataset"):argv.index("--ood-dataset") + 2] = [
+        "--near-ood-dataset", f"noise={tiny['noise']}", "--far-ood-dataset", f"flat={tiny['flat']}"]
+    results = evaluate_argv(argv)
+    assert results["ood_groups"] == {"near": ["noise"], "far": ["flat"]}
+    assert set(results["methods"]["msp"]["average_by_group"]) == {"near", "far"}
+    assert "near" in (tmp_path / "results.md").read_text().lower()
+
+
+# ---------------------------------------------------------------------------------------------- 2 processes
+def test_two_process_reruns_rebuild_detectors_and_drop_a_stale_choice(tiny, tmp_path):  # noqa: F811
+    output_dir = tmp_path / "two"
+    argv = _argv(tiny, output_dir, "msp,knn", "--save-detectors")
+    for _ in range(2):  # the second run: every score cached, the saved detectors rebuilt from the fits
+        launched = _launch_two_processes(tmp_path, argv, streaming=False)
+        assert launched.returncode == 0, launched.stderr[-4000:]
+        assert (output_dir / "detectors" / "selected").is_dir()
+    launched = _launch_two_processes(tmp_path, [item for item in argv if item != "--save-detectors"], streaming=False)
+    assert launched.returncode == 0, launched.stderr[-4000:]
+    assert json.loads((output_dir / "results.json").read_text())["num_processes"] == 2
+    assert not (output_dir / "detectors" / "selected").exists()
