@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hf_gsc.detectors import DETECTORS
-from hf_gsc.evaluation import cli, evaluator
+from hf_gsc.evaluation import cli, evaluator, fitting
 from hf_gsc.evaluation.arguments import EvaluationArgumentParser, EvaluationArguments
 from hf_gsc.evaluation.errors import InputError
 
@@ -83,6 +83,9 @@ def test_the_notebook_example_evaluates_a_model_object(tiny, tmp_path):  # noqa:
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk == json.loads(json.dumps(result.to_dict()))
     assert set(result.seconds) >= {*evaluator.PHASES, "total"}
+    # KNN's fit pass read the ID train split once, on the one process.
+    fit_rows = json.loads((fitting.fit_dir(tmp_path, "knn") / fitting.FIT_INFO).read_text())["num_samples"]
+    assert result.seconds["fit_images_per_process"] == [fit_rows] and fit_rows > 0
 
 
 # ------------------------------------------------------------------------------------------------- reruns

@@ -27,7 +27,7 @@ def make_accelerator(mixed_precision: str | None = None) -> Any:
     flag = "--mixed-precision" if mixed_precision is not None else "ACCELERATE_MIXED_PRECISION (or accelerate config)"
     if mixed_precision is None:  # what accelerate reads itself (`accelerate launch` puts its config there)
         mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").lower()
-    # Fitting runs on the main process while the others wait at a barrier: allow for a long fit.
+    # A process waits at a barrier while another loads data first or writes a saved fit: allow for a long wait.
     options = {"mixed_precision": mixed_precision, "kwargs_handlers": [InitProcessGroupKwargs(timeout=timedelta(hours=3))]}
     try:
         try:

@@ -448,6 +448,8 @@ class OODEvaluator:
                                    self.num_workers, args.on_error, source=args.benchmark or args.id_dataset)
         except UndecodableImageError as error:
             raise _resumable(error) from None
+        # The images each process read in this run's fit passes (by rank): what the sharded fit spread, beside its time.
+        self.seconds["fit_images_per_process"] = list(failed.images_per_process)
         self._skip(failed)
 
     # --------------------------------------------------------------------------------------------- 5. score
