@@ -69,9 +69,17 @@ def test_one_backbone_pass_per_batch_for_all_methods(tiny, together, monkeypatch
 def test_a_changed_default_computes_the_scores_again(tiny, tmp_path, monkeypatch):  # noqa: F811
     evaluate_argv(_argv(tiny, tmp_path, "react"))
     before = _scores(tmp_path, "react")
-    from hf_gsc.detectors.react import ReActDetector
+    from dataclasses import dataclass
 
-    monkeypatch.setattr(ReActDetector, "defaults", {"percentile": 50.0})
+    from hf_gsc.config import number_check, setting
+    from hf_gsc.detectors.react import ReActConfig, ReActDetector
+
+    @dataclass
+    class ChangedDefault(ReActConfig):  # the same method, its default changed (as a new release might)
+        percentile: float = setting(50.0, number_check(0.0, 100.0), "A changed default.")
+
+    monkeypatch.setattr(ReActDetector, "config_class", ChangedDefault)
+    monkeypatch.setattr(ReActDetector, "defaults", ChangedDefault().hyperparameters)
     results = evaluate_argv(_argv(tiny, tmp_path, "react"))
     after = _scores(tmp_path, "react")
     assert results["methods"]["react"]["hyperparameters"] == {"percentile": 50.0}
