@@ -12,6 +12,15 @@ Given the head linearised at ``F`` (its logits ``y``, ``v^T J``, ``J t`` and the
 (:mod:`hf_gsc.detectors.gsc_ash`) call :func:`gsc_step`; how ``F`` and the linearised head are obtained is the
 backend's business (:mod:`hf_gsc.backends`).
 
+A head that reads ``F`` only through a mean over positions (a ResNet's or ConvNeXt's spatial mean, a mean over
+tokens; LayerNorm, if any, after it) carries that mean (:class:`hf_gsc.head_derivatives.PooledRead`). Its ``g``
+is the same at every position of a channel, so the step runs per channel: ``k`` and the ranking from the ``C``
+channel values, the mask as a prefix of each channel's positions (:func:`hf_gsc.shortcircuit.repeated_top_k_counts`,
+which keeps the tie order of the ranking on every coordinate), and the update from the mean over positions of
+``F' - F``. Same mask, same ``g``, the same logits up to float rounding (``tests/test_pooled_step.py``); for
+ResNet-50 that is 2,048 values to rank instead of 100,352. ``selection="random"`` (one draw per coordinate) and a
+Fisher diagonal that varies over a channel's positions keep the step on every coordinate.
+
 Precision: the step runs in float32 (float64 for float64 inputs) with autocast off, whatever the backbone ran
 in (a bf16 model, or ``accelerator.autocast()``): ranking ``g``, the top-k cut, ``F' - F`` and the first-order
 update are differences of nearby numbers, which bf16's 8-bit mantissa would round away (:mod:`hf_gsc.precision`).

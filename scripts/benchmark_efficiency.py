@@ -10,7 +10,7 @@ With ``--mixed-precision bf16`` (or ``fp16``, CUDA only) every timed and memory-
 ``torch.autocast`` on the device's type, as the evaluation runs its methods under ``accelerator.autocast()``: the
 backbone in the lower precision, GSC's step, ODIN and ASH in float32 (:mod:`hf_gsc.precision`).
 
-With ``--after-backbone`` each GSC method is also timed with its backbone replaced by a lookup of ``F``: what is
+With ``--after-backbone`` each GSC method is also timed with its backbone pass replaced by a lookup: what is
 left is GSC's whole work after the backbone (what a faster backend could save), reported relative to MSP's whole
 forward (``after_backbone_relative_to_msp``).
 
@@ -317,13 +317,17 @@ def _after_backbone_seconds(
     detectors: dict[str, GSCForImageClassification], x: torch.Tensor, repeats: int, device: str = "cpu",
     mixed_precision: str = "no",
 ) -> dict[str, list[float]]:
-    """Each GSC detector's time per call with the backbone replaced by a lookup of its ``F`` (the split point's
-    ``features`` patched on the instance, computed under the same autocast), interleaved over ``repeats`` rounds
-    after one warm-up call."""
+    """Each GSC detector's time per call with the backbone replaced by a lookup of its ``F`` (the detector's
+    ``backbone_pass`` patched on the instance to return a pass computed once, under the same autocast, with a fresh
+    memo each call), interleaved over ``repeats`` rounds after one warm-up call."""
+    from hf_gsc.backbone_pass import BackbonePass
+
     calls = {name: _under_autocast(detector, device, mixed_precision) for name, detector in detectors.items()}
     for name, detector in detectors.items():
-        features = _under_autocast(detector.split_point.features, device, mixed_precision)(x)
-        detector.split_point.features = lambda pixel_values, features=features: features
+        with torch.no_grad():
+            done = _under_autocast(detector.backbone_pass, device, mixed_precision)(x)
+        detector.backbone_pass = lambda pixel_values, logits=False, done=done: BackbonePass(
+            done.pixel_values, done.logits, dict(done.captured))
         _time_once(calls[name], x)
     times: dict[str, list[float]] = {name: [] for name in detectors}
     try:
@@ -332,7 +336,7 @@ def _after_backbone_seconds(
                 times[name].append(_time_once(calls[name], x))
     finally:
         for detector in detectors.values():
-            del detector.split_point.features
+            del detector.backbone_pass
     return times
 
 
