@@ -116,3 +116,25 @@ def test_per_coordinate_adds_nothing_where_the_head_does_not_pool(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     row = json.loads((tmp_path / "efficiency.json").read_text())["models"]["vit"]["final_encoder_output"]["2"]
     assert set(row) == {"msp", "gsc_exact"} and "step_alone" not in row["gsc_exact"]
+
+
+def test_after_backbone_timing_runs_no_backbone(monkeypatch):
+    """--after-backbone times GSC with its backbone pass looked up: the base model runs once per detector (the pass
+    that is looked up), not in the timed calls."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from benchmark_efficiency import _after_backbone_seconds, load_model
+
+    from hf_gsc import GSCForImageClassification
+
+    model = load_model("resnet")
+    detectors = {a: GSCForImageClassification(model, approximation=a) for a in ("exact", "first_order")}
+    calls = []
+    model.resnet.embedder.register_forward_hook(lambda *_: calls.append(1))  # the backbone's first module
+    x = torch.randn(2, model.config.num_channels, 28, 28)
+    times = _after_backbone_seconds(detectors, x, repeats=3)
+    assert {name: len(t) for name, t in times.items()} == {"exact": 3, "first_order": 3}
+    assert len(calls) == len(detectors)
+    detectors["exact"](x)  # the lookup is gone afterwards
+    assert len(calls) == len(detectors) + 1
