@@ -99,8 +99,8 @@ def per_channel_step(*results: dict | None) -> dict:
                             continue
                         coordinate = row.get(f"{method}_per_coordinate", {})
                         out.setdefault(model, {}).setdefault(f"{split_point}, batch {batch}", {})[method] = {
-                            "relative_time": round(measured["relative_time_paired"], 4),
-                            "relative_time_per_coordinate": round(coordinate["relative_time_paired"], 4)
+                            "relative_time_paired": round(measured["relative_time_paired"], 4),
+                            "relative_time_paired_per_coordinate": round(coordinate["relative_time_paired"], 4)
                             if coordinate else None,
                             "step_ms": round(1000 * alone["per_channel_median_seconds"], 3),
                             "step_ms_per_coordinate": round(1000 * alone["per_coordinate_median_seconds"], 3),
