@@ -12,6 +12,15 @@ Given the head linearised at ``F`` (its logits ``y``, ``v^T J``, ``J t`` and the
 (:mod:`hf_gsc.detectors.gsc_ash`) call :func:`gsc_step`; how ``F`` and the linearised head are obtained is the
 backend's business (:mod:`hf_gsc.backends`).
 
+A head that reads ``F`` only through a mean over positions (a ResNet's or ConvNeXt's spatial mean, a mean over
+tokens; LayerNorm, if any, after it) carries that mean (:class:`hf_gsc.head_derivatives.PooledRead`). Its ``g``
+is the same at every position of a channel, so the step runs per channel: ``k`` and the ranking from the ``C``
+channel values, the mask as a prefix of each channel's positions (:func:`hf_gsc.shortcircuit.repeated_top_k_counts`,
+which keeps the tie order of the ranking on every coordinate), and the update from the mean over positions of
+``F' - F``. Same mask, same ``g``, the same logits up to float rounding (``tests/test_pooled_step.py``); for
+ResNet-50 that is 2,048 values to rank instead of 100,352. ``selection="random"`` (one draw per coordinate) and a
+Fisher diagonal that varies over a channel's positions keep the step on every coordinate.
+
 Precision: the step runs in float32 (float64 for float64 inputs) with autocast off, whatever the backbone ran
 in (a bf16 model, or ``accelerator.autocast()``): ranking ``g``, the top-k cut, ``F' - F`` and the first-order
 update are differences of nearby numbers, which bf16's 8-bit mantissa would round away (:mod:`hf_gsc.precision`).
@@ -20,15 +29,25 @@ The backends hand over ``F`` and the linearised head in that precision (:meth:`h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
 
 import torch
 
-from .head_derivatives import LinearizedHead
+from .head_derivatives import LinearizedHead, PooledRead, pool_adjoint
 from .precision import full_precision
 from .scores import ood_score
-from .shortcircuit import num_masked, num_masked_adaptive, predicted_logit_update, short_circuit, short_circuit_mask
+from .shortcircuit import (
+    num_masked,
+    num_masked_adaptive,
+    predicted_logit_update,
+    prefix_mask,
+    repeated_top_k_counts,
+    selection_priority,
+    short_circuit,
+    short_circuit_mask,
+)
 
 
 class StepSettings(Protocol):
@@ -55,18 +74,32 @@ class GSCStep:
     Attributes:
         logits: ``(B, K)`` ``y``, the head's logits at ``F``.
         predicted_class: ``(B,)`` ``c = argmax y``.
-        gradient: ``(B, d)`` ``g = d y_c / dF`` on the read part of ``F``, flattened.
-        mask: ``(B, d)`` bool, the short-circuited coordinates.
         gsc_logits: ``(B, K)`` logits after the short-circuit.
         ood_score: ``(B,)`` score of ``gsc_logits``; higher = more in-distribution.
+        gradient: ``(B, d)`` ``g = d y_c / dF`` on the read part of ``F``, flattened.
+        mask: ``(B, d)`` bool, the short-circuited coordinates.
+
+    ``gradient`` and ``mask`` are made on first access: the per-channel step of a pooled head never needs them
+    coordinate by coordinate.
     """
 
     logits: torch.Tensor
     predicted_class: torch.Tensor
-    gradient: torch.Tensor
-    mask: torch.Tensor
     gsc_logits: torch.Tensor
     ood_score: torch.Tensor
+    coordinates: Callable[[], tuple[torch.Tensor, torch.Tensor]] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def _gradient_and_mask(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.coordinates()
+
+    @property
+    def gradient(self) -> torch.Tensor:
+        return self._gradient_and_mask[0]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self._gradient_and_mask[1]
 
 
 def ranking_gradient(gradient: torch.Tensor, layer_sizes: Sequence[int] | None = None) -> torch.Tensor:
@@ -141,6 +174,11 @@ def _gsc_step(
     layer_sizes: Sequence[int] | None,
     generator: torch.Generator | None,
 ) -> GSCStep:
+    read = head.pooled_read
+    if read is not None and layer_sizes is None:
+        step = _pooled_gsc_step(read, features, settings, fisher_diagonal)
+        if step is not None:
+            return step
     logits = head.logits
     predicted_class = logits.argmax(dim=-1)
     gradient = head.class_gradient(predicted_class).flatten(1)
@@ -157,6 +195,54 @@ def _gsc_step(
         flat, gradient, mask, settings.operation, settings.alpha, settings.clip_bound, settings.beta
     )
     gsc_logits = updated_logits(head, settings.approximation, predicted_class, gradient, flat, shorted, features.shape)
-    return GSCStep(
-        logits, predicted_class, gradient, mask, gsc_logits, ood_score(gsc_logits, settings.score, settings.temperature)
-    )
+    return GSCStep(logits, predicted_class, gsc_logits, ood_score(gsc_logits, settings.score, settings.temperature),
+                   lambda: (gradient, mask))
+
+
+def _pooled_gsc_step(
+    read: PooledRead, features: torch.Tensor, settings: StepSettings, fisher_diagonal: torch.Tensor | None
+) -> GSCStep | None:
+    """The step of a head that reads ``F`` through a mean over positions, per channel: the same mask (same tie
+    order) and, up to float rounding, the same logits as the step on every coordinate, at ``O(B C)`` for the
+    ranking and the elementwise short-circuit and one mean over positions for the update. ``None`` where the setting does not reduce to
+    per-channel quantities: ``selection="random"`` (one draw per coordinate) and ``selection="fisher"`` with a
+    diagonal that differs between the positions of a channel."""
+    selection = settings.selection
+    channel_fisher = None
+    if selection == "fisher" and fisher_diagonal is not None:
+        channel_fisher = read.channel_values(fisher_diagonal)
+        if channel_fisher is None:
+            return None
+    elif selection not in ("gradient", "reverse"):
+        return None
+    positions = read.positions
+    pooled_head = read.head
+    logits = pooled_head.logits
+    predicted_class = logits.argmax(dim=-1)
+    pooled_gradient = pooled_head.class_gradient(predicted_class)  # u = d y_c / d pool(F), (B, C)
+    gradient = read.coordinate_gradient(pooled_gradient)  # each coordinate's g, (B, C)
+    if settings.mask_size == "adaptive":
+        k = num_masked_adaptive(gradient, settings.gradient_mass, repeats=positions)
+    else:
+        k = num_masked(gradient, settings.mask_ratio, repeats=positions)
+    priority = selection_priority(gradient, selection, channel_fisher)
+    counts = repeated_top_k_counts(priority, k, positions, read.position_major)
+    by_channel = read.by_channel(features)  # (B, C, P)
+    shorted = short_circuit(by_channel, gradient.unsqueeze(-1), prefix_mask(counts, positions), settings.operation,
+                            settings.alpha, settings.clip_bound, settings.beta)
+    approximation = settings.approximation
+    if approximation == "first_order":
+        gsc_logits = logits + pooled_head.jvp((shorted - by_channel).mean(dim=-1))
+    elif approximation == "predicted_logit":
+        gsc_logits = predicted_logit_update(logits, predicted_class, gradient, (shorted - by_channel).sum(dim=-1))
+    elif approximation == "exact":
+        gsc_logits = pooled_head.function(shorted.mean(dim=-1))
+    else:
+        raise ValueError(f"approximation must be first_order, predicted_logit or exact, got {approximation!r}")
+
+    def coordinates() -> tuple[torch.Tensor, torch.Tensor]:
+        spread = pool_adjoint(pooled_gradient, read.pool, read.feature_shape).flatten(1)
+        return spread, read.coordinates(prefix_mask(counts, positions))
+
+    return GSCStep(logits, predicted_class, gsc_logits, ood_score(gsc_logits, settings.score, settings.temperature),
+                   coordinates)

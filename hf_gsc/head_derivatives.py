@@ -43,6 +43,8 @@ class LinearizedHead:
         function: the head itself, ``(B, *feature_shape) -> (B, K)``, for the exact update ``head(F')``.
         class_gradient: ``(B,) classes c -> (B, *feature_shape)`` ``g = d y_c / dF``, the ``vjp`` of a one-hot
             cotangent (defaults to exactly that; closed forms pick the classifier row instead).
+        pooled_read: where the head reads ``F`` only through its mean over positions, the head on that mean
+            (:class:`PooledRead`); the GSC step then works per channel (:mod:`hf_gsc.gsc_step`).
     """
 
     logits: torch.Tensor
@@ -50,6 +52,7 @@ class LinearizedHead:
     jvp: Callable[[torch.Tensor], torch.Tensor]
     function: Callable[[torch.Tensor], torch.Tensor]
     class_gradient: Callable[[torch.Tensor], torch.Tensor] | None = None
+    pooled_read: "PooledRead | None" = None
 
     def __post_init__(self) -> None:
         if self.class_gradient is None:
@@ -57,6 +60,71 @@ class LinearizedHead:
             self.class_gradient = lambda c: self.vjp(
                 torch.nn.functional.one_hot(c, num_classes).to(self.logits.dtype)
             )
+
+
+#: Pools that average over positions: the gradient of a head after one repeats over the positions of each channel.
+MEAN_POOLS: tuple[str, ...] = ("mean_spatial", "mean_tokens")
+
+
+@dataclass(frozen=True)
+class PooledRead:
+    """A head that reads ``F`` only through its mean over positions, ``y = h(pool(F))`` (``pool`` =
+    ``mean_spatial`` or ``mean_tokens``, ``h`` a LayerNorm and a linear layer, or a linear layer).
+
+    ``g = d y_c / dF`` is then ``u / P`` at each of the ``P`` positions of a channel, ``u = d y_c / d pool(F)``,
+    and a move of ``F`` reaches ``h`` only as ``pool(F' - F)``: GSC's ranking, mask and update reduce to
+    per-channel quantities (:func:`hf_gsc.shortcircuit.repeated_top_k_counts`,
+    :func:`hf_gsc.shortcircuit.masked_shift`).
+
+    Attributes:
+        pool: ``mean_spatial`` (``F`` is ``(B, C, H, W)``, channel-major: the positions of a channel are
+            consecutive coordinates) or ``mean_tokens`` (``F`` is ``(B, N, D)``, position-major).
+        feature_shape: ``F``'s shape without the batch dimension.
+        pooled: ``(B, C)`` ``pool(F)``.
+        head: ``h`` linearised at ``pooled``.
+    """
+
+    pool: Pool
+    feature_shape: torch.Size
+    pooled: torch.Tensor
+    head: "LinearizedHead"
+
+    @property
+    def positions(self) -> int:
+        """``P``, the positions each channel is averaged over."""
+        shape = self.feature_shape
+        return shape[-2] * shape[-1] if self.pool == "mean_spatial" else shape[0]
+
+    @property
+    def position_major(self) -> bool:
+        """Whether coordinate ``(channel, position)`` of ``F`` flattened is ``position * C + channel``."""
+        return self.pool == "mean_tokens"
+
+    def by_channel(self, features: torch.Tensor) -> torch.Tensor:
+        """``F`` ``(B, *feature_shape)`` as ``(B, C, P)`` (a view)."""
+        if self.position_major:
+            return features.transpose(1, 2)
+        return features.flatten(2)
+
+    def coordinate_gradient(self, pooled_gradient: torch.Tensor) -> torch.Tensor:
+        """``(B, C)`` ``u -> u / P``: each coordinate's ``g``, the same division :func:`pool_adjoint` makes."""
+        return pooled_gradient / self.positions
+
+    def channel_values(self, vector: torch.Tensor) -> torch.Tensor | None:
+        """A per-coordinate ``(d,)`` vector of ``F`` as ``(C,)`` when it is the same at every position of each
+        channel, else ``None``."""
+        if self.position_major:
+            grid = vector.view(self.feature_shape).transpose(0, 1)
+        else:
+            grid = vector.view(self.feature_shape[0], -1)
+        first = grid[:, :1]
+        return first[:, 0] if torch.equal(grid, first.expand_as(grid)) else None
+
+    def coordinates(self, per_channel: torch.Tensor) -> torch.Tensor:
+        """A per-(channel, position) quantity ``(B, C, P)`` as flattened coordinates of ``F``, ``(B, d)``."""
+        if self.position_major:
+            per_channel = per_channel.transpose(1, 2)
+        return per_channel.reshape(per_channel.shape[0], -1)
 
 
 def pool(features: torch.Tensor, kind: Pool) -> torch.Tensor:
@@ -205,16 +273,43 @@ class PoolNormLinearHead:
         return self._classify(self._normalized(pool(features, self.pool)))
 
     def linearize(self, features: torch.Tensor) -> LinearizedHead:
-        """``y`` at ``F`` and closures for ``v^T J`` and ``J t``; the LayerNorm statistics are computed once."""
-        shape = features.shape[1:]
+        """``y`` at ``F`` and closures for ``v^T J`` and ``J t``; the LayerNorm statistics are computed once.
+
+        A head that reads ``F`` through a mean over positions (LayerNorm, if any, after it) is linearised on
+        ``pool(F)`` and carries that as :attr:`LinearizedHead.pooled_read`; its products on ``F`` are the pooled
+        ones spread by :func:`pool_adjoint` (the same numbers as linearising on ``F`` directly).
+        """
         kind = self.pool
+        if kind not in MEAN_POOLS or (self.norm_eps is not None and self.norm_before_pool):
+            return self._linearize(features, kind, self)
+        shape = features.shape[1:]
+        pooled = pool(features, kind)
+        inner = self._linearize(pooled, "identity", self._on_pooled)
+        return LinearizedHead(
+            inner.logits,
+            vjp=lambda v: pool_adjoint(inner.vjp(v), kind, shape),
+            jvp=lambda t: inner.jvp(pool(t, kind)),
+            function=self,
+            class_gradient=lambda c: pool_adjoint(inner.class_gradient(c), kind, shape),
+            pooled_read=PooledRead(kind, shape, pooled, inner),
+        )
+
+    def _on_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The head after its pool, ``(B, D) -> (B, K)`` (LayerNorm, if any, after pooling)."""
+        return self._classify(pooled if self.norm_eps is None else self._normalized(pooled))
+
+    def _linearize(
+        self, features: torch.Tensor, kind: Pool, function: Callable[[torch.Tensor], torch.Tensor]
+    ) -> LinearizedHead:
+        """:meth:`linearize` with pool ``kind``; ``function`` is the head as a function of ``features``."""
+        shape = features.shape[1:]
         if self.norm_eps is None:
             logits = self._classify(pool(features, kind))
             return LinearizedHead(
                 logits,
                 vjp=lambda v: pool_adjoint(v @ self.weight, kind, shape),
                 jvp=lambda t: pool(t, kind) @ self.weight_t,
-                function=self,
+                function=function,
                 class_gradient=lambda c: pool_adjoint(self.weight.index_select(0, c), kind, shape),
             )
 
@@ -249,7 +344,7 @@ class PoolNormLinearHead:
             logits,
             vjp=lambda v: pullback(v @ centered),
             jvp=jvp,
-            function=self,
+            function=function,
             class_gradient=lambda c: pullback(centered.index_select(0, c)),
         )
 

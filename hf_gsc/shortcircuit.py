@@ -35,7 +35,7 @@ def _as_fraction(ratio: float) -> tuple[int, int]:
     return fraction.numerator, fraction.denominator
 
 
-def num_masked(gradient: torch.Tensor, mask_ratio: float) -> torch.Tensor:
+def num_masked(gradient: torch.Tensor, mask_ratio: float, repeats: int = 1) -> torch.Tensor:
     """Per-sample mask size ``k = ceil(mask_ratio * n)``, ``n`` = number of nonzero gradient coordinates.
 
     ``mask_ratio`` is read as the nearest fraction ``p / q`` with ``q <= 10**6`` and ``k`` is computed in
@@ -44,11 +44,15 @@ def num_masked(gradient: torch.Tensor, mask_ratio: float) -> torch.Tensor:
     Args:
         gradient: ``(B, d)``.
         mask_ratio: fraction in ``[0, 1]``.
+        repeats: each column of ``gradient`` stands for this many coordinates with its value (a pooled head's
+            channels, see :class:`hf_gsc.head_derivatives.PooledRead`).
     Returns:
         ``(B,)`` int64.
     """
     numerator, denominator = _as_fraction(float(mask_ratio))
     n = torch.count_nonzero(gradient, dim=1)
+    if repeats != 1:
+        return mask_size(n * repeats, numerator, denominator)
     return _mask_sizes(gradient.shape[1], numerator, denominator, gradient.device).index_select(0, n)
 
 
@@ -63,7 +67,7 @@ def _mask_sizes(d: int, numerator: int, denominator: int, device: torch.device) 
     return mask_size(torch.arange(d + 1, dtype=torch.int64, device=device), numerator, denominator)
 
 
-def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float) -> torch.Tensor:
+def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float, repeats: int = 1) -> torch.Tensor:
     """Per-sample mask size: the smallest ``k`` whose top-``k`` ``|g|`` hold ``gradient_mass`` of the total ``|g|``.
 
     A sample whose gradient is concentrated on few coordinates gets a small mask, a diffuse one a large
@@ -72,16 +76,32 @@ def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float) -> torch.T
     Args:
         gradient: ``(B, d)``.
         gradient_mass: fraction in ``[0, 1]``; 0 gives ``k = 0``.
+        repeats: each column stands for this many coordinates with its value (as in :func:`num_masked`); the
+            prefix sums are then taken per column, ``q`` coordinates of a column adding ``q |g|``, so the
+            coordinates are never expanded.
     Returns:
         ``(B,)`` int64, at most the number of nonzero coordinates.
     """
     magnitude = gradient.abs().double().sort(dim=1, descending=True).values
-    cumulative = magnitude.cumsum(dim=1)
-    total = cumulative[:, -1:]
-    # Number of prefixes still short of the target, plus the one that reaches it.
-    k = (cumulative < gradient_mass * total * (1 - 1e-12)).sum(dim=1) + 1
+    if repeats == 1:
+        cumulative = magnitude.cumsum(dim=1)
+        total = cumulative[:, -1:]
+        # Number of prefixes still short of the target, plus the one that reaches it.
+        k = (cumulative < gradient_mass * total * (1 - 1e-12)).sum(dim=1) + 1
+    else:
+        # |g| * repeats is exact in float64 (a float32 value times an integer below 2**29).
+        blocks = magnitude * repeats
+        ends = blocks.cumsum(dim=1)
+        total = ends[:, -1:]
+        target = gradient_mass * total * (1 - 1e-12)
+        before = ends - blocks
+        # Per column, the prefixes before + q |g| (q = 1 .. repeats) still short of the target: q < (target -
+        # before) / |g|; a zero column adds nothing, so its prefixes are short exactly when `before` is.
+        short = ((target - before) / magnitude).ceil().sub(1).clamp(0, repeats)
+        short = torch.where(magnitude > 0, short, (before < target).double() * repeats)
+        k = short.sum(dim=1).long() + 1
     k = torch.where(torch.as_tensor(gradient_mass > 0) & (total[:, 0] > 0), k, torch.zeros_like(k))
-    return torch.minimum(k, (gradient != 0).sum(dim=1))
+    return torch.minimum(k, (gradient != 0).sum(dim=1) * repeats)
 
 
 def gradient_mass_for_mean_ratio(gradient: torch.Tensor, mask_ratio: float, iterations: int = 40) -> float:
@@ -178,12 +198,26 @@ def short_circuit_mask(
     Returns:
         ``(B, d)`` bool. Coordinates with ``g = 0`` (not read by the head) are chosen after every read one.
     """
+    priority = selection_priority(gradient, selection, fisher_diagonal, generator)
+    if excluded is not None:
+        priority = priority.masked_fill(excluded, -math.inf)
+    return top_k_mask(priority, k)
+
+
+def selection_priority(
+    gradient: torch.Tensor,
+    selection: Selection = "gradient",
+    fisher_diagonal: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The value :func:`short_circuit_mask` ranks, ``(B, d)``, coordinate by coordinate (see its ``selection``);
+    unread coordinates (``g = 0``) get a value below every read one."""
     magnitude = gradient.abs()
     read = gradient != 0
     if selection == "gradient":
         # Unread coordinates (|g| = 0) already rank after every read one.
-        priority = magnitude
-    elif selection == "fisher":
+        return magnitude
+    if selection == "fisher":
         if fisher_diagonal is None:
             raise ValueError("selection='fisher' needs the diagonal Fisher: fit it on ID training data first")
         scale = fisher_diagonal.to(magnitude).sqrt().clamp_min(torch.finfo(magnitude.dtype).tiny)
@@ -195,12 +229,49 @@ def short_circuit_mask(
         priority = noise.to(magnitude.dtype)
     else:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
-    if selection != "gradient":
-        # The lowest finite value: after every read coordinate, before every excluded one (-inf).
-        priority = torch.where(read, priority, torch.finfo(priority.dtype).min)
-    if excluded is not None:
-        priority = priority.masked_fill(excluded, -math.inf)
-    return top_k_mask(priority, k)
+    # The lowest finite value: after every read coordinate, before every excluded one (-inf).
+    return torch.where(read, priority, torch.finfo(priority.dtype).min)
+
+
+def repeated_top_k_counts(priority: torch.Tensor, k: torch.Tensor, repeats: int, position_major: bool) -> torch.Tensor:
+    """:func:`top_k_mask` of a priority that repeats over positions, as a count per channel, without expanding it.
+
+    The coordinates are ``(channel, position)`` pairs, ``repeats`` positions a channel, all with the channel's
+    priority; flattened, coordinate ``(c, p)`` is ``c * repeats + p`` (channel-major, ``(B, C, H, W)``) or
+    ``p * C + c`` (``position_major``, ``(B, N, D)``). Ties go to the lower flattened index, so the mask of each
+    channel is always a prefix of its positions; this returns the prefix lengths: channels above the ``k``-th
+    coordinate's value are whole, those below are empty, and the channels tied at that value share what is left of
+    ``k`` in index order: channel by channel (channel-major), or position by position across the tied channels
+    (position-major).
+
+    Args:
+        priority: ``(B, C)`` per channel (finite). k: ``(B,)`` int64 mask sizes, at most ``C * repeats``.
+    Returns:
+        ``(B, C)`` int64 counts in ``[0, repeats]`` summing to ``k`` per row; the mask is
+        ``position < counts[:, c]`` (:func:`prefix_mask`).
+    """
+    if priority.shape[1] == 0:
+        return torch.zeros_like(priority, dtype=torch.int64)
+    k = k.to(priority.device)
+    ordered = priority.sort(dim=1, descending=True).values
+    kth = ordered.gather(1, ((k - 1).clamp(min=0) // repeats).clamp(max=priority.shape[1] - 1).unsqueeze(1))
+    above = priority > kth
+    tied = priority == kth
+    room = k.unsqueeze(1) - repeats * above.sum(dim=1, keepdim=True)  # >= 1 where k > 0: the k-th is not above
+    rank = tied.cumsum(dim=1) - 1  # among the tied channels, by channel index
+    if position_major:
+        ties = tied.sum(dim=1, keepdim=True)
+        tied_counts = room // ties + (rank < room % ties)
+    else:
+        tied_counts = (room - repeats * rank).clamp(0, repeats)
+    counts = torch.where(above, repeats, torch.where(tied, tied_counts, 0))
+    return counts * (k > 0).unsqueeze(1)
+
+
+def prefix_mask(counts: torch.Tensor, repeats: int) -> torch.Tensor:
+    """``(B, C)`` counts -> ``(B, C, repeats)`` bool, ``position < counts``."""
+    positions = torch.arange(repeats, device=counts.device)
+    return positions < counts.unsqueeze(-1)
 
 
 def diagonal_fisher_sum(loss_gradient: torch.Tensor) -> torch.Tensor:
@@ -231,9 +302,11 @@ def short_circuit(
         scale:   ``F'_i = beta * F_i``
 
     Args:
-        features: ``F``, ``(B, d)``. gradient: ``g``, ``(B, d)``. mask: ``(B, d)`` bool.
+        features: ``F``, ``(B, d)``. gradient: ``g``, ``(B, d)``. mask: ``(B, d)`` bool. Any shape ``(B, ...)``
+            works the same (sums run over all but the batch dimension), with ``gradient`` broadcast to it: a pooled
+            head's ``F`` as ``(B, C, P)`` with ``g`` as ``(B, C, 1)``.
     Returns:
-        ``F'``, ``(B, d)``, same dtype as ``features``.
+        ``F'``, the shape of ``features``, same dtype.
     """
     if operation == "zero":
         return features.masked_fill(mask, 0.0)
@@ -241,8 +314,9 @@ def short_circuit(
         return features - alpha * torch.sign(gradient) * mask
     if operation == "project":
         g_masked = gradient * mask
-        norm_sq = (g_masked * g_masked).sum(dim=1, keepdim=True)
-        coefficient = (features * g_masked).sum(dim=1, keepdim=True) / norm_sq.clamp_min(torch.finfo(norm_sq.dtype).tiny)
+        sample = tuple(range(1, features.dim()))
+        norm_sq = (g_masked * g_masked).sum(dim=sample, keepdim=True)
+        coefficient = (features * g_masked).sum(dim=sample, keepdim=True) / norm_sq.clamp_min(torch.finfo(norm_sq.dtype).tiny)
         return features - coefficient * g_masked
     if operation == "clip":
         return torch.where(mask, features.clamp(-clip_bound, clip_bound), features)

@@ -10,9 +10,16 @@ With ``--mixed-precision bf16`` (or ``fp16``, CUDA only) every timed and memory-
 ``torch.autocast`` on the device's type, as the evaluation runs its methods under ``accelerator.autocast()``: the
 backbone in the lower precision, GSC's step, ODIN and ASH in float32 (:mod:`hf_gsc.precision`).
 
-With ``--after-backbone`` each GSC method is also timed with its backbone replaced by a lookup of ``F``: what is
+With ``--after-backbone`` each GSC method is also timed with its backbone pass replaced by a lookup: what is
 left is GSC's whole work after the backbone (what a faster backend could save), reported relative to MSP's whole
 forward (``after_backbone_relative_to_msp``).
+
+With ``--per-coordinate`` each GSC approximation whose head reads ``F`` through a mean over positions (ResNet,
+ConvNeXt, ...) also runs as ``gsc_<approximation>_per_coordinate``: the same detector with the step on every
+coordinate of ``F`` instead of per channel (:func:`hf_gsc.gsc_step.gsc_step` on the head without its
+``pooled_read``), timed in the same rounds. ``--step-alone`` times :func:`hf_gsc.gsc_step.gsc_step` by itself (ranking,
+mask, short-circuit, logit update, score; ``F`` and the linearised head made once) both ways, and records whether the
+two give the same masks and how far apart their scores are (``step_alone`` in the JSON).
 
 Example (random-weight ResNet-50, ViT-B/16 and Swin-T at 224 px)::
 
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import platform
@@ -37,6 +45,7 @@ from typing import Callable
 import torch
 
 from hf_gsc import GSCForImageClassification, __version__
+from hf_gsc.gsc_step import gsc_step
 from hf_gsc.detectors import get_detector
 from hf_gsc.reference_models import reference_model_path
 from transformers import AutoModelForImageClassification
@@ -109,17 +118,49 @@ def _methods(
     baselines: tuple[str, ...] = BASELINES,
     approximations: tuple[str, ...] = GSC_APPROXIMATIONS,
     detectors: dict[str, GSCForImageClassification] | None = None,
+    per_coordinate_too: bool = False,
 ) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """Every method as ``pixel_values -> scores``; ``detectors`` is filled with each GSC method's detector."""
+    """Every method as ``pixel_values -> scores``; ``detectors`` is filled with each GSC method's detector.
+    ``per_coordinate_too``: also each GSC approximation with its step on every coordinate (where that differs)."""
     methods: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
     for name in baselines:
         methods[name] = get_detector(name, model).score
     for approximation in approximations:
-        gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
-        methods[f"gsc_{approximation}"] = lambda x, gsc=gsc: gsc(x).ood_score
-        if detectors is not None:
-            detectors[f"gsc_{approximation}"] = gsc
+        for per_coordinate in (False, True) if per_coordinate_too else (False,):
+            gsc = GSCForImageClassification(model, split_point=split_point, approximation=approximation)
+            name = f"gsc_{approximation}"
+            if per_coordinate:
+                if not step_per_coordinate(gsc):
+                    continue
+                name += "_per_coordinate"
+            methods[name] = lambda x, gsc=gsc: gsc(x).ood_score
+            if detectors is not None:
+                detectors[name] = gsc
     return methods
+
+
+def _without_pooled_read(linearization):
+    """A linearisation whose head has no pooled form: the GSC step on it runs on every coordinate of ``F``."""
+    return dataclasses.replace(linearization, head=dataclasses.replace(linearization.head, pooled_read=None))
+
+
+def step_per_coordinate(detector: GSCForImageClassification) -> bool:
+    """Make ``detector`` run its step on every coordinate of ``F`` (its linearisations lose their pooled form);
+    ``False``, and nothing changed, where its head has no pooled form to lose."""
+    backend = detector.backend
+    linearize = backend.linearize
+    probe = torch.zeros(2, *_input_shape(detector.model), device=detector.device, dtype=detector.dtype)
+    if linearize(probe).head.pooled_read is None:
+        return False
+    backend.linearize = lambda *args, **kwargs: _without_pooled_read(linearize(*args, **kwargs))
+    return True
+
+
+def _input_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    config = model.config
+    size = getattr(config, "image_size", 28)
+    size = size if isinstance(size, int) else size[0]
+    return config.num_channels, size, size
 
 
 def _peak_memory_bytes(function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> int:
@@ -178,15 +219,13 @@ def benchmark_model(
     after_backbone_rounds: bool = False,
     unhooked_twin: torch.nn.Module | None = None,
     mixed_precision: str = "no",
+    per_coordinate: bool = False,
+    step_alone: bool = False,
 ) -> dict:
     """Every method's times and peak memory on one random batch, each call under ``mixed_precision``'s autocast."""
-    config = model.config
-    channels = config.num_channels
-    size = getattr(config, "image_size", 28)
-    size = size if isinstance(size, int) else size[0]
-    x = torch.randn(batch_size, channels, size, size, generator=torch.Generator().manual_seed(0)).to(device)
+    x = torch.randn(batch_size, *_input_shape(model), generator=torch.Generator().manual_seed(0)).to(device)
     detectors: dict[str, GSCForImageClassification] = {}
-    methods = _methods(model, split_point, baselines, approximations, detectors)
+    methods = _methods(model, split_point, baselines, approximations, detectors, per_coordinate)
     if unhooked_twin is not None:  # the same weights, never wrapped by GSC: no split hooks on any module
         methods["msp_without_split_hooks"] = get_detector("msp", unhooked_twin).score
     methods = {name: _under_autocast(function, device, mixed_precision) for name, function in methods.items()}
@@ -205,6 +244,7 @@ def benchmark_model(
     after_backbone = (
         _after_backbone_seconds(detectors, x, repeats, device, mixed_precision) if after_backbone_rounds else {}
     )
+    alone = _step_alone(detectors, x, repeats, device, mixed_precision) if step_alone else {}
     # Paired: each repeat's time over MSP's in the same repeat (adjacent calls), so that load changes slower
     # than one round cancel; reported next to the ratio of medians, which is the headline number.
     paired = {name: [t / m for t, m in zip(times[name], times["msp"])] for name in names}
@@ -225,22 +265,69 @@ def benchmark_model(
                 "after_backbone_iqr_seconds": _iqr(after_backbone[name]),
                 "after_backbone_relative_to_msp": statistics.median(after_backbone[name]) / msp_time,
             } if name in after_backbone else {}),
+            **({"step_alone": alone[name]} if name in alone else {}),
         }
         for name in names
     }
+
+
+def _step_alone(
+    detectors: dict[str, GSCForImageClassification], x: torch.Tensor, repeats: int, device: str = "cpu",
+    mixed_precision: str = "no",
+) -> dict[str, dict]:
+    """Per GSC detector whose head has a pooled form: :func:`hf_gsc.gsc_step.gsc_step` alone, per channel and on every
+    coordinate, on one linearisation of ``x`` (interleaved over ``repeats`` rounds after one warm-up call each), and
+    how the two results compare."""
+    out: dict[str, dict] = {}
+    for name, detector in detectors.items():
+        if name.endswith("_per_coordinate"):
+            continue
+        with torch.no_grad(), autocast(device, mixed_precision):
+            linearization = detector._linearize(detector.backbone_pass(x))
+        head, features = linearization.head, linearization.read_part
+        if head.pooled_read is None:
+            continue
+        heads = {"per_channel": head, "per_coordinate": dataclasses.replace(head, pooled_read=None)}
+        steps = {way: _under_autocast(lambda _x, h=h: gsc_step(h, features, detector.config).ood_score, device,
+                                      mixed_precision) for way, h in heads.items()}
+        for step in steps.values():
+            _time_once(step, x)
+        times: dict[str, list[float]] = {way: [] for way in heads}
+        for _ in range(repeats):
+            for way, step in steps.items():
+                times[way].append(_time_once(step, x))
+        with torch.no_grad():
+            results = {way: gsc_step(h, features, detector.config) for way, h in heads.items()}
+        channel, coordinate = results["per_channel"], results["per_coordinate"]
+        out[name] = {
+            **{f"{way}_median_seconds": statistics.median(t) for way, t in times.items()},
+            **{f"{way}_iqr_seconds": _iqr(t) for way, t in times.items()},
+            **{f"{way}_round_seconds": t for way, t in times.items()},
+            "per_coordinate_over_per_channel": statistics.median(times["per_coordinate"])
+            / statistics.median(times["per_channel"]),
+            "coordinates_per_sample": int(features[0].numel()),
+            "masks_equal": bool(torch.equal(channel.mask, coordinate.mask)),
+            "max_abs_score_difference": float((channel.ood_score - coordinate.ood_score).abs().max()),
+            "max_abs_gsc_logit_difference": float((channel.gsc_logits - coordinate.gsc_logits).abs().max()),
+        }
+    return out
 
 
 def _after_backbone_seconds(
     detectors: dict[str, GSCForImageClassification], x: torch.Tensor, repeats: int, device: str = "cpu",
     mixed_precision: str = "no",
 ) -> dict[str, list[float]]:
-    """Each GSC detector's time per call with the backbone replaced by a lookup of its ``F`` (the split point's
-    ``features`` patched on the instance, computed under the same autocast), interleaved over ``repeats`` rounds
-    after one warm-up call."""
+    """Each GSC detector's time per call with the backbone replaced by a lookup of its ``F`` (the detector's
+    ``backbone_pass`` patched on the instance to return a pass computed once, under the same autocast, with a fresh
+    memo each call), interleaved over ``repeats`` rounds after one warm-up call."""
+    from hf_gsc.backbone_pass import BackbonePass
+
     calls = {name: _under_autocast(detector, device, mixed_precision) for name, detector in detectors.items()}
     for name, detector in detectors.items():
-        features = _under_autocast(detector.split_point.features, device, mixed_precision)(x)
-        detector.split_point.features = lambda pixel_values, features=features: features
+        with torch.no_grad():
+            done = _under_autocast(detector.backbone_pass, device, mixed_precision)(x)
+        detector.backbone_pass = lambda pixel_values, logits=False, done=done: BackbonePass(
+            done.pixel_values, done.logits, dict(done.captured))
         _time_once(calls[name], x)
     times: dict[str, list[float]] = {name: [] for name in detectors}
     try:
@@ -249,7 +336,7 @@ def _after_backbone_seconds(
                 times[name].append(_time_once(calls[name], x))
     finally:
         for detector in detectors.values():
-            del detector.split_point.features
+            del detector.backbone_pass
     return times
 
 
@@ -257,10 +344,7 @@ def profile_methods(
     model: torch.nn.Module, batch_size: int, split_point: str, device: str, label: str, mixed_precision: str = "no"
 ) -> None:
     """Print the 12 operators with the most self time for msp, gsc_exact and gsc_first_order (5 calls each)."""
-    config = model.config
-    size = getattr(config, "image_size", 28)
-    size = size if isinstance(size, int) else size[0]
-    x = torch.randn(batch_size, config.num_channels, size, size).to(device)
+    x = torch.randn(batch_size, *_input_shape(model)).to(device)
     methods = {name: _under_autocast(function, device, mixed_precision)
                for name, function in _methods(model, split_point).items()}
     activities = [torch.profiler.ProfilerActivity.CPU] + (
@@ -307,6 +391,15 @@ def markdown(results: dict) -> str:
                             if "after_backbone_median_seconds" in r else ""
                         )
                 lines.append(f"| {method} | " + " | ".join(cells) + " |")
+            alone = [(b, m, r["step_alone"]) for b in batches for m, r in per_batch[b].items() if "step_alone" in r]
+            if alone:
+                lines += ["", "GSC's step alone (ranking, mask, short-circuit, logit update, score), median ms:", "",
+                          "| batch | method | per channel | on every coordinate | ratio | same masks | largest score "
+                          "difference |", "|---|---|---|---|---|---|---|"]
+                lines += [f"| {b} | {m} | {1000 * a['per_channel_median_seconds']:.2f} | "
+                          f"{1000 * a['per_coordinate_median_seconds']:.2f} | "
+                          f"{a['per_coordinate_over_per_channel']:.1f}x | {'yes' if a['masks_equal'] else 'NO'} | "
+                          f"{a['max_abs_score_difference']:.2g} |" for b, m, a in alone]
             msp = {b: per_batch[b]["msp"] for b in batches}
             lines += ["", "MSP: " + ", ".join(
                 f"batch {b} {1000 * msp[b]['median_seconds']:.1f} ms, {msp[b]['peak_memory_bytes'] / 2**20:.2f} MiB"
@@ -328,6 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-backbone", action="store_true",
                         help="also time each GSC method with its backbone replaced by a lookup of F (what a backend "
                         "can change), relative to MSP's whole forward")
+    parser.add_argument("--per-coordinate", action="store_true",
+                        help="also run each GSC approximation with its step on every coordinate of F instead of per "
+                        "channel (gsc_<approximation>_per_coordinate), where its head reads F through a mean")
+    parser.add_argument("--step-alone", action="store_true",
+                        help="also time GSC's step alone (after F and the linearised head), per channel and on every "
+                        "coordinate, and compare their masks and scores (step_alone in the JSON)")
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--split-points", default="final_encoder_output",
                         help="comma list of split points to benchmark GSC at (e.g. final_encoder_output,vit.layers.-3)")
@@ -386,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
             for batch_size in (int(b) for b in args.batch_sizes.split(",")):
                 row = benchmark_model(
                     model, batch_size, args.repeats, args.warmup, split_point, args.device, baselines, approximations,
-                    args.after_backbone, twin, args.mixed_precision,
+                    args.after_backbone, twin, args.mixed_precision, args.per_coordinate, args.step_alone,
                 )
                 results["models"][name].setdefault(split_point, {})[str(batch_size)] = row
                 summary = ", ".join(

@@ -9,9 +9,10 @@ medians. ``knn,react`` is one method per fit split: KNN fits on ID train, ReAct 
 table fits every method from one pass over each of those two splits, so it needs exactly the passes of that pair. It also checks that KNN's score files are byte-for-byte the same scores alone and within the full table.
 Nothing here asserts a speed.
 
-The model is a random-weight ViT at 224 px, patch 16, 12 layers (ViT-Ti widths: hidden 192, 3 heads), so the
-backbone dominates a pass while the feature methods' fits stay within the data (Mahalanobis needs
-hidden + classes fitting samples).
+The model is a random-weight ViT at 224 px, patch 16, 12 layers (``--model vit-ti``, the default: ViT-Ti widths,
+hidden 192, 3 heads), so the backbone dominates a pass while the feature methods' fits stay within the data
+(Mahalanobis needs hidden + classes fitting samples); ``--model vit-b16`` takes ViT-B/16's widths (hidden 768,
+12 heads, MLP 3072: at least 778 fitting samples).
 
 Example::
 
@@ -40,8 +41,15 @@ from hf_gsc.detectors import DETECTORS
 SHARED_METHODS = tuple(sorted(name for name, cls in DETECTORS.items() if cls.one_pass))
 
 
-def save_model(folder: Path, head_samples: int = 500) -> Path:
-    """A random ViT at 224 px / 16, 12 layers, ViT-Ti widths, 10 classes, with its image processor.
+#: ``--model`` -> the ViT's widths (224 px, patch 16, 12 layers).
+WIDTHS = {
+    "vit-ti": dict(hidden_size=192, num_attention_heads=3, intermediate_size=768),
+    "vit-b16": dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+}
+
+
+def save_model(folder: Path, head_samples: int = 500, widths: str = "vit-ti") -> Path:
+    """A random ViT at 224 px / 16, 12 layers, the ``widths`` of :data:`WIDTHS`, 10 classes, with its image processor.
 
     The backbone keeps its random weights; the classifier is trained (cross-entropy, Adam, full batch) on the
     penultimate features of ``head_samples`` Fashion-MNIST *train* images, so that the model classifies ID data far
@@ -53,8 +61,7 @@ def save_model(folder: Path, head_samples: int = 500) -> Path:
     from hf_gsc.data import load_benchmark
 
     torch.manual_seed(0)
-    config = ViTConfig(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=12, num_attention_heads=3,
-                       intermediate_size=768, num_labels=10)
+    config = ViTConfig(image_size=224, patch_size=16, num_hidden_layers=12, num_labels=10, **WIDTHS[widths])
     model = ViTForImageClassification(config).eval()
     processor = ViTImageProcessor(size={"height": 224, "width": 224})
     train = load_benchmark("fmnist-ood", ood_splits=["mnist"]).id_splits["train"].select(range(head_samples))
@@ -109,6 +116,8 @@ def same_scores(alone: Path, together: Path, method: str) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(WIDTHS), default="vit-ti",
+                        help="the random ViT's widths: ViT-Ti (hidden 192) or ViT-B/16 (hidden 768)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-samples", type=int, default=128, help="rows of each scored split")
     parser.add_argument("--max-fit-samples", type=int, default=256, help="rows of each fitting split")
@@ -124,7 +133,7 @@ def main() -> int:
     configurations = {"knn": "knn", "knn_react": "knn,react", "msp": "msp", "one_pass_methods": ",".join(SHARED_METHODS)}
     rounds: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = save_model(Path(tmp) / "model")
+        model = save_model(Path(tmp) / "model", widths=args.model)
         names = list(configurations)
         for index in range(args.rounds):
             order = names[index % len(names):] + names[:index % len(names)]
@@ -154,8 +163,9 @@ def main() -> int:
                    "met": statistics.median(ratio_knn) <= 1.5},
         "knn_scores_equal_alone_and_together": all(r["knn_scores_equal_alone_and_together"] for r in rounds),
         "rounds": rounds,
-        "setup": {"model": "random ViT 224/16, 12 layers, hidden 192, 3 heads, 10 classes", "benchmark": "fmnist-ood",
-                  **{k: v for k, v in vars(args).items() if k != "output"}},
+        "setup": {"model": f"random ViT 224/16, 12 layers, hidden {WIDTHS[args.model]['hidden_size']}, "
+                           f"{WIDTHS[args.model]['num_attention_heads']} heads, 10 classes", "benchmark": "fmnist-ood",
+                  **{k: v for k, v in vars(args).items() if k not in ("output", "model")}, "widths": args.model},
         "machine": {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
                     "load_average_after": os.getloadavg()},
         "versions": {"hf_gsc": __version__, "torch": torch.__version__, "python": platform.python_version()},

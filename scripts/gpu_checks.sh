@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check in one run (217 s on one NVIDIA H200; at most 8 minutes), its outputs under one folder.
+# Every GPU check in one run (at most 8 minutes: GPU_CHECKS_DEADLINE_S), its outputs under one folder.
 #
 # Through the device tool (one call), from the repository root:
 #   1. Here, once (and again when the data or the pinned versions change):
@@ -24,12 +24,16 @@
 #      each method's average AUROC / FPR95 on the GPU with the CPU run and records device, precision and images/s.
 #   3. cost_fp32, cost_bf16: scripts/benchmark_efficiency.py, ResNet-50, ViT-B/16 and Swin-T (random weights,
 #      224 px), batch 64, on CUDA. Targets: every GSC approximation at most 1.05x MSP's time and at most 1.10x MSP's
-#      peak memory (torch.cuda.max_memory_allocated).
+#      peak memory (torch.cuda.max_memory_allocated). With --per-coordinate --step-alone: ResNet-50's head reads F
+#      through a mean over positions, so GSC's step runs per channel; it is also run on every coordinate of F
+#      (gsc_*_per_coordinate rows, and the step alone both ways, with whether the masks are the same).
+#      per_channel_fp32, per_channel_bf16: the same for ResNet-50 alone at batch 256.
 #   4. data_loading: scripts/benchmark_data_loading.py --model vit-b16-random --device cuda. Target: ViT-B/16
 #      end-to-end images/s through the evaluation's data loop at least 0.8x its model-only images/s.
 #   5. shared_pass: scripts/benchmark_shared_pass.py on the GPU (the evaluation with every one-pass method against
 #      KNN alone and MSP alone, 3 rounds of 1,024 samples per split: one round of sub-second runs carries the first
-#      run's warm-up; its JSON holds the ratios). Target: at most 1.5x KNN alone.
+#      run's warm-up; its JSON holds the ratios), on its small random ViT (hidden 192). Target: at most 1.5x KNN
+#      alone. shared_pass_vit_b16: the same on a random ViT-B/16 at 224 px (--model vit-b16), 2 rounds.
 #
 # Output (at most 8 files, as the device tool returns them): summary.json (each step's command, exit status,
 # seconds and limit; the findings above against their targets), progress.log, cost_tables.md (the cost JSONs'
@@ -132,12 +136,18 @@ if [[ $MODE == gpu ]]; then
     DEVICE=cuda MAX_SAMPLES=1000 BATCH=64 REPEATS=10 WARMUP=3 THREADS=8
     # 1,024 samples per split: at the default 128 an H200 run lasts under a second and fixed costs decide the ratio.
     SHARED_PASS=(--rounds 3 --max-samples 1024 --max-fit-samples 1024 --batch-size 64)
+    # ViT-B/16's Mahalanobis needs hidden + classes = 778 fitting samples; its forward makes each round ~30 s.
+    SHARED_PASS_VIT_B16=(--model vit-b16 --rounds 2 --max-samples 1024 --max-fit-samples 1024 --batch-size 64)
+    LARGE_BATCH=256
     # 2048 JPEGs made there (~15 s), two rounds of the model alone and the loop with the evaluation's workers (~40 s).
     DATA_LOADING=(--model vit-b16-random --device cuda --batch-size 64 --measure model_only,workers_N --repeats 2)
     DEVICE_ENV=()
 else
     DEVICE=cpu MAX_SAMPLES=200 BATCH=2 REPEATS=1 WARMUP=0 THREADS=1
     SHARED_PASS=(--rounds 1 --max-samples 32 --max-fit-samples 64)
+    # A ViT-B/16 round takes minutes on a CPU: the small ViT stands in (the JSON's setup names the model).
+    SHARED_PASS_VIT_B16=(--model vit-ti --rounds 1 --max-samples 32 --max-fit-samples 64)
+    LARGE_BATCH=4
     DATA_LOADING=(--model cheap-vit --device cpu --num-images 64 --repeats 1)
     DEVICE_ENV=(CUDA_VISIBLE_DEVICES=)
     export OMP_NUM_THREADS=1
@@ -206,12 +216,21 @@ EVALUATE=("$PYTHON" scripts/evaluate_ood.py --model hf_gsc/reference_models/resn
 step eval_device_fp32 75 env "${DEVICE_ENV[@]}" "${EVALUATE[@]}" --mixed-precision no --output-dir "$DETAILS/eval_device_fp32"
 step eval_device_bf16 75 env "${DEVICE_ENV[@]}" "${EVALUATE[@]}" --mixed-precision bf16 --output-dir "$DETAILS/eval_device_bf16"
 
-# 3. GSC's cost next to MSP at realistic scale.
+# 3. GSC's cost next to MSP at realistic scale; the per-channel step of ResNet-50's pooled head against the step on
+# every coordinate.
 for precision in fp32 bf16; do
+    mixed=$([[ $precision == fp32 ]] && echo no || echo bf16)
     step "cost_$precision" 90 "$PYTHON" scripts/benchmark_efficiency.py \
         --models resnet-50-random,vit-b16-random,swin-t-random --baselines msp --batch-sizes "$BATCH" \
+        --per-coordinate --step-alone --repeats "$REPEATS" --warmup "$WARMUP" --threads "$THREADS" --device "$DEVICE" \
+        --mixed-precision "$mixed" --output "$DETAILS/cost_$precision.json"
+done
+for precision in fp32 bf16; do
+    mixed=$([[ $precision == fp32 ]] && echo no || echo bf16)
+    step "per_channel_$precision" 60 "$PYTHON" scripts/benchmark_efficiency.py \
+        --models resnet-50-random --baselines msp --batch-sizes "$LARGE_BATCH" --per-coordinate --step-alone \
         --repeats "$REPEATS" --warmup "$WARMUP" --threads "$THREADS" --device "$DEVICE" \
-        --mixed-precision "$([[ $precision == fp32 ]] && echo no || echo bf16)" --output "$DETAILS/cost_$precision.json"
+        --mixed-precision "$mixed" --output "$DETAILS/per_channel_$precision.json"
 done
 
 # 4. ViT-B/16 through the evaluation's data loop against the model alone.
@@ -219,6 +238,8 @@ step data_loading 90 "$PYTHON" scripts/benchmark_data_loading.py "${DATA_LOADING
 
 # 5. The full comparison table against one method, on the GPU.
 step shared_pass 150 "$PYTHON" scripts/benchmark_shared_pass.py "${SHARED_PASS[@]}" --output "$DETAILS/shared_pass.json"
+step shared_pass_vit_b16 150 "$PYTHON" scripts/benchmark_shared_pass.py "${SHARED_PASS_VIT_B16[@]}" \
+    --output "$DETAILS/shared_pass_vit_b16.json"
 
 step eval_cpu_fp32 90 env CUDA_VISIBLE_DEVICES= ACCELERATE_USE_CPU=1 "${EVALUATE[@]}" --mixed-precision no \
     --output-dir "$DETAILS/eval_cpu_fp32"

@@ -17,6 +17,10 @@ TARGETS = {
     "vit_end_to_end_relative_to_model_only_at_least": 0.8,
 }
 EVALUATIONS = ("eval_device_fp32", "eval_device_bf16", "eval_cpu_fp32")
+#: The one-pass table against KNN alone: on the small random ViT, and on a random ViT-B/16.
+SHARED_PASSES = ("shared_pass", "shared_pass_vit_b16")
+#: The benchmark_efficiency.py steps whose tables go into cost_tables.md.
+COST_STEPS = ("cost_fp32", "cost_bf16", "per_channel_fp32", "per_channel_bf16")
 
 
 def _json(path: Path) -> dict | None:
@@ -80,6 +84,32 @@ def cost(results: dict) -> dict:
     return out
 
 
+def per_channel_step(*results: dict | None) -> dict:
+    """model -> batch -> GSC approximation, for the heads whose step runs per channel (``--per-coordinate
+    --step-alone`` runs): GSC's time relative to MSP per channel and on every coordinate, the step alone both ways
+    (median ms) and whether the two give the same masks and how far apart their scores are."""
+    out: dict = {}
+    for result in results:
+        for model, per_split in (result or {}).get("models", {}).items():
+            for split_point, per_batch in per_split.items():
+                for batch, row in per_batch.items():
+                    for method, measured in row.items():
+                        alone = measured.get("step_alone")
+                        if alone is None:
+                            continue
+                        coordinate = row.get(f"{method}_per_coordinate", {})
+                        out.setdefault(model, {}).setdefault(f"{split_point}, batch {batch}", {})[method] = {
+                            "relative_time_paired": round(measured["relative_time_paired"], 4),
+                            "relative_time_paired_per_coordinate": round(coordinate["relative_time_paired"], 4)
+                            if coordinate else None,
+                            "step_ms": round(1000 * alone["per_channel_median_seconds"], 3),
+                            "step_ms_per_coordinate": round(1000 * alone["per_coordinate_median_seconds"], 3),
+                            "masks_equal": alone["masks_equal"],
+                            "max_abs_score_difference": alone["max_abs_score_difference"],
+                        }
+    return out
+
+
 def summarize(directory: Path, mode: str, seconds: int) -> dict:
     details = directory / "details"
     findings: dict = {}
@@ -102,14 +132,19 @@ def summarize(directory: Path, mode: str, seconds: int) -> dict:
             name: against_cpu(runs[name], runs["eval_cpu_fp32"]) for name in runs if name != "eval_cpu_fp32"}
     findings["cost"] = {precision: cost(r) if (r := _json(details / f"cost_{precision}.json")) else None
                         for precision in ("fp32", "bf16")}
+    findings["per_channel_step"] = {
+        precision: per_channel_step(_json(details / f"cost_{precision}.json"),
+                                    _json(details / f"per_channel_{precision}.json")) or None
+        for precision in ("fp32", "bf16")}
     loading = _json(details / "data_loading.json")
     findings["data_loading"] = None if loading is None else {
         key: loading[key] for key in ("model", "device", "workers", "batch_size", "images_per_second", "target")
         if key in loading}
-    shared = _json(details / "shared_pass.json")
-    findings["shared_pass"] = None if shared is None else {
-        key: shared[key] for key in ("median_seconds", "all_relative_to_knn", "all_relative_to_msp", "target",
-                                     "knn_scores_equal_alone_and_together") if key in shared}
+    for name in SHARED_PASSES:
+        shared = _json(details / f"{name}.json")
+        findings[name] = None if shared is None else {
+            key: shared[key] for key in ("median_seconds", "all_relative_to_knn", "all_relative_to_msp", "target",
+                                         "knn_scores_equal_alone_and_together", "setup") if key in shared}
     return {
         "mode": mode, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_seconds": seconds,
         "targets": TARGETS, "steps": steps(details), "findings": findings,
@@ -137,10 +172,17 @@ def report(summary: dict) -> str:
                 gsc = ", ".join(f"{m[4:]} {r['relative_time']:.2f}x/{r['relative_memory'] or 0:.2f}x mem"
                                 for m, r in row.items() if m != "msp")
                 lines.append(f"  cost {precision} {model} ({cell}, MSP {row['msp']['median_ms']:.1f} ms): {gsc}")
+    for precision, models in findings["per_channel_step"].items():
+        for model, cells in (models or {}).items():
+            for cell, row in cells.items():
+                steps = ", ".join(f"{m[4:]} {r['step_ms']:.2f} vs {r['step_ms_per_coordinate']:.2f} ms, masks "
+                                  f"{'equal' if r['masks_equal'] else 'DIFFER'}" for m, r in row.items())
+                lines.append(f"  per-channel step {precision} {model} ({cell}): {steps}")
     if findings["data_loading"] and "target" in findings["data_loading"]:
         lines.append(f"  data loading: {findings['data_loading']['target']}")
-    if findings.get("shared_pass"):
-        lines.append(f"  every method but ODIN vs KNN alone: {findings['shared_pass'].get('all_relative_to_knn')}")
+    for name in SHARED_PASSES:
+        if findings.get(name):
+            lines.append(f"  {name}: one-pass methods vs KNN alone: {findings[name].get('all_relative_to_knn')}")
     return "\n".join(lines)
 
 
@@ -152,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     summary = summarize(args.directory, args.mode, args.seconds)
     (args.directory / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    tables = [(args.directory / "details" / f"cost_{p}.md") for p in ("fp32", "bf16")]
+    tables = [(args.directory / "details" / f"{name}.md") for name in COST_STEPS]
     (args.directory / "cost_tables.md").write_text("\n".join(t.read_text() for t in tables if t.exists()))
     print(report(summary))
     return 0

@@ -75,3 +75,66 @@ def test_benchmark_refuses_fp16_on_cpu(tmp_path):
     result = _run_benchmark(tmp_path, "--mixed-precision", "fp16")
     assert result.returncode == 2 and "fp16 autocast on CUDA only" in result.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "efficiency.json").exists()
+
+
+def test_benchmark_compares_the_per_channel_step_with_the_step_on_every_coordinate(tmp_path):
+    """--per-coordinate adds each GSC approximation with its step on every coordinate of F (the ResNet's head pools,
+    so its step runs per channel), --step-alone times the step alone both ways; the GPU checks' summary reads it."""
+    result = _run_benchmark(tmp_path, "--per-coordinate", "--step-alone", "--approximations", "first_order,exact")
+    assert result.returncode == 0, result.stderr[-2000:]
+    results = json.loads((tmp_path / "efficiency.json").read_text())
+    row = results["models"]["resnet"]["final_encoder_output"]["2"]
+    assert set(row) == {"msp", "gsc_first_order", "gsc_exact", "gsc_first_order_per_coordinate",
+                        "gsc_exact_per_coordinate"}
+    for method in ("gsc_first_order", "gsc_exact"):
+        alone = row[method]["step_alone"]
+        assert alone["masks_equal"] and alone["max_abs_score_difference"] <= 1e-5
+        assert alone["per_channel_median_seconds"] > 0 and alone["per_coordinate_median_seconds"] > 0
+        assert "step_alone" not in row[f"{method}_per_coordinate"]
+    assert "| 2 | gsc_exact |" in (tmp_path / "efficiency.md").read_text()
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from gpu_checks_summary import per_channel_step
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    cells = per_channel_step(results, None)["resnet"]["final_encoder_output, batch 2"]
+    assert set(cells) == {"gsc_first_order", "gsc_exact"}
+    assert cells["gsc_exact"]["masks_equal"] is True
+    assert cells["gsc_exact"]["relative_time_paired_per_coordinate"] == round(
+        row["gsc_exact_per_coordinate"]["relative_time_paired"], 4)
+
+
+def test_per_coordinate_adds_nothing_where_the_head_does_not_pool(tmp_path):
+    """The ViT reference model's head reads the first token: there is no per-channel step to compare."""
+    command = [
+        sys.executable, str(REPO / "scripts" / "benchmark_efficiency.py"), "--models", "vit", "--batch-sizes", "2",
+        "--repeats", "1", "--warmup", "0", "--threads", "1", "--baselines", "msp", "--approximations", "exact",
+        "--per-coordinate", "--step-alone", "--output", str(tmp_path / "efficiency.json"),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = json.loads((tmp_path / "efficiency.json").read_text())["models"]["vit"]["final_encoder_output"]["2"]
+    assert set(row) == {"msp", "gsc_exact"} and "step_alone" not in row["gsc_exact"]
+
+
+def test_after_backbone_timing_runs_no_backbone(monkeypatch):
+    """--after-backbone times GSC with its backbone pass looked up: the base model runs once per detector (the pass
+    that is looked up), not in the timed calls."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from benchmark_efficiency import _after_backbone_seconds, load_model
+
+    from hf_gsc import GSCForImageClassification
+
+    model = load_model("resnet")
+    detectors = {a: GSCForImageClassification(model, approximation=a) for a in ("exact", "first_order")}
+    calls = []
+    model.resnet.embedder.register_forward_hook(lambda *_: calls.append(1))  # the backbone's first module
+    x = torch.randn(2, model.config.num_channels, 28, 28)
+    times = _after_backbone_seconds(detectors, x, repeats=3)
+    assert {name: len(t) for name, t in times.items()} == {"exact": 3, "first_order": 3}
+    assert len(calls) == len(detectors)
+    detectors["exact"](x)  # the lookup is gone afterwards
+    assert len(calls) == len(detectors) + 1

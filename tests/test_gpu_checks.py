@@ -28,4 +28,6 @@ def test_summary_reports_missing_outputs_without_guessing(tmp_path):
     findings = summary["findings"]
     assert findings["evaluation"]["missing"] == ["eval_device_fp32", "eval_device_bf16", "eval_cpu_fp32"]
     assert findings["cost"] == {"fp32": None, "bf16": None} and findings["data_loading"] is None
+    assert findings["per_channel_step"] == {"fp32": None, "bf16": None}
+    assert findings["shared_pass"] is None and findings["shared_pass_vit_b16"] is None
     assert summary["targets"]["gsc_time_relative_to_msp_at_most"] == 1.05

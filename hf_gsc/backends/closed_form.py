@@ -1,6 +1,7 @@
 """Closed-form backend: the head has the registered pool / LayerNorm / linear form (every ``final_encoder_output``
 of a registered architecture, every ``penultimate``); logits, ``g`` and ``J t`` come from
-:mod:`hf_gsc.head_derivatives`, with no autograd."""
+:mod:`hf_gsc.head_derivatives`, with no autograd. Where the head reads ``F`` through a mean over positions, the
+linearised head carries that mean (``pooled_read``) and the GSC step runs per channel (:mod:`hf_gsc.gsc_step`)."""
 
 from __future__ import annotations
 
