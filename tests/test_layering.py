@@ -23,7 +23,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("hf_gsc.classifier", "hf_gsc.data"),  # the base classifier (architectures, heads, split points); datasets
     ("hf_gsc.gsc_math",),  # GSC's math: short-circuit, the step, the linearisation backends
     ("hf_gsc.settings",),  # every method's config and the registry of method names
-    ("hf_gsc.hub",),  # the saved format and the Hub
+    ("hf_gsc.storage",),  # the saved format and the Hub
     ("hf_gsc.detectors",),  # the detector interface, the shared backbone pass, every method (GSC included)
     ("hf_gsc.auto", "hf_gsc.pipeline", "hf_gsc"),  # entry points and the public names
     ("hf_gsc.evaluation", "hf_gsc.method_table"),  # the evaluation
