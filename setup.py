@@ -10,7 +10,7 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-version = re.search(r'__version__ = "([^"]+)"', Path("hf_gsc/__init__.py").read_text()).group(1)
+version = re.search(r'__version__ = "([^"]+)"', Path("hf_gsc/version.py").read_text()).group(1)
 
 extras = {
     "evaluation": ["datasets>=3.0", "accelerate>=1.1", "scikit-learn>=1.3", "evaluate>=0.4", "tqdm>=4.60"],

@@ -1,5 +1,5 @@
 """Gradient Short-Circuit and baseline OOD detection for Hugging Face image classifiers."""
-__version__ = "0.4.0"
+from .version import __version__
 
 from .config import DetectorConfig, GSCConfig  # noqa: E402
 from .detector import OODDetector, OODDetectorOutput  # noqa: E402

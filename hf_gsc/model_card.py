@@ -17,11 +17,13 @@ from .repo_ids import is_hub_id
 
 
 TEMPLATE_NAME = "ood_detector.md"
+#: The ``hf_gsc`` folder, found from this module's dotted name so that it holds wherever the module sits in it.
+_PACKAGE_DIR = Path(__file__).resolve().parents[__name__.count(".") - 1]
 #: Where the card template is: inside the installed package (setup.py maps the top-level ``model_cards/``
 #: there), or the top-level folder of a source checkout.
 TEMPLATE_CANDIDATES = (
-    Path(__file__).resolve().parent / "model_cards" / TEMPLATE_NAME,
-    Path(__file__).resolve().parent.parent / "model_cards" / TEMPLATE_NAME,
+    _PACKAGE_DIR / "model_cards" / TEMPLATE_NAME,
+    _PACKAGE_DIR.parent / "model_cards" / TEMPLATE_NAME,
 )
 TASK_TYPE = "out-of-distribution-detection"
 #: Licence of what hf_gsc writes (config, fitted state, card); the base model's weights keep their own licence.

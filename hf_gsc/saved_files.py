@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from . import __version__, safe_files
+from . import safe_files
+from .version import __version__
 from .config import (CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, GSCConfig, drop_unknown,
                      read_json_object)
 
