@@ -10,7 +10,7 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
-version = re.search(r'__version__ = "([^"]+)"', Path("hf_gsc/version.py").read_text()).group(1)
+version = re.search(r'__version__ = "([^"]+)"', Path("hf_gsc/utils/version.py").read_text()).group(1)
 
 extras = {
     "evaluation": ["datasets>=3.0", "accelerate>=1.1", "scikit-learn>=1.3", "evaluate>=0.4", "tqdm>=4.60"],
@@ -52,7 +52,7 @@ setup(
         "numpy>=1.24",
         "pillow>=10.0",
         "packaging>=20.0",
-        # Image URLs (fit, calibrate, the pipeline) are fetched with a timeout and a size cap (hf_gsc.images).
+        # Image URLs (fit, calibrate, the pipeline) are fetched with a timeout and a size cap (hf_gsc.utils.images).
         "requests>=2.28",
     ],
     extras_require=extras,

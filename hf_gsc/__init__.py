@@ -1,9 +1,9 @@
 """Gradient Short-Circuit and baseline OOD detection for Hugging Face image classifiers."""
-from .version import __version__
+from .utils.version import __version__
 
-from .config import DetectorConfig, GSCConfig  # noqa: E402
-from .detector import OODDetector, OODDetectorOutput  # noqa: E402
-from .modeling import GSCForImageClassification, GSCOutput  # noqa: E402
+from .settings.config import DetectorConfig, GSCConfig  # noqa: E402
+from .detectors.interface import OODDetector, OODDetectorOutput  # noqa: E402
+from .detectors.gsc import GSCForImageClassification, GSCOutput  # noqa: E402
 from .auto import AutoOODDetector  # noqa: E402
 from .detectors import DETECTORS, DetectorBundle  # noqa: E402  (registers every method)
 from .pipeline import OODImageClassificationPipeline  # noqa: E402  (registers "ood-image-classification")

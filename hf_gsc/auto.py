@@ -6,7 +6,7 @@
     det = AutoOODDetector.from_pretrained("user/vit-knn")                                    # load, any method
 
 Like PEFT's ``AutoPeftModel``, the saved ``method`` field decides the class, in one place
-(:func:`hf_gsc.loading.load_detector`).
+(:func:`hf_gsc.storage.loading.load_detector`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from .detector import OODDetector
+from .detectors.interface import OODDetector
 
 
 class AutoOODDetector:
@@ -40,7 +40,7 @@ class AutoOODDetector:
                 ``model=`` (an already loaded base model for a saved detector), and arguments for
                 ``AutoModelForImageClassification.from_pretrained`` (``dtype``, ``device_map``, ...).
         """
-        from .loading import load_detector
+        from .storage.loading import load_detector
 
         return load_detector(pretrained_model_name_or_path, method=method, **kwargs)
 

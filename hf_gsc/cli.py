@@ -42,7 +42,7 @@ def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     The token comes from HF_TOKEN (or the huggingface_hub login cache) and the endpoint from HF_ENDPOINT;
     it is never printed or written.
     """
-    from .hub import HubError, publish_results
+    from .storage.publish_results import HubError, publish_results
 
     parser = argparse.ArgumentParser(prog=prog, description=publish.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,9 +74,9 @@ def _publish_detector(args: argparse.Namespace) -> str:
     from pathlib import Path
 
     from .auto import AutoOODDetector
-    from .repo_ids import is_hub_id
-    from .detector_results import RESULT_FILES
-    from .loading import is_detector_dir
+    from .storage.repo_ids import is_hub_id
+    from .storage.results import RESULT_FILES
+    from .storage.loading import is_detector_dir
 
     folder = Path(args.detector_dir)
     if not folder.is_dir() or not is_detector_dir(folder):

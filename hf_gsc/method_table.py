@@ -72,7 +72,7 @@ def method_table() -> str:
     return "\n".join([
         "Shapes: `D` the feature width, `K` the classes, `N` the fitting samples; the fitted state is what a saved",
         "detector holds in `detector_state.safetensors`. Each method's file under `hf_gsc/detectors/` (GSC:",
-        "`hf_gsc/modeling.py`) holds its settings and defaults with their sources, its reference, and where the",
+        "`hf_gsc/detectors/gsc.py`) holds its settings and defaults with their sources, its reference, and where the",
         "authors' code and the paper differ; its settings class is `DETECTORS[method].config_class`.",
         "",
         *rows(),

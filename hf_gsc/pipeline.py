@@ -18,8 +18,8 @@ from transformers import Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .auto import AutoOODDetector
-from .detector import OODDetector
-from .images import load_image, model_mode
+from .detectors.interface import OODDetector
+from .utils.images import load_image, model_mode
 
 TASK = "ood-image-classification"
 
@@ -29,11 +29,11 @@ class OODImageClassificationPipeline(Pipeline):
     ``is_ood`` (``None``, with a warning, while the detector has no calibrated threshold) and ``method``.
 
     Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL).
-    Each image is decoded by :func:`hf_gsc.images.load_image`, as ``fit``, ``calibrate`` and ``hf-gsc evaluate``
+    Each image is decoded by :func:`hf_gsc.utils.images.load_image`, as ``fit``, ``calibrate`` and ``hf-gsc evaluate``
     decode theirs (EXIF orientation, bit depth, alpha, the model's channels; docs/inputs.md). An image larger than
     ``HF_GSC_MAX_IMAGE_PIXELS`` pixels is refused before it is decoded
-    (:class:`~hf_gsc.image_limits.ImageTooLargeError`); an unreadable one is an
-    :class:`~hf_gsc.images.UnreadableImageError` naming it (path, URL and HTTP status).
+    (:class:`~hf_gsc.utils.image_limits.ImageTooLargeError`); an unreadable one is an
+    :class:`~hf_gsc.utils.images.UnreadableImageError` naming it (path, URL and HTTP status).
     """
 
     # The detector carries its base model's image processor; a detector folder need not hold one.

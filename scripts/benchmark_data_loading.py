@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     from hf_gsc.evaluation.loaders import IndexedImages, default_num_workers, make_dataloader, model_pixel_values
     from hf_gsc.evaluation.loop import score_split
     from hf_gsc.evaluation.models import image_backend_of, image_transform, load_model
-    from hf_gsc.scores import ood_score
+    from hf_gsc.utils.scores import ood_score
 
     workers = args.workers or (2 if args.device == "cpu" else default_num_workers("cuda"))
     device = torch.device(args.device)

@@ -8,7 +8,7 @@ mark of tensor memory allocated during one call, read from the torch profiler's 
 
 With ``--mixed-precision bf16`` (or ``fp16``, CUDA only) every timed and memory-measured call runs under
 ``torch.autocast`` on the device's type, as the evaluation runs its methods under ``accelerator.autocast()``: the
-backbone in the lower precision, GSC's step, ODIN and ASH in float32 (:mod:`hf_gsc.precision`).
+backbone in the lower precision, GSC's step, ODIN and ASH in float32 (:mod:`hf_gsc.utils.precision`).
 
 With ``--after-backbone`` each GSC method is also timed with its backbone pass replaced by a lookup: what is
 left is GSC's whole work after the backbone (what a faster backend could save), reported relative to MSP's whole
@@ -16,8 +16,8 @@ forward (``after_backbone_relative_to_msp``).
 
 With ``--per-coordinate`` each GSC approximation whose head reads ``F`` through a mean over positions (ResNet,
 ConvNeXt, ...) also runs as ``gsc_<approximation>_per_coordinate``: the same detector with the step on every
-coordinate of ``F`` instead of per channel (:func:`hf_gsc.gsc_step.gsc_step` on the head without its
-``pooled_read``), timed in the same rounds. ``--step-alone`` times :func:`hf_gsc.gsc_step.gsc_step` by itself (ranking,
+coordinate of ``F`` instead of per channel (:func:`hf_gsc.gsc_math.step.gsc_step` on the head without its
+``pooled_read``), timed in the same rounds. ``--step-alone`` times :func:`hf_gsc.gsc_math.step.gsc_step` by itself (ranking,
 mask, short-circuit, logit update, score; ``F`` and the linearised head made once) both ways, and records whether the
 two give the same masks and how far apart their scores are (``step_alone`` in the JSON).
 
@@ -45,7 +45,7 @@ from typing import Callable
 import torch
 
 from hf_gsc import GSCForImageClassification, __version__
-from hf_gsc.gsc_step import gsc_step
+from hf_gsc.gsc_math.step import gsc_step
 from hf_gsc.detectors import get_detector
 from hf_gsc.reference_models import reference_model_path
 from transformers import AutoModelForImageClassification
@@ -275,7 +275,7 @@ def _step_alone(
     detectors: dict[str, GSCForImageClassification], x: torch.Tensor, repeats: int, device: str = "cpu",
     mixed_precision: str = "no",
 ) -> dict[str, dict]:
-    """Per GSC detector whose head has a pooled form: :func:`hf_gsc.gsc_step.gsc_step` alone, per channel and on every
+    """Per GSC detector whose head has a pooled form: :func:`hf_gsc.gsc_math.step.gsc_step` alone, per channel and on every
     coordinate, on one linearisation of ``x`` (interleaved over ``repeats`` rounds after one warm-up call each), and
     how the two results compare."""
     out: dict[str, dict] = {}
@@ -320,7 +320,7 @@ def _after_backbone_seconds(
     """Each GSC detector's time per call with the backbone replaced by a lookup of its ``F`` (the detector's
     ``backbone_pass`` patched on the instance to return a pass computed once, under the same autocast, with a fresh
     memo each call), interleaved over ``repeats`` rounds after one warm-up call."""
-    from hf_gsc.backbone_pass import BackbonePass
+    from hf_gsc.detectors.backbone_pass import BackbonePass
 
     calls = {name: _under_autocast(detector, device, mixed_precision) for name, detector in detectors.items()}
     for name, detector in detectors.items():

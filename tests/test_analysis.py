@@ -27,8 +27,8 @@ from hf_gsc.analysis import (
     variant_grid,
 )
 from hf_gsc.analysis.cli import run_one
-from hf_gsc.shortcircuit import num_masked
-from hf_gsc.split_points import resolve_split_point
+from hf_gsc.gsc_math.shortcircuit import num_masked
+from hf_gsc.classifier.split_points import resolve_split_point
 
 from conftest import IMAGE_SIZE, make_tiny_model
 

@@ -1,4 +1,4 @@
-"""Every registered architecture at split_point="final_encoder_output", on tiny random models (hf_gsc.architectures).
+"""Every registered architecture at split_point="final_encoder_output", on tiny random models (hf_gsc.classifier.architectures).
 
 Each architecture of transformers' image-classification mapping is either registered (and tested here on a tiny
 random configuration) or listed in ``NOT_APPLICABLE`` with the reason. The references are independent of the
@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_gsc.backends import linearize_head
+from hf_gsc.gsc_math.backends import linearize_head
 import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
 from hf_gsc import GSCForImageClassification
-from hf_gsc.architectures import ARCHITECTURES, NOT_APPLICABLE, supported_architectures_table
+from hf_gsc.classifier.architectures import ARCHITECTURES, NOT_APPLICABLE, supported_architectures_table
 from hf_gsc.detectors.ash import default_ash_percentile
-from hf_gsc.heads import HeadSpec, bind_head_paths
-from hf_gsc.split_points import resolve_split_point
+from hf_gsc.classifier.heads import HeadSpec, bind_head_paths
+from hf_gsc.classifier.split_points import resolve_split_point
 
 NUM_LABELS = 5
 _VIT = dict(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
@@ -337,7 +337,7 @@ def test_architectures_page_table_is_the_registry():
     page = (Path(__file__).resolve().parents[1] / "docs" / "architectures.md").read_text()
     assert page.startswith("# Supported architectures\n")
     assert supported_architectures_table() in page, (
-        "docs/architectures.md's table is stale: paste the output of `python -m hf_gsc.architectures`"
+        "docs/architectures.md's table is stale: paste the output of `python -m hf_gsc.classifier.architectures`"
     )
 
 

@@ -49,7 +49,7 @@ def test_a_method_scores_the_same_alone_and_with_the_others(tiny, together, tmp_
 def test_one_backbone_pass_per_batch_for_all_methods(tiny, together, monkeypatch, tmp_path):  # noqa: F811
     """Counting the base model's forwards: every method but ODIN costs the passes of KNN (fitted on ID train) and
     ReAct (fitted on ID validation) together: one per batch of each fit split and one per batch of each scored split."""
-    import hf_gsc.backbone_pass as backbone_pass
+    import hf_gsc.detectors.backbone_pass as backbone_pass
 
     calls = []
     real = backbone_pass.run_backbone
@@ -71,7 +71,7 @@ def test_a_changed_default_computes_the_scores_again(tiny, tmp_path, monkeypatch
     before = _scores(tmp_path, "react")
     from dataclasses import dataclass
 
-    from hf_gsc.config import number_check, setting
+    from hf_gsc.settings.config import number_check, setting
     from hf_gsc.detectors.react import ReActConfig, ReActDetector
 
     @dataclass

@@ -9,7 +9,7 @@ import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 from hf_gsc.detectors import get_detector
-from hf_gsc.features import PRECISION_RCOND, tied_precision
+from hf_gsc.detectors.penultimate import PRECISION_RCOND, tied_precision
 
 NUM = 192
 

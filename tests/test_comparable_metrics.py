@@ -14,7 +14,7 @@ from scipy import stats
 from sklearn.metrics import roc_curve
 
 from hf_gsc.evaluation.calibration import calibration_record, conformal_order, conformal_threshold
-from hf_gsc.thresholds import threshold_at_tpr
+from hf_gsc.utils.thresholds import threshold_at_tpr
 from hf_gsc.evaluation.metrics import fpr_at_tpr, fpr_at_tpr_ood_positive
 from hf_gsc.evaluation.report import markdown_table, method_results
 from hf_gsc.evaluation.selective import aurc, risk_coverage_curve, selective_accuracy
@@ -224,7 +224,7 @@ def test_results_md_labels_the_conventions_and_shows_near_and_far():
 
 
 def test_model_card_eval_results_name_both_conventions():
-    from hf_gsc.model_card import eval_results_from
+    from hf_gsc.storage.model_card import eval_results_from
 
     entry, *_ = _results()
     entries = eval_results_from({"benchmark": "b", "methods": {"gsc": entry}}, "gsc")

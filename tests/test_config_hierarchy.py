@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hf_gsc import DETECTORS, AutoOODDetector, DetectorConfig, GSCConfig
-from hf_gsc.config import FITTED, PROVENANCE
+from hf_gsc.settings.config import FITTED, PROVENANCE
 
 from conftest import make_tiny_model
 
@@ -62,7 +62,7 @@ def test_a_built_detector_keeps_its_settings_in_its_config_and_refuses_a_new_one
 
 
 def test_unknown_saved_hyperparameter_is_an_error_unless_a_newer_version_wrote_it(tmp_path):
-    from hf_gsc.saved_files import config_from_values
+    from hf_gsc.storage.saved_format import config_from_values
 
     values = {"method": "knn", "hyperparameters": {"k": 3, "metric": "cosine"}, "hf_gsc_version": "0.1.0"}
     with pytest.raises(ValueError, match=r"unknown knn hyperparameters \['metric'\]"):

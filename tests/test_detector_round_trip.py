@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from transformers import ViTImageProcessor
 
 from hf_gsc import AutoOODDetector, DetectorBundle, GSCForImageClassification, OODDetector
-from hf_gsc.config import CONFIG_NAME, STATE_FILE
+from hf_gsc.settings.config import CONFIG_NAME, STATE_FILE
 from hf_gsc.detectors import DETECTORS, fit_together
 
 from conftest import IMAGE_SIZE, NUM_LABELS

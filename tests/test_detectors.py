@@ -20,8 +20,8 @@ from transformers.modeling_outputs import ImageClassifierOutput
 
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc import AutoOODDetector
-from hf_gsc.detector import OODDetector as Detector
-from hf_gsc.features import NotEnoughSamplesError
+from hf_gsc.detectors.interface import OODDetector as Detector
+from hf_gsc.detectors.penultimate import NotEnoughSamplesError
 
 from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 

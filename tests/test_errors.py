@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from hf_gsc import GSCConfig, GSCForImageClassification
-from hf_gsc.config import CONFIG_NAME, STATE_FILE
-from hf_gsc.saved_files import save_state
+from hf_gsc.settings.config import CONFIG_NAME, STATE_FILE
+from hf_gsc.storage.saved_format import save_state
 
 from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 from hub_server import LoopbackHub
@@ -116,7 +116,7 @@ def test_missing_directory_says_so():  # error 7
 
 def test_failed_push_names_no_temporary_folder(base_dir, tmp_path):  # error 8
     detector = GSCForImageClassification.from_pretrained(base_dir)
-    from hf_gsc.hub import HubError
+    from hf_gsc.storage.publish_results import HubError
 
     with LoopbackHub() as hub, hub.patch_client(cache_dir=tmp_path / "cache", offline=True):
         with pytest.raises(HubError) as error:
@@ -156,7 +156,7 @@ def test_config_from_a_newer_version_loads_with_a_warning(base_dir, tmp_path):
 
 
 def test_missing_card_template_leaves_no_half_written_folder(base_dir, tmp_path, monkeypatch):
-    from hf_gsc import model_card
+    from hf_gsc.storage import model_card
 
     monkeypatch.setattr(model_card, "TEMPLATE_CANDIDATES", (tmp_path / "nowhere" / "ood_detector.md",))
     with pytest.raises(FileNotFoundError, match="model card template ood_detector.md not found at .*nowhere"):

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from hf_gsc.data.decoding import UndecodableImageError
 from hf_gsc.evaluation import cli, evaluator, fingerprints, loop, models, options, validation
 from hf_gsc.evaluation.calibration import true_positive_rate
-from hf_gsc.thresholds import threshold_at_tpr
+from hf_gsc.utils.thresholds import threshold_at_tpr
 from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
 from conftest import evaluate_argv
 from hf_gsc.evaluation.arguments import parse_arguments
@@ -345,7 +345,7 @@ def test_output_dir_not_writable(tiny, tmp_path, monkeypatch) -> None:
 def test_model_without_known_split_point(tmp_path, tiny, monkeypatch) -> None:
     from transformers import RegNetConfig, RegNetForImageClassification
 
-    from hf_gsc.architectures import ARCHITECTURES, NOT_APPLICABLE
+    from hf_gsc.classifier.architectures import ARCHITECTURES, NOT_APPLICABLE
 
     # RegNet is registered: unregister it, and rule out its discovery, to stand for a model GSC cannot split.
     monkeypatch.delitem(ARCHITECTURES, "regnet")
@@ -610,7 +610,7 @@ def test_cuda_scores_match_a_cpu_reference(tiny: dict[str, str], single_run: tup
     from safetensors.torch import load_file
 
     from hf_gsc.data import load_split
-    from hf_gsc.scores import ood_score
+    from hf_gsc.utils.scores import ood_score
 
     output_dir, results = single_run
     assert results["device"].startswith("cuda")

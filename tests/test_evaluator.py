@@ -192,7 +192,7 @@ def _unsupported_model(tiny, tmp_path, monkeypatch) -> str:  # noqa: F811
     does not apply to it, the penultimate one does."""
     from transformers import RegNetConfig, RegNetForImageClassification
 
-    from hf_gsc.architectures import ARCHITECTURES, NOT_APPLICABLE
+    from hf_gsc.classifier.architectures import ARCHITECTURES, NOT_APPLICABLE
 
     monkeypatch.delitem(ARCHITECTURES, "regnet")
     monkeypatch.setitem(NOT_APPLICABLE, "regnet", "removed from the registry by this test")

@@ -22,14 +22,16 @@ import torch
 from PIL import Image, ImageFile
 from safetensors.torch import load_file, save_file
 
-from hf_gsc import GSCForImageClassification, safe_files
+from hf_gsc import GSCForImageClassification
+from hf_gsc.utils import confined_files
 from hf_gsc.cli import publish
 from hf_gsc.data.decoding import UndecodableImageError, decode_image
 from hf_gsc.evaluation import loop, options, score_cache, validation
 from hf_gsc.evaluation.metrics import NonFiniteScoreError
 from hf_gsc.evaluation.report import method_results, write_report
-from hf_gsc.image_limits import DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_ENV, ImageTooLargeError, max_image_pixels
-from hf_gsc.detector_results import read_results
+from hf_gsc.utils.image_limits import (DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_ENV, ImageTooLargeError,
+                                       max_image_pixels)
+from hf_gsc.storage.results import read_results
 
 from conftest import IMAGE_SIZE, make_tiny_model
 from test_evaluation import tiny  # noqa: F401  (module fixture: tiny ViT, ID and OOD datasets on disk)
@@ -71,7 +73,7 @@ def test_reading_results_refuses_a_link_leading_outside(tmp_path, outside, linke
     results = _results_dir(tmp_path / "results")
     (results / linked).unlink()
     (results / linked).symlink_to(outside)
-    with pytest.raises(safe_files.LinkError, match=f"{results / linked}.*symbolic link to {outside}"):
+    with pytest.raises(confined_files.LinkError, match=f"{results / linked}.*symbolic link to {outside}"):
         read_results(results)
 
 
@@ -106,9 +108,9 @@ def test_push_to_hub_refuses_a_results_folder_linking_outside(base_dir, tmp_path
     (results / "plots" / "roc.png").unlink()
     (results / "plots" / "roc.png").symlink_to(outside)
     detector = GSCForImageClassification.from_pretrained(base_dir)
-    with pytest.raises(safe_files.LinkError, match="roc.png is a symbolic link"):
+    with pytest.raises(confined_files.LinkError, match="roc.png is a symbolic link"):
         detector.push_to_hub("user/leak", save_base_model=True, results_dir=results)
-    with pytest.raises(safe_files.LinkError, match="roc.png is a symbolic link"):
+    with pytest.raises(confined_files.LinkError, match="roc.png is a symbolic link"):
         detector.save_pretrained(tmp_path / "saved", results_dir=results)
 
 
@@ -346,10 +348,10 @@ def test_plots_and_scores_refuse_a_linked_folder_leading_outside(tmp_path, outsi
     (output_dir / "plots").symlink_to(outside.parent, target_is_directory=True)
     scores = torch.linspace(0, 1, 10, dtype=torch.float64)
     results = {"methods": {"msp": {"threshold": 0.5, "ood": {"noise": {"auroc": 0.5}}}}}
-    with pytest.raises(safe_files.LinkError, match=f"{output_dir / 'plots'} is a symbolic link"):
+    with pytest.raises(confined_files.LinkError, match=f"{output_dir / 'plots'} is a symbolic link"):
         write_plots(output_dir, {"msp": scores}, {"msp": {"noise": scores}}, results)
     (output_dir / "scores").symlink_to(outside.parent, target_is_directory=True)
-    with pytest.raises(safe_files.LinkError, match=f"{output_dir / 'scores'} is a symbolic link"):
+    with pytest.raises(confined_files.LinkError, match=f"{output_dir / 'scores'} is a symbolic link"):
         score_cache.ScoreCache(output_dir).save("msp", "id_test", {"ood_score": scores}, "fp")
     assert sorted(p.name for p in outside.parent.iterdir()) == ["secret.txt"]
 

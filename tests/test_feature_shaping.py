@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_gsc import AutoOODDetector, GSCConfig
-from hf_gsc.feature_shapings import FEATURE_SHAPINGS
+from hf_gsc.utils.feature_shapings import FEATURE_SHAPINGS
 from hf_gsc.detectors.ash import ash_shape, default_ash_percentile
 
 from conftest import IMAGE_SIZE, make_tiny_model
@@ -53,8 +53,8 @@ def test_the_shaping_names_live_on_the_ground_floor():
     import ast
     import inspect
 
-    import hf_gsc.feature_shapings as names
-    from hf_gsc import config
+    import hf_gsc.utils.feature_shapings as names
+    from hf_gsc.settings import config
     from hf_gsc.detectors import ash, scale
 
     tree = ast.parse(inspect.getsource(names))

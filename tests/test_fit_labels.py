@@ -50,7 +50,7 @@ def test_class_folders_that_are_not_the_models_labels_are_named(named, method, t
     root = _tree(tmp_path / "train", images, ["boot", "coat", "Dress", "sock", "bag"][:NUM_LABELS])
     detector = _detector(method, model, processor)
     opened = []
-    monkeypatch.setattr("hf_gsc.inputs.load_image", lambda *args, **kwargs: opened.append(args))
+    monkeypatch.setattr("hf_gsc.utils.inputs.load_image", lambda *args, **kwargs: opened.append(args))
     with pytest.raises(ValueError, match=r"id_train_batches: the class folders of .*train must be named as the "
                                          r"model's labels: 'sock' are not among the model's labels "
                                          r"\(config.label2id: 'boot', 'coat', 'dress', 'shirt'"):
@@ -106,7 +106,7 @@ def test_a_dataset_with_other_class_names_keeps_its_indices(named):
 
 
 def test_a_stacked_numpy_batch_says_to_pass_a_list(named):
-    from hf_gsc.inputs import array_to_image
+    from hf_gsc.utils.inputs import array_to_image
 
     model, processor, images = named
     stacked = np.stack([np.asarray(image) for image in images])

@@ -1,15 +1,16 @@
-"""Closed-form head derivatives (hf_gsc.head_derivatives) against autograd and torch.func.jvp."""
+"""Closed-form head derivatives (hf_gsc.classifier.head_jacobians) against autograd and torch.func.jvp."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hf_gsc.backends import linearize_head
+from hf_gsc.gsc_math.backends import linearize_head
 
-from hf_gsc.head_derivatives import POOLS, layer_norm_jacobian_product, layer_norm_statistics, pool, pool_adjoint
-from hf_gsc.backends.autograd import linearize_with_autograd
-from hf_gsc.split_points import HeadSpec, resolve_split_point
+from hf_gsc.classifier.head_jacobians import (POOLS, layer_norm_jacobian_product, layer_norm_statistics, pool,
+                                              pool_adjoint)
+from hf_gsc.gsc_math.backends.autograd import linearize_with_autograd
+from hf_gsc.classifier.split_points import HeadSpec, resolve_split_point
 
 from conftest import make_tiny_model
 

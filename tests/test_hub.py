@@ -202,7 +202,7 @@ def test_push_failure_is_clear_and_keeps_local_files(failure, base_dir, tmp_path
     result = _run(
         f"""
         from hf_gsc import GSCForImageClassification
-        from hf_gsc.hub import HubError
+        from hf_gsc.storage.publish_results import HubError
         det = GSCForImageClassification.from_pretrained({str(saved)!r})
         try:
             det.push_to_hub("user/never", save_base_model=True)
@@ -224,16 +224,16 @@ def test_a_failed_push_writes_nothing_before_raising(failure, monkeypatch):
     """The Hub is reached before the detector (and the base model's shards) is written to the temporary folder."""
     from huggingface_hub import constants
 
-    import hf_gsc.push
+    import hf_gsc.storage.push
     from hf_gsc import AutoOODDetector
-    from hf_gsc.hub import HubError
+    from hf_gsc.storage.publish_results import HubError
 
     if failure == "offline":
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     else:
         monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{_free_port()}")
     written = []
-    monkeypatch.setattr(hf_gsc.push, "save_detector", lambda *args, **kwargs: written.append(args))
+    monkeypatch.setattr(hf_gsc.storage.push, "save_detector", lambda *args, **kwargs: written.append(args))
     detector = AutoOODDetector.from_pretrained(make_tiny_model("vit"), method="energy")
     with pytest.raises(HubError, match="could not push to 'user/never'"):
         detector.push_to_hub("user/never", save_base_model=True, token="hf_x")
@@ -241,10 +241,10 @@ def test_a_failed_push_writes_nothing_before_raising(failure, monkeypatch):
 
 
 def test_pushing_an_unfitted_detector_is_refused_before_the_hub_is_reached(monkeypatch):
-    import hf_gsc.push
+    import hf_gsc.storage.push
     from hf_gsc import AutoOODDetector
 
-    monkeypatch.setattr(hf_gsc.push, "create_hub_repo", lambda *args, **kwargs: pytest.fail("the Hub was reached"))
+    monkeypatch.setattr(hf_gsc.storage.push, "create_hub_repo", lambda *args, **kwargs: pytest.fail("the Hub was reached"))
     detector = AutoOODDetector.from_pretrained(make_tiny_model("vit"), method="knn")
     with pytest.raises(ValueError, match=r"not fitted, so it cannot be saved: call \.fit\("):
         detector.push_to_hub("user/never", save_base_model=True)

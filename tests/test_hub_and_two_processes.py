@@ -361,7 +361,7 @@ def test_fit_compares_class_names_as_the_evaluation_does(named):
     was: ``fit`` compared names exactly, found none of these, and kept the data's indices without a word.)"""
     import datasets
 
-    from hf_gsc.label_names import label_mapping
+    from hf_gsc.utils.label_names import label_mapping
 
     model, processor, images = named
     data_names = ["BAG", "Shirt", " dress", "COAT", "Boot"]  # the model's NAMES reversed, none spelled as the model

@@ -153,7 +153,7 @@ def test_one_saved_format_for_every_reader(base_dir, tmp_path):
 def test_one_list_of_fields_drives_cli_cache_card_and_variants():
     from hf_gsc.analysis.ablations import Variant
     from hf_gsc.evaluation.arguments import EvaluationArgumentParser
-    from hf_gsc.registry import command_line_flags
+    from hf_gsc.settings.registry import command_line_flags
 
     settings = GSCConfig.setting_names()
     own_flags = command_line_flags()

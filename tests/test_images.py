@@ -1,4 +1,4 @@
-"""``hf_gsc.images.load_image``, the decoding rule of every entry point, on each row of its table (docs/inputs.md):
+"""``hf_gsc.utils.images.load_image``, the decoding rule of every entry point, on each row of its table (docs/inputs.md):
 bit depths scaled to 8 bits, 1-bit and boolean as 0/255, alpha composited onto white, the model's mode; URLs with a
 size cap; the pixel limit before decoding; each error naming its input."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hf_gsc.image_limits import MAX_IMAGE_PIXELS_ENV, ImageTooLargeError
-from hf_gsc.images import UnreadableImageError, fetch_url, load_image
+from hf_gsc.utils.image_limits import MAX_IMAGE_PIXELS_ENV, ImageTooLargeError
+from hf_gsc.utils.images import UnreadableImageError, fetch_url, load_image
 
 from http_files import serve_files
 

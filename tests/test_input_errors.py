@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from hf_gsc import AutoOODDetector
-from hf_gsc.images import UnreadableImageError
+from hf_gsc.utils.images import UnreadableImageError
 
 from http_files import serve_files
 from hub_server import LoopbackHub
@@ -189,7 +189,7 @@ def test_grey_images_in_the_readmes_manual_call(rgb_model):
     out = det(**det.image_processor(images=pil_images, return_tensors="pt"))  # README: Quickstart
     torch.testing.assert_close(out.ood_score[0], out.ood_score[1])  # grey is the RGB image with three equal channels
     # docs/inputs.md: decoding first, as the pipeline does
-    from hf_gsc.images import load_image, model_mode
+    from hf_gsc.utils.images import load_image, model_mode
 
     images = [load_image(image, model_mode(det.num_channels)) for image in pil_images]
     decoded = det(**det.image_processor(images=images, return_tensors="pt"))

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hf_gsc"
 
 #: The floors, lowest first: a module may import its own floor and those below, never one above. An entry names a
 #: subpackage (and so every module in it) or one module; ``hf_gsc`` itself is only the package's ``__init__``,
-#: the public names, which import the detectors and the pipeline.
+#: the front door: it re-exports public names from every floor (the evaluation's on first use), so it is the top.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("hf_gsc.utils", "hf_gsc.reference_models"),  # ground floor: helpers that know no detector
     ("hf_gsc.classifier", "hf_gsc.data"),  # the base classifier (architectures, heads, split points); datasets
@@ -25,9 +25,10 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("hf_gsc.settings",),  # every method's config and the registry of method names
     ("hf_gsc.storage",),  # the saved format and the Hub
     ("hf_gsc.detectors",),  # the detector interface, the shared backbone pass, every method (GSC included)
-    ("hf_gsc.auto", "hf_gsc.pipeline", "hf_gsc"),  # entry points and the public names
+    ("hf_gsc.auto", "hf_gsc.pipeline"),  # entry points: a saved detector by its method, the pipeline
     ("hf_gsc.evaluation", "hf_gsc.method_table"),  # the evaluation
     ("hf_gsc.analysis", "hf_gsc.cli", "hf_gsc.__main__"),  # the paper's analyses and the command
+    ("hf_gsc",),  # the public names
 )
 
 

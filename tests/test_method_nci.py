@@ -8,7 +8,7 @@ import torch
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.nci import NCIDetector, nci_score
-from hf_gsc.features import LinearHead
+from hf_gsc.detectors.penultimate import LinearHead
 
 from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 

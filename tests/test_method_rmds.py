@@ -24,7 +24,7 @@ from sklearn.covariance import EmpiricalCovariance
 from conftest import IMAGE_SIZE, NUM_LABELS
 from test_detectors import NUM_FIT, balanced_model, reference_features
 from hf_gsc.detectors import DETECTORS, get_detector
-from hf_gsc.features import PRECISION_RCOND
+from hf_gsc.detectors.penultimate import PRECISION_RCOND
 
 ARCHS = ["resnet", "vit", "vit-affine"]
 

@@ -27,7 +27,7 @@ def test_the_default_table_and_a_methods_own_flags_come_from_its_class(monkeypat
     """``--methods``' default and a method's own flags are read from the classes (``in_default_table``,
     ``command_line_flags``), never inherited, so that a new method's file is the only place that sets them."""
     from hf_gsc.evaluation.options import parse_methods
-    from hf_gsc.registry import default_methods
+    from hf_gsc.settings.registry import default_methods
 
     assert default_methods() == ["gsc", "ash_b", "energy", "max_logit", "msp", "odin", "react"]
     assert parse_methods(None) == default_methods()

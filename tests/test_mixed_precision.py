@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_gsc import GSCForImageClassification
-from hf_gsc.gsc_step import GSCStep, gsc_step
+from hf_gsc.gsc_math.step import GSCStep, gsc_step
 
 from conftest import make_tiny_model
 
@@ -49,7 +49,7 @@ def test_bf16_model_scores_in_float32_close_to_the_float32_model(arch, settings,
 
 
 def _recording_step(monkeypatch: pytest.MonkeyPatch) -> list[GSCStep]:
-    import hf_gsc.modeling
+    import hf_gsc.detectors.gsc
 
     steps: list[GSCStep] = []
 
@@ -57,7 +57,7 @@ def _recording_step(monkeypatch: pytest.MonkeyPatch) -> list[GSCStep]:
         steps.append(gsc_step(*args, **kwargs))
         return steps[-1]
 
-    monkeypatch.setattr(hf_gsc.modeling, "gsc_step", record)
+    monkeypatch.setattr(hf_gsc.detectors.gsc, "gsc_step", record)
     return steps
 
 
@@ -103,10 +103,10 @@ def test_entry_points_move_pixel_values_to_the_model_device(monkeypatch: pytest.
         seen.append(pixel_values.device)
         raise Reached
 
-    import hf_gsc.backbone_pass
-    import hf_gsc.detector
+    import hf_gsc.detectors.backbone_pass
+    import hf_gsc.detectors.interface
 
-    for module in (hf_gsc.detector, hf_gsc.backbone_pass):  # a detector's own passes, and its fits
+    for module in (hf_gsc.detectors.interface, hf_gsc.detectors.backbone_pass):  # a detector's own passes, and its fits
         monkeypatch.setattr(module, "run_backbone", run_backbone)
     labels = torch.zeros(images.shape[0], dtype=torch.long)
     for call in (lambda: detector(images), lambda: detector.calibrate(images),
@@ -137,7 +137,7 @@ def test_ash_shapes_bf16_features_in_float32(method, arch, images) -> None:
     head and the energy then run in float32: the score equals the float32 computation on those same features."""
     from hf_gsc.detectors import get_detector
     from hf_gsc.detectors.ash import ash_shape
-    from hf_gsc.scores import energy_score
+    from hf_gsc.utils.scores import energy_score
 
     detector = get_detector(method, _float_model(arch))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -151,7 +151,7 @@ def test_ash_shapes_bf16_features_in_float32(method, arch, images) -> None:
     shaped = ash_shape(features.flatten(1).float(), variant, percentile).view(features.shape)
     if method == "gsc_ash":
         expected = detector.backend.inner.linearize(images, features=shaped)
-        from hf_gsc.gsc_step import gsc_step
+        from hf_gsc.gsc_math.step import gsc_step
 
         reference = gsc_step(expected.head, expected.read_part, detector.config).ood_score
     else:

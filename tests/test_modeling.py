@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hf_gsc import GSCConfig, GSCForImageClassification
-from hf_gsc.split_points import resolve_split_point
+from hf_gsc.classifier.split_points import resolve_split_point
 
 from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 
@@ -350,7 +350,7 @@ def test_bad_split_point_path():
 
 def test_config_json_round_trip(tmp_path):
     """The config a detector saves (detector_config.json) comes back equal; a legacy gsc_config.json still reads."""
-    from hf_gsc.saved_files import read_config
+    from hf_gsc.storage.saved_format import read_config
 
     config = GSCConfig(mask_ratio=0.1, operation="perturb", threshold=1.5, calibration={"split": "validation"})
     GSCForImageClassification(make_tiny_model("vit"), config).save_pretrained(tmp_path)

@@ -1,5 +1,5 @@
-"""The per-channel GSC step of a head that reads ``F`` through a mean over positions (hf_gsc.gsc_step,
-hf_gsc.shortcircuit.repeated_top_k_counts): the same masks, coordinate for coordinate and in the same tie order, and
+"""The per-channel GSC step of a head that reads ``F`` through a mean over positions (hf_gsc.gsc_math.step,
+hf_gsc.gsc_math.shortcircuit.repeated_top_k_counts): the same masks, coordinate for coordinate and in the same tie order, and
 the same logits and scores as the step on every coordinate, which the head without its ``pooled_read`` runs.
 
 Tolerance of the updated logits and scores: 1e-5 absolute and relative. Both steps sum the same float32 terms
@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from hf_gsc import GSCForImageClassification
-from hf_gsc.config import GSCConfig
-from hf_gsc.gsc_step import gsc_step
-from hf_gsc.head_derivatives import PoolNormLinearHead
-from hf_gsc.shortcircuit import num_masked_adaptive, prefix_mask, repeated_top_k_counts, top_k_mask
+from hf_gsc.settings.config import GSCConfig
+from hf_gsc.gsc_math.step import gsc_step
+from hf_gsc.classifier.head_jacobians import PoolNormLinearHead
+from hf_gsc.gsc_math.shortcircuit import num_masked_adaptive, prefix_mask, repeated_top_k_counts, top_k_mask
 
 from test_architectures import TINY, tiny_model, tiny_pixel_values
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hf_gsc.model_card import render_model_card
+from hf_gsc.storage.model_card import render_model_card
 
 REPO = Path(__file__).resolve().parents[1]
 

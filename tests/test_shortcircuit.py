@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_gsc.shortcircuit import num_masked, top_k_mask, top_k_mask_by_sort, top_k_mask_by_topk
+from hf_gsc.gsc_math.shortcircuit import num_masked, top_k_mask, top_k_mask_by_sort, top_k_mask_by_topk
 
 #: The dispatcher (the partial top-k on a CPU) and both ways, each run here on the CPU: the sort is the GPU's way.
 MASKS = pytest.mark.parametrize("mask_of", [top_k_mask, top_k_mask_by_topk, top_k_mask_by_sort],

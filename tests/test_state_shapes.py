@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_gsc import AutoOODDetector
-from hf_gsc.config import STATE_FILE
+from hf_gsc.settings.config import STATE_FILE
 from hf_gsc.detectors import DETECTORS, get_detector
 
 from conftest import IMAGE_SIZE, NUM_LABELS

@@ -374,7 +374,7 @@ def test_publish_a_saved_detector(walkthrough, one_process, published):
     assert "## Evaluation" in card and "github.com" not in card
     config = walkthrough.hub.read_file(published, "detector_config.json").decode()
     assert json.loads(config)["base_model_name_or_path"] == published and str(walkthrough.root) not in config
-    from hf_gsc.detector_results import public_results
+    from hf_gsc.storage.results import public_results
 
     local = json.loads((one_process / "results.json").read_text())
     pushed = json.loads(walkthrough.hub.read_file(published, "results.json"))

@@ -1,7 +1,7 @@
 """Analyses of GSC (issue #7): ablation grid, approximation error, gradient concentration, iterative short-circuit.
 
-Built on the public pieces of :mod:`hf_gsc.shortcircuit`, :mod:`hf_gsc.scores` and
-:class:`hf_gsc.split_points.SplitPoint`; data is scored through the evaluation's loop
+Built on the public pieces of :mod:`hf_gsc.gsc_math.shortcircuit`, :mod:`hf_gsc.utils.scores` and
+:class:`hf_gsc.classifier.split_points.SplitPoint`; data is scored through the evaluation's loop
 (:func:`hf_gsc.evaluation.loop.score_split`) and reported with its helpers (:mod:`hf_gsc.evaluation.report`).
 ``scripts/run_ablations.py`` and ``scripts/compare_variants.py`` are the command lines.
 """

@@ -29,12 +29,12 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..config import GSCConfig
+from ..settings.config import GSCConfig
 from ..evaluation.metrics import ood_metrics
 from ..evaluation.report import average_over_splits, table_lines
-from ..modeling import GSCForImageClassification
-from ..architectures import registered_architecture
-from ..split_points import resolve_split_point
+from ..detectors.gsc import GSCForImageClassification
+from ..classifier.architectures import registered_architecture
+from ..classifier.split_points import resolve_split_point
 from .approximation_error import approximation_outputs, summarise_errors
 from .context import HeadContext, gsc_logits, head_context, scores_of
 from .gradient_concentration import DEFAULT_FRACTIONS, TABLE_FRACTIONS, column_of, curve_summary, top_fraction_ratio

@@ -17,8 +17,8 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..config import GSCConfig
-from ..gsc_step import gsc_step
+from ..settings.config import GSCConfig
+from ..gsc_math.step import gsc_step
 from .context import HeadContext, scores_of
 
 APPROXIMATIONS: tuple[str, ...] = ("exact", "first_order", "predicted_logit")

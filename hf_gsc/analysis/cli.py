@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from ..safe_files import atomic_write_text
+from ..utils.confined_files import atomic_write_text
 from .ablations import DEFAULT_SPLIT, collect, markdown_tables, model_split_points, summarise, variant_grid
 from .gradient_concentration import plot_curves
 

@@ -1,7 +1,7 @@
 """What every head-only GSC variant at one split point shares: ``F``, ``y``, ``g``, ``c`` and the head.
 
 The backbone runs once per (batch, split point) and the head is linearised once, by the same backend the
-detector uses (:mod:`hf_gsc.backends`); every variant is then one :func:`hf_gsc.gsc_step.gsc_step` on it.
+detector uses (:mod:`hf_gsc.gsc_math.backends`); every variant is then one :func:`hf_gsc.gsc_math.step.gsc_step` on it.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from typing import Callable
 
 import torch
 
-from ..backends import Linearization, split_point_backend
-from ..config import GSCConfig
-from ..gsc_step import gsc_step, updated_logits
-from ..scores import ood_score
-from ..split_points import SplitPoint
+from ..gsc_math.backends import Linearization, split_point_backend
+from ..settings.config import GSCConfig
+from ..gsc_math.step import gsc_step, updated_logits
+from ..utils.scores import ood_score
+from ..classifier.split_points import SplitPoint
 from .iterative import iterative_short_circuit
 
 
 @dataclass
 class HeadContext:
     """``F`` ``(B, *shape)``, logits ``y`` ``(B, K)``, ``g = d y_c / dF`` ``(B, *shape)``, ``c`` ``(B,)``, ``head``
-    (``F -> y``) and the head linearised on all of ``F`` (:class:`hf_gsc.backends.Linearization`)."""
+    (``F -> y``) and the head linearised on all of ``F`` (:class:`hf_gsc.gsc_math.backends.Linearization`)."""
 
     features: torch.Tensor
     logits: torch.Tensor
@@ -56,7 +56,7 @@ def gsc_logits(
 ) -> torch.Tensor:
     """Short-circuited logits ``(B, K)`` of one variant, head only.
 
-    ``steps == 1``: :func:`hf_gsc.gsc_step.gsc_step`, as :class:`hf_gsc.GSCForImageClassification` runs it with
+    ``steps == 1``: :func:`hf_gsc.gsc_math.step.gsc_step`, as :class:`hf_gsc.GSCForImageClassification` runs it with
     a fixed mask size. ``steps > 1``: :func:`hf_gsc.analysis.iterative.iterative_short_circuit` (zero op, exact
     logits).
     """
@@ -84,5 +84,5 @@ def logits_after(context: HeadContext, shorted: torch.Tensor, approximation: str
 
 
 def scores_of(logits: torch.Tensor, score: str = "energy", temperature: float = 1.0) -> torch.Tensor:
-    """:func:`hf_gsc.scores.ood_score` as float64 on the CPU."""
+    """:func:`hf_gsc.utils.scores.ood_score` as float64 on the CPU."""
     return ood_score(logits, score, temperature).double().cpu()

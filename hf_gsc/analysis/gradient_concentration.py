@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..safe_files import atomic_open
+from ..utils.confined_files import atomic_open
 
 
 def top_k_ratio(gradient: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:

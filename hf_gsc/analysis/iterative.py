@@ -1,10 +1,10 @@
-"""Iterative short-circuit under one budget (paper ``tab:iterative_shortcircuit``), built on hf_gsc.shortcircuit.
+"""Iterative short-circuit under one budget (paper ``tab:iterative_shortcircuit``), built on hf_gsc.gsc_math.shortcircuit.
 
 Definition (one sample; the batch is handled row by row, without cross-talk):
 
 * ``F_0 = F``, ``c = argmax head(F_0)`` (fixed for all steps: the class whose confidence is suppressed),
   ``n`` = number of coordinates the head reads at ``F_0`` (nonzero ``g_0``), budget ``k = ceil(mask_ratio * n)``
-  (the same ``k`` as one-shot GSC, :func:`hf_gsc.shortcircuit.num_masked`).
+  (the same ``k`` as one-shot GSC, :func:`hf_gsc.gsc_math.shortcircuit.num_masked`).
 * The budget is split over ``T`` steps: ``k_t = floor(k / T)``, plus one for the first ``k mod T`` steps
   (:func:`split_budget`), so ``sum_t k_t = k`` exactly.
 * Step ``t = 0 .. T-1``: ``g_t = d y_c / dF`` at ``F_t`` (the *exact* head gradient, one backward through the
@@ -14,7 +14,7 @@ Definition (one sample; the batch is handled row by row, without cross-talk):
 * Output: the exact logits ``head(F_T)`` and the union of the ``T`` disjoint masks (``k`` coordinates).
 
 With ``T = 1`` this is one-shot GSC with ``approximation="exact"``. A coordinate the head stops reading at
-``F_t`` (``g_t = 0``) is chosen after every read one, like :func:`hf_gsc.shortcircuit.short_circuit_mask`.
+``F_t`` (``g_t = 0``) is chosen after every read one, like :func:`hf_gsc.gsc_math.shortcircuit.short_circuit_mask`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Callable
 
 import torch
 
-from ..backends.autograd import linearize_with_autograd
-from ..shortcircuit import num_masked, short_circuit, short_circuit_mask
+from ..gsc_math.backends.autograd import linearize_with_autograd
+from ..gsc_math.shortcircuit import num_masked, short_circuit, short_circuit_mask
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 
@@ -44,7 +44,7 @@ def head_gradient(
     """``(logits, d y_c / dF)`` at ``features`` (both detached); ``c`` defaults to ``argmax`` of the logits.
 
     The head must be batch-separable, so one backward gives every per-sample gradient (the autograd backend's
-    :func:`hf_gsc.backends.autograd.linearize_with_autograd`).
+    :func:`hf_gsc.gsc_math.backends.autograd.linearize_with_autograd`).
     """
     linearized = linearize_with_autograd(lambda f, _: head(f), features.detach(), None, keep_graph_for_jvp=False)
     c = linearized.logits.argmax(dim=-1) if predicted_class is None else predicted_class

@@ -51,7 +51,7 @@ from ..evaluation.plan import subset
 from ..evaluation.json_files import jsonable, table_lines
 from ..evaluation.ranking import VALIDATION_METRICS, rank, validation_metrics
 from ..evaluation.validation_sets import VALIDATION_SEED, GeneratedImages, heldout_classes_validation
-from ..safe_files import atomic_write_text
+from ..utils.confined_files import atomic_write_text
 
 #: Every method compared, in report order.
 VARIANT_NAMES: tuple[str, ...] = ("energy", "gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")
@@ -64,7 +64,7 @@ ARCHS: tuple[str, ...] = ("resnet", "vit", "swin")
 # ------------------------------------------------------------------------------------- variants
 def earlier_block(model: torch.nn.Module) -> str:
     """The block before the last one of the model's registered encoder, e.g. ``"vit.layers.-2"``."""
-    from ..split_points import ARCHITECTURES
+    from ..classifier.split_points import ARCHITECTURES
 
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     spec = ARCHITECTURES.get(model_type)

@@ -11,7 +11,7 @@ Two kinds of bad data, caught at two moments:
 Decoding happens here rather than inside ``datasets`` (whose errors name neither dataset nor row, and whose rules
 for bit depth and alpha are not the pipeline's): callers switch the image column to ``datasets.Image(decode=False)``
 with :func:`without_decoding` and decode each batch with :func:`decode_images`, which decodes through
-:func:`hf_gsc.images.decode`, the one rule of every entry point (``fit``, ``calibrate``, the pipeline).
+:func:`hf_gsc.utils.images.decode`, the one rule of every entry point (``fit``, ``calibrate``, the pipeline).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from typing import Any, Literal
 import datasets
 from PIL import Image
 
-from ..image_limits import max_image_pixels
-from ..images import UnreadableImageError, decode, reason
+from ..utils.image_limits import max_image_pixels
+from ..utils.images import UnreadableImageError, decode, reason
 
 #: What to do with an image that cannot be decoded: raise :class:`UndecodableImageError`, or leave it out.
 OnError = Literal["raise", "skip"]
@@ -58,10 +58,10 @@ def _file_of(value: Any) -> str:
 def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnError = "raise") -> Image.Image | None:
     """The 8-bit, upright PIL image (``L`` or ``RGB``) of what a ``datasets.Image(decode=False)`` column holds
     (``{"bytes", "path"}``), a file path, or an already decoded PIL image, decoded by
-    :func:`hf_gsc.images.decode`, the rule of every entry point (EXIF orientation, bit depth, alpha, palette).
+    :func:`hf_gsc.utils.images.decode`, the rule of every entry point (EXIF orientation, bit depth, alpha, palette).
 
     Returns ``None`` instead of raising when ``on_error="skip"`` and the image cannot be decoded. An image above
-    ``HF_GSC_MAX_IMAGE_PIXELS`` pixels (:mod:`hf_gsc.image_limits`) counts as one that cannot be decoded: it is
+    ``HF_GSC_MAX_IMAGE_PIXELS`` pixels (:mod:`hf_gsc.utils.image_limits`) counts as one that cannot be decoded: it is
     refused from its header, before decoding.
 
     Raises:

@@ -8,7 +8,7 @@ the processor into the part DataLoader workers run and the rescale + normalize t
 """
 from __future__ import annotations
 
-from ..image_processors import load_image_processor  # noqa: F401  (re-exported)
+from ..utils.image_processors import load_image_processor  # noqa: F401  (re-exported)
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any

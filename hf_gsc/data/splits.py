@@ -26,7 +26,7 @@ from typing import Any
 import datasets
 from huggingface_hub.errors import GatedRepoError
 
-from ..progress import datasets_progress_bars_off
+from ..utils.progress import datasets_progress_bars_off
 from .decoding import check_image_column
 
 _IMAGE_NAMES = ("image", "img", "images", "picture")

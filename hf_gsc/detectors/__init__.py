@@ -1,20 +1,20 @@
 """The registered OOD detection methods; importing this package registers all of them.
 
-The interface is :mod:`hf_gsc.detector`, the registry :mod:`hf_gsc.registry`; GSC itself is :class:`hf_gsc.GSCForImageClassification`
-(:mod:`hf_gsc.modeling`); each other method has its own module here, found and imported
+The interface is :mod:`hf_gsc.detectors.interface`, the registry :mod:`hf_gsc.settings.registry`; GSC itself is :class:`hf_gsc.GSCForImageClassification`
+(:mod:`hf_gsc.detectors.gsc`); each other method has its own module here, found and imported
 without a list (a method is one file).
 """
 
 import importlib
 import pkgutil
 
-from ..detector import DETECTORS, OODDetector, OODDetectorOutput, detector_class, get_detector, register_detector
-from .. import modeling  # noqa: F401  (registers "gsc")
+from .interface import DETECTORS, OODDetector, OODDetectorOutput, detector_class, get_detector, register_detector
+from . import gsc  # noqa: F401  (registers "gsc")
 
 # Every module of this package registers its method(s) on import: a new method is a new file, nothing else.
 for _module in sorted(_info.name for _info in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
-from ..backbone_pass import fit_together
+from .backbone_pass import fit_together
 from .bundle import BundleOutput, DetectorBundle
 
 __all__ = [

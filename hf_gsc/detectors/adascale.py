@@ -9,13 +9,13 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
-from ..backbone_pass import BackbonePass, FitShards
-from ..config import DetectorConfig, integer_check, number_check, setting
-from ..detector import register_detector
-from ..feature_capture import capture
-from ..features import LinearHead
-from ..precision import full_precision, parameter_dtype, step_dtype
-from ..scores import energy_score
+from .backbone_pass import BackbonePass, FitShards
+from ..settings.config import DetectorConfig, integer_check, number_check, setting
+from .interface import register_detector
+from ..utils.feature_capture import capture
+from .penultimate import LinearHead
+from ..utils.precision import full_precision, parameter_dtype, step_dtype
+from ..utils.scores import energy_score
 from .common import FittedDetector
 
 #: OpenOOD adascale_a.yml / adascale_l.yml ``percentile_list``: every pair ``[low, high]`` of 60, 65, ..., 95, 99.
@@ -132,7 +132,7 @@ class AdaSCALEDetector(FittedDetector):
     is the same numbers (``Q'`` of a sample depends on nothing else in the fit).
 
     Cost: a forward with gradient, a backward and a second forward of its own per batch, like ODIN
-    (``one_pass = False``). They run in float32 with autocast off (:mod:`hf_gsc.precision`), so
+    (``one_pass = False``). They run in float32 with autocast off (:mod:`hf_gsc.utils.precision`), so
     ``--mixed-precision`` keeps the step, and the ``Q'`` of a fit matches that of scoring. Their result is kept on
     the batch's pass, keyed on ``o``: AdaSCALE-A and -L, and every percentile of a tuning grid, share it, so the
     first AdaSCALE detector scored on a batch carries the cost in per-method timings and the others almost none.
@@ -200,7 +200,7 @@ class AdaSCALEDetector(FittedDetector):
 
     def _features_and_statistic(self, batch: BackbonePass) -> tuple[torch.Tensor, torch.Tensor]:
         """``(z (B, D), Q' (B,))`` of a batch. ``(z, z_p)`` depend on the model and ``o`` only, so they are kept on
-        the pass (:meth:`~hf_gsc.backbone_pass.BackbonePass.memo`): both variants and every grid point of a tuning
+        the pass (:meth:`~hf_gsc.detectors.backbone_pass.BackbonePass.memo`): both variants and every grid point of a tuning
         run with the same ``o`` share one gradient step and one perturbed forward per batch."""
         hp = self.hyperparameters
         features, perturbed = batch.memo(("adascale_perturbation", self.split.module_path, float(hp["o"])),

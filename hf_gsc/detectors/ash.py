@@ -8,14 +8,14 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import nn
 
-from ..architectures import registered_architecture
-from ..feature_shapings import FeatureShaping, register_feature_shaping
-from ..precision import full_precision, parameter_dtype, step_dtype
-from ..scores import energy_score
-from ..config import DetectorConfig, number_check, setting, split_point_check
-from ..split_points import SplitPoint, resolve_split_point
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..classifier.architectures import registered_architecture
+from ..utils.feature_shapings import FeatureShaping, register_feature_shaping
+from ..utils.precision import full_precision, parameter_dtype, step_dtype
+from ..utils.scores import energy_score
+from ..settings.config import DetectorConfig, number_check, setting, split_point_check
+from ..classifier.split_points import SplitPoint, resolve_split_point
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import BaselineDetector
 
 ASH_VARIANTS: tuple[str, ...] = ("p", "b", "s")
@@ -60,7 +60,7 @@ def ash_shape(features: torch.Tensor, variant: str, percentile: float) -> torch.
 
 def default_ash_percentile(model: nn.Module, variant: str) -> float:
     """The authors' percentile for this architecture and variant: 90 unless they changed it, which the registry
-    records (:attr:`hf_gsc.architectures.ArchitectureSpec.ash_percentiles`)."""
+    records (:attr:`hf_gsc.classifier.architectures.ArchitectureSpec.ash_percentiles`)."""
     spec = registered_architecture(model)
     return DEFAULT_PERCENTILE if spec is None else spec.ash_percentiles.get(variant, DEFAULT_PERCENTILE)
 
@@ -69,7 +69,7 @@ def shaped_energy(batch: BackbonePass, split: SplitPoint, model: nn.Module,
                   shaping: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Energy of the head at the shaped feature of ``split`` (ASH's and SCALE's score): the shaping (a percentile cut,
     sums over thousands of activations, ``exp(s1 / s2)``), the head and the energy in float32 or wider with autocast
-    off (:mod:`hf_gsc.precision`); a bf16 model's head gets the shaped feature back in bf16 (its own modules)."""
+    off (:mod:`hf_gsc.utils.precision`); a bf16 model's head gets the shaped feature back in bf16 (its own modules)."""
     features = batch.features(split)
     with full_precision(features.device), torch.no_grad():
         flat = features.flatten(1).to(step_dtype(features.dtype))
@@ -94,7 +94,7 @@ class ShapedEnergyDetector(BaselineDetector):
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         """The backbone in whatever precision it runs in; the shaping (a percentile cut, sums over thousands of
-        activations, ``exp(s1 / s2)``), the head and the energy in float32 with autocast off (:mod:`hf_gsc.precision`).
+        activations, ``exp(s1 / s2)``), the head and the energy in float32 with autocast off (:mod:`hf_gsc.utils.precision`).
         A bf16 *model*'s head gets the shaped feature back in bf16 (its own modules) and its logits in float32."""
         return shaped_energy(batch, self.split, self.model, self.shape)
 

@@ -4,7 +4,7 @@
     out = bundle(pixel_values)       # out.logits, out.ood_score["knn"], out.is_ood["gsc"], ...
     fit_together([knn, vim], id_train_batches)   # one pass over the fit data for both
 
-The backbone runs once with the union of what the detectors read (:mod:`hf_gsc.backbone_pass`); each detector
+The backbone runs once with the union of what the detectors read (:mod:`hf_gsc.detectors.backbone_pass`); each detector
 then scores that pass with its own :meth:`~hf_gsc.detectors.OODDetector.score_batch`, so a detector's scores are
 the same alone or in a bundle. ODIN perturbs the input and runs its own passes from the batch's ``pixel_values``.
 
@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from ..backbone_pass import BackbonePass
-from ..detector import OODDetector, classifier_loss
-from ..backbone_pass import run_backbone_for, shared_model
+from .backbone_pass import BackbonePass
+from .interface import OODDetector, classifier_loss
+from .backbone_pass import run_backbone_for, shared_model
 
 
 @dataclass

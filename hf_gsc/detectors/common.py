@@ -1,11 +1,11 @@
 """Plumbing shared by the baseline detectors: hyperparameter defaults, logits, penultimate features, fitted state.
 
 * :class:`BaselineDetector`: the settings are the fields of the method's ``config_class`` (a
-  :class:`~hf_gsc.config.DetectorConfig` subclass written in the method's file); unknown names raise, naming the
+  :class:`~hf_gsc.settings.config.DetectorConfig` subclass written in the method's file); unknown names raise, naming the
   nearest known one.
 * :class:`TemperatureLogitDetector`: a score of the logits at a temperature (MSP, Energy).
 * :class:`PenultimateDetector`: reads the penultimate feature ``z`` (input of the last ``nn.Linear``, ``(B, D)``)
-  from the shared backbone pass, and holds the linear head (:class:`hf_gsc.features.LinearHead`).
+  from the shared backbone pass, and holds the linear head (:class:`hf_gsc.detectors.penultimate.LinearHead`).
 * :class:`FittedDetector`: ``fit_update`` takes ``(features, labels)`` batches (the pass's penultimate feature,
   on the CPU, shared by every detector fitted in that pass); ``fit_end`` hands them to ``_fit``. The fitted tensors
   are the registered buffers named in ``state_names``.
@@ -20,12 +20,12 @@ from typing import Any, ClassVar, Iterator
 import torch
 from torch import nn
 
-from ..backbone_pass import BackbonePass, FitShards
-from ..config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, number_check, setting
-from ..features import ClassStatistics, LinearHead, check_fit_samples, linear_head, penultimate_split
-from ..scores import ood_score
-from ..split_points import SplitPoint
-from ..detector import OODDetector, suggest_names
+from .backbone_pass import BackbonePass, FitShards
+from ..settings.config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, number_check, setting
+from .penultimate import ClassStatistics, LinearHead, check_fit_samples, linear_head, penultimate_split
+from ..utils.scores import ood_score
+from ..classifier.split_points import SplitPoint
+from .interface import OODDetector, suggest_names
 
 
 class BaselineDetector(OODDetector):
@@ -87,7 +87,7 @@ class TemperatureConfig(DetectorConfig):
 
 
 class TemperatureLogitDetector(BaselineDetector):
-    """Scores the base model's logits with ``hf_gsc.scores.ood_score(logits, score, temperature)``."""
+    """Scores the base model's logits with ``hf_gsc.utils.scores.ood_score(logits, score, temperature)``."""
 
     score_name: ClassVar[str]
     search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0)}
@@ -149,7 +149,7 @@ class FittedDetector(PenultimateDetector):
         return 1, "at least one sample"
 
     def check_fit_count(self, got: int) -> None:
-        """Raise :class:`hf_gsc.features.NotEnoughSamplesError` below ``min_fit_samples``."""
+        """Raise :class:`hf_gsc.detectors.penultimate.NotEnoughSamplesError` below ``min_fit_samples``."""
         check_fit_samples(self.method, got, self.min_fit_samples, self.fit_requirement_reason)
 
     def fit_begin(self) -> None:

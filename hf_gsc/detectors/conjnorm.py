@@ -8,10 +8,10 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from ..config import DetectorConfig, choice_check, number_check, setting
-from ..features import ClassStatistics, collect_features
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import DetectorConfig, choice_check, number_check, setting
+from .penultimate import ClassStatistics, collect_features
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import FittedDetector
 
 EPSILON = 1e-10

@@ -8,11 +8,11 @@ from typing import Any, ClassVar, Iterator
 import torch
 from torch import nn
 
-from ..config import DetectorConfig, number_check, setting
-from ..features import LinearHead, percentile
-from ..scores import energy_score
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import DetectorConfig, number_check, setting
+from .penultimate import LinearHead, percentile
+from ..utils.scores import energy_score
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import FittedDetector
 
 

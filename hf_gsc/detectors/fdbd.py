@@ -7,10 +7,10 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from ..config import DetectorConfig, bool_check, setting
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
-from ..features import LinearHead
+from ..settings.config import DetectorConfig, bool_check, setting
+from .backbone_pass import BackbonePass
+from .interface import register_detector
+from .penultimate import LinearHead
 from .common import FittedDetector
 
 

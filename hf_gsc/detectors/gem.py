@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import torch
 
-from ..config import DetectorConfig
-from ..features import mahalanobis_distances
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import DetectorConfig
+from .penultimate import mahalanobis_distances
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .mahalanobis import TiedGaussianDetector
 
 

@@ -8,9 +8,9 @@ from typing import ClassVar
 
 import torch
 
-from ..config import DetectorConfig, integer_check, number_check, setting
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import DetectorConfig, integer_check, number_check, setting
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import BaselineDetector
 
 

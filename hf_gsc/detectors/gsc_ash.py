@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import GSCConfig, feature_shaping_check, setting, split_point_check
-from ..detector import register_detector
-from ..modeling import GSCForImageClassification
+from ..settings.config import GSCConfig, feature_shaping_check, setting, split_point_check
+from .interface import register_detector
+from .gsc import GSCForImageClassification
 
 
 @dataclass

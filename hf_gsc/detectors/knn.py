@@ -7,10 +7,10 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from ..config import DetectorConfig, integer_check, setting
-from ..features import collect_features
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import DetectorConfig, integer_check, setting
+from .penultimate import collect_features
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import FittedDetector
 
 

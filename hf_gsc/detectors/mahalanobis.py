@@ -7,10 +7,10 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from ..config import DetectorConfig
-from ..features import ClassStatistics, mahalanobis_distances, tied_precision
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import DetectorConfig
+from .penultimate import ClassStatistics, mahalanobis_distances, tied_precision
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import FittedDetector
 
 

@@ -7,8 +7,8 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from ..config import DetectorConfig
-from ..detector import register_detector
+from ..settings.config import DetectorConfig
+from .interface import register_detector
 from .mahalanobis import MahalanobisDetector
 
 
@@ -61,7 +61,7 @@ class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
 
     Paper and code agree. Differences from the code, numerical only (as for ``rmds``): the authors normalise, centre
     and score in float32 and fit sklearn on float32 centred features; here normalisation, statistics and distances
-    are float64 (returned as float32), and the precision is :func:`~hf_gsc.features.tied_precision`'s, with its
+    are float64 (returned as float32), and the precision is :func:`~hf_gsc.detectors.penultimate.tied_precision`'s, with its
     stated rank cutoff where sklearn's ``pinvh`` cuts at the level of rounding noise. A zero fitting feature, NaN in
     the authors' code, is refused (:func:`normalisable`).
 

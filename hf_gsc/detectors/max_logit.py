@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import torch
 
-from ..config import DetectorConfig
-from ..scores import max_logit_score
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import DetectorConfig
+from ..utils.scores import max_logit_score
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import BaselineDetector
 
 

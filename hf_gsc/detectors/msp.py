@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..detector import register_detector
+from .interface import register_detector
 from .common import TemperatureConfig, TemperatureLogitDetector
 
 

@@ -9,12 +9,12 @@ import numpy as np
 import torch
 import torch.nn.functional as nnf
 
-from ..config import DetectorConfig, integer_check, number_check, setting
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
-from ..features import LinearHead
-from ..precision import full_precision, step_dtype
-from ..scores import energy_score
+from ..settings.config import DetectorConfig, integer_check, number_check, setting
+from .backbone_pass import BackbonePass
+from .interface import register_detector
+from .penultimate import LinearHead
+from ..utils.precision import full_precision, step_dtype
+from ..utils.scores import energy_score
 from .common import FittedDetector
 
 #: The seed of the authors' bank subsample: their main.py ``--seed`` default 0 (``set_seed``), then
@@ -167,7 +167,7 @@ class NNGuideDetector(FittedDetector):
         self.check_fit_count(self.bank_guide.shape[0])
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        """Similarities, top-k and energy in the bank's dtype with autocast off (:mod:`hf_gsc.precision`): an
+        """Similarities, top-k and energy in the bank's dtype with autocast off (:mod:`hf_gsc.utils.precision`): an
         autocast bf16 matmul would round the similarities that the top-k ranks."""
         features = self.features(batch)
         with full_precision(features.device), torch.no_grad():

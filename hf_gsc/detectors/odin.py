@@ -8,11 +8,11 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
-from ..config import MIN_TEMPERATURE, DetectorConfig, number_check, setting
-from ..precision import full_precision, parameter_dtype, step_dtype
-from ..scores import msp_score
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import MIN_TEMPERATURE, DetectorConfig, number_check, setting
+from ..utils.precision import full_precision, parameter_dtype, step_dtype
+from ..utils.scores import msp_score
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import BaselineDetector
 
 
@@ -116,7 +116,7 @@ class ODINDetector(BaselineDetector):
         return super().logits(pixel_values.to(parameter_dtype(self.model)))
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        """Both forwards and the input step in float32 with autocast off (:mod:`hf_gsc.precision`): under bf16
+        """Both forwards and the input step in float32 with autocast off (:mod:`hf_gsc.utils.precision`): under bf16
         autocast the step ``epsilon / std`` (about 0.004) is below bf16's resolution near 1, so the perturbed
         input would round back to the original one, and the logits divided by ``T = 1000`` differ in digits
         bf16 does not hold. A bf16 *model* gets float32 inputs cast back to bf16 and keeps that limit."""

@@ -7,10 +7,10 @@ from typing import ClassVar
 
 import torch
 
-from ..config import DetectorConfig
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
-from ..features import ClassStatistics, mahalanobis_distances, tied_precision
+from ..settings.config import DetectorConfig
+from .backbone_pass import BackbonePass
+from .interface import register_detector
+from .penultimate import ClassStatistics, mahalanobis_distances, tied_precision
 from .mahalanobis import TiedGaussianDetector, mahalanobis_score
 
 
@@ -23,8 +23,8 @@ def background_gaussian(statistics: ClassStatistics, method: str) -> tuple[torch
     between-class one, ``sum_c (N_c / N) (mu_c - mu_0)(mu_c - mu_0)^T``: the same value, from the streamed
     statistics, without subtracting ``mu_0 mu_0^T`` from the raw second moment (which cancels digits where the
     features sit far from the origin relative to their spread, as L2-normalised ones do; the tied covariance is
-    :class:`~hf_gsc.features.ClassStatistics`' own, with whatever accuracy it has). The precision comes
-    from :func:`~hf_gsc.features.tied_precision`, as for the class Gaussians, so both inherit its rank cutoff.
+    :class:`~hf_gsc.detectors.penultimate.ClassStatistics`' own, with whatever accuracy it has). The precision comes
+    from :func:`~hf_gsc.detectors.penultimate.tied_precision`, as for the class Gaussians, so both inherit its rank cutoff.
     """
     class_means = statistics.class_means(method)
     weights = statistics.class_counts / statistics.count
@@ -71,7 +71,7 @@ class RMDSDetector(TiedGaussianDetector):
       near-singular (ViT final-LayerNorm features), and ``-d_c + d_0`` is a difference of two large terms.
     * sklearn's ``pinvh`` cuts eigenvalues at ``D * eps`` of the largest, the level of rounding noise, so on a
       singular covariance (LayerNorm features sum to a constant) whether it inverts a noise eigenvalue depends on
-      the rounding; :func:`~hf_gsc.features.tied_precision` always drops eigenvalues below its stated cutoff
+      the rounding; :func:`~hf_gsc.detectors.penultimate.tied_precision` always drops eigenvalues below its stated cutoff
       (``PRECISION_RCOND`` of the largest). On a well-conditioned covariance the two are the same inverse.
 
     No hyperparameters.

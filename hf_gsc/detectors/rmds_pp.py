@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import DetectorConfig
-from ..detector import register_detector
+from ..settings.config import DetectorConfig
+from .interface import register_detector
 from .mahalanobis_pp import NormalisedFeatures
 from .rmds import RMDSDetector
 
@@ -32,7 +32,7 @@ class RMDSPPDetector(NormalisedFeatures, RMDSDetector):
 
     Paper and code agree. Differences from the code, numerical only, as for ``rmds`` and ``mahalanobis_pp``: float64
     normalisation, statistics and distances where the authors use float32 (returned as float32),
-    :func:`~hf_gsc.features.tied_precision`'s stated rank cutoff for both precisions, and a zero fitting feature
+    :func:`~hf_gsc.detectors.penultimate.tied_precision`'s stated rank cutoff for both precisions, and a zero fitting feature
     refused instead of NaN.
 
     No hyperparameters.

@@ -7,11 +7,11 @@ from typing import ClassVar, Iterator
 
 import torch
 
-from ..config import DetectorConfig, integer_check, setting
-from ..features import LinearHead, collect_features
-from ..scores import energy_score
-from ..backbone_pass import BackbonePass
-from ..detector import register_detector
+from ..settings.config import DetectorConfig, integer_check, setting
+from .penultimate import LinearHead, collect_features
+from ..utils.scores import energy_score
+from .backbone_pass import BackbonePass
+from .interface import register_detector
 from .common import FittedDetector
 
 

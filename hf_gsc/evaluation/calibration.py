@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..thresholds import (  # noqa: F401  (re-exported: the core holds the rules, detectors calibrate with them)
+from ..utils.thresholds import (  # noqa: F401  (re-exported: the core holds the rules, detectors calibrate with them)
     CalibrationMethod,
     ScoresLike,
     calibration_record,

@@ -7,7 +7,7 @@ twice: a fit needs no collective per batch (scoring's ``gather_for_metrics`` doe
 last share is simply shorter. A streamed split is split with ``split_dataset_by_node`` as for scoring, and its batches
 are ordered by process (a stream has no dataset order to restore).
 
-Combining (:class:`ProcessShards`, the evaluation's :class:`hf_gsc.backbone_pass.FitShards`): after the pass, each
+Combining (:class:`ProcessShards`, the evaluation's :class:`hf_gsc.detectors.backbone_pass.FitShards`): after the pass, each
 detector's ``fit_gather`` swaps what it took from its process's batches for every process's batches, back in the
 order of the data with the same batch boundaries, then the unchanged ``fit_end`` runs on every process. What is
 gathered is what the fits took from the passes, not the passes: a pass holds ``F`` at every split point (a ViT's
@@ -143,7 +143,7 @@ class ProcessShards:
 
     # ------------------------------------------------------------------ FitShards
     def agree(self, errors: dict[str, str]) -> dict[str, str]:
-        """See :meth:`hf_gsc.backbone_pass.FitShards.agree` (each failure keeps the reason of the lowest process)."""
+        """See :meth:`hf_gsc.detectors.backbone_pass.FitShards.agree` (each failure keeps the reason of the lowest process)."""
         if self.num_processes == 1:
             return errors
         from accelerate.utils import gather_object
@@ -160,7 +160,7 @@ class ProcessShards:
         return errors
 
     def batches(self, local: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """See :meth:`hf_gsc.backbone_pass.FitShards.batches`."""
+        """See :meth:`hf_gsc.detectors.backbone_pass.FitShards.batches`."""
         local = list(local)
         if len(local) != len(self.keys):
             raise RuntimeError(f"fit_gather: {len(local)} tensors for the {len(self.keys)} batches this process "
@@ -173,7 +173,7 @@ class ProcessShards:
         return self._memo[memo_key][1]
 
     def sum(self, local: torch.Tensor | None) -> torch.Tensor | None:
-        """See :meth:`hf_gsc.backbone_pass.FitShards.sum`."""
+        """See :meth:`hf_gsc.detectors.backbone_pass.FitShards.sum`."""
         if self.num_processes == 1:
             return local
         mine = [] if local is None else [local.unsqueeze(0)]

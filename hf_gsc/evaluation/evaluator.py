@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import __version__
+from ..utils.version import __version__
 from ..data.decoding import UndecodableImageError
-from ..registry import detector_class
+from ..settings.registry import detector_class
 from .accelerator import make_accelerator
 from .arguments import is_evaluation_arguments
 from .errors import InputError
@@ -277,7 +277,7 @@ class OODEvaluator:
 
     def _load_model(self) -> None:
         """``self.model``, ``self.processor``, ``self.detectors`` (or ``self.shipped``) and ``self.hyperparameters``."""
-        from ..detector import OODDetector
+        from ..detectors.interface import OODDetector
 
         args, source = self.args, self.model_source
         if isinstance(source, OODDetector) or (isinstance(source, str) and source == args.detector):
@@ -655,7 +655,7 @@ def _resumable(error: UndecodableImageError) -> UndecodableImageError:
 def _copy_results_json(output_dir: Path, folders: list[Path]) -> None:
     """The final ``results.json`` (with the save phase's time) into each saved detector folder, over the copy its
     ``save_pretrained`` made a moment before."""
-    from ..safe_files import copy_file
+    from ..utils.confined_files import copy_file
 
     for folder in folders:
         copy_file(output_dir, RESULTS_JSON, folder)
@@ -671,7 +671,7 @@ def _saved_fingerprint(output_dir: Path, method: str) -> str | None:
 def _remove_saved_detector(output_dir: Path, method: str) -> None:
     """Remove what ``--save-detectors`` wrote for ``method`` (its config, card, processor files) beside a fit that
     this run replaces; the fit's own files stay for the fit to overwrite."""
-    from ..config import STATE_FILE
+    from ..settings.config import STATE_FILE
 
     folder = fit_dir(output_dir, method)
     if not folder.is_dir() or folder.is_symlink() or not (folder / "config.json").exists():
@@ -743,7 +743,7 @@ def _check_labels(id_splits: Mapping[str, Any], config: Any, given: Mapping[str,
     """``(ID splits with their labels mapped to the model's classes, label_check)``. Each split is mapped by its own
     class names (an image-folder split without some class folder numbers its classes differently); the record is
     the test split's comparison plus ``mapping`` and ``mapped_by`` where labels were mapped."""
-    from ..label_names import label_mapping
+    from ..utils.label_names import label_mapping
     from .labels import MATCH, map_labels, mapping_record
 
     model_names = model_class_names(config)

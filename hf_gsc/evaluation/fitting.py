@@ -1,7 +1,7 @@
 """Fitting the detectors that need ID data (ReAct, KNN, Mahalanobis, ..., GSC's Fisher / adaptive mass), and reusing fits.
 
 Every process fits every detector of one ``fit_split`` from one backbone pass per batch over its share of that
-split's data (:func:`hf_gsc.backbone_pass.fit_together`); the shares are combined exactly, so that every process
+split's data (:func:`hf_gsc.detectors.backbone_pass.fit_together`); the shares are combined exactly, so that every process
 holds the fit one process would compute (:mod:`hf_gsc.evaluation.distributed`). The main process saves each fitted
 state to ``detectors/{method}/`` with a ``fit.json`` holding the fit's fingerprint, the images each process read, the
 wall time of the pass and the methods fitted in it (``fitted_together``, which share that time); a rerun reuses a
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import STATE_FILE
+from ..settings.config import STATE_FILE
 from ..data.decoding import OnError
-from ..safe_files import atomic_write_text, make_dirs
-from ..saved_files import read_state, save_state
+from ..utils.confined_files import atomic_write_text, make_dirs
+from ..storage.saved_format import read_state, save_state
 from .loaders import make_dataloader
 from .score_cache import NUM_SKIPPED_KEY
 

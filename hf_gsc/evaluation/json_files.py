@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..safe_files import atomic_write_text
+from ..utils.confined_files import atomic_write_text
 
 
 def jsonable(value: Any) -> Any:
@@ -44,7 +44,7 @@ def table_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[st
 
 def write_json(path: str | os.PathLike, data: Any, root: str | os.PathLike | None = None) -> Path:
     """Write JSON atomically (temporary file, then ``os.replace``) and never through a link out of ``root``
-    (default: ``path``'s folder), see :mod:`hf_gsc.safe_files`."""
+    (default: ``path``'s folder), see :mod:`hf_gsc.utils.confined_files`."""
     return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n", root)
 
 

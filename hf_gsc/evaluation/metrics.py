@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..thresholds import ScoresLike, as_scores as _as_scores, threshold_at_tpr
+from ..utils.thresholds import ScoresLike, as_scores as _as_scores, threshold_at_tpr
 
 if TYPE_CHECKING:  # imported for annotations only: evaluate is slow to import
     import evaluate

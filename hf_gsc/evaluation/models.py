@@ -27,7 +27,7 @@ def load_model(
     classifier), path the image processor came from)``.
     """
     from ..data import load_image_processor
-    from ..loading import load_detector_or_classifier
+    from ..storage.loading import load_detector_or_classifier
 
     try:
         model, detector, processor_source, hub = load_detector_or_classifier(model_id, revision=revision)
@@ -44,7 +44,7 @@ def load_shipped(spec: str, revision: str | None = None, image_backend: str = "a
     """``(the saved detector of --detector, its image processor)``: the detector as it was saved (method, settings,
     fitted state, threshold) on its base model. A classifier, or a detector without a threshold, is refused here."""
     from ..data import load_image_processor
-    from ..loading import load_detector_or_classifier
+    from ..storage.loading import load_detector_or_classifier
 
     try:
         model, detector, processor_source, hub = load_detector_or_classifier(spec, revision=revision)

@@ -56,7 +56,7 @@ def registered_methods() -> dict[str, Any]:
 
 def default_methods() -> list[str]:
     """The default of ``--methods`` (and of ``make demo``): the methods whose class sets ``in_default_table``."""
-    from ..registry import default_methods as registered_defaults
+    from ..settings.registry import default_methods as registered_defaults
 
     registered_methods()  # every method's module imported, so that each has registered
     return registered_defaults()
@@ -64,7 +64,7 @@ def default_methods() -> list[str]:
 
 def command_line_flags() -> dict[str, dict[str, str]]:
     """method -> its own flags (flag dest -> setting), from the classes' ``command_line_flags``."""
-    from ..registry import command_line_flags as registered_flags
+    from ..settings.registry import command_line_flags as registered_flags
 
     registered_methods()
     return registered_flags()
@@ -103,7 +103,7 @@ def parse_methods(text: str | None) -> list[str]:
 def _check_names(names: Sequence[str], registered: Mapping[str, Any]) -> None:
     unknown = [name for name in names if name not in registered]
     if unknown:
-        from ..registry import suggest_names
+        from ..settings.registry import suggest_names
 
         raise InputError(
             f"--methods: unknown method(s) {', '.join(map(repr, unknown))}{suggest_names(unknown, sorted(registered))}; "

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import __version__
+from ..utils.version import __version__
 from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
 from .score_cache import BASE_MODEL, ScoreCache
 from .models import effective_hyperparameters

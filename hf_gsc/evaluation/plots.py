@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..safe_files import atomic_open, make_dirs
+from ..utils.confined_files import atomic_open, make_dirs
 
 PLOTS_DIR = "plots"
 
@@ -43,7 +43,7 @@ def _panels(count: int) -> tuple[int, int]:
 
 
 def _finish(plt: Any, fig: Any, axes: Any, used: int, path: Path) -> Path:
-    """Hide unused panels, save atomically and never through a link (:mod:`hf_gsc.safe_files`), close."""
+    """Hide unused panels, save atomically and never through a link (:mod:`hf_gsc.utils.confined_files`), close."""
     for ax in list(axes.flat)[used:]:
         ax.axis("off")
     fig.tight_layout()

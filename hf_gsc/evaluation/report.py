@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..safe_files import atomic_write_text
+from ..utils.confined_files import atomic_write_text
 from .json_files import jsonable, table_lines, write_json
 from .calibration import calibration_record, threshold_for, true_positive_rate
 from .labels import label_warning

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..safe_files import save_file
+from ..utils.confined_files import save_file
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class ScoreCache:
         return self.load(method, split, expected_fingerprint, expected_rows) is not None
 
     def save(self, method: str, split: str, tensors: Mapping[str, torch.Tensor], fp: str) -> Path:
-        """Write atomically and never through a link (:func:`hf_gsc.safe_files.save_file`)."""
+        """Write atomically and never through a link (:func:`hf_gsc.utils.confined_files.save_file`)."""
         return save_file(tensors, self.path(method, split), {FINGERPRINT_KEY: fp}, root=self.output_dir)
 
 

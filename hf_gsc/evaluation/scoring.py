@@ -102,12 +102,12 @@ def batch_scorer(
 ) -> Callable[[torch.Tensor], dict[str, torch.Tensor]]:
     """``pixel_values -> {method: ood_score, ...}`` (and the base model's predicted classes under
     :data:`~hf_gsc.evaluation.plan.BASE_MODEL` when ``predictions``), from one backbone pass that captures what every
-    detector reads (:func:`hf_gsc.backbone_pass.run_backbone_for`). Adds each part's wall time to ``seconds[name][split]``
+    detector reads (:func:`hf_gsc.detectors.backbone_pass.run_backbone_for`). Adds each part's wall time to ``seconds[name][split]``
     (host time: on CUDA, launch time unless the part itself waits for the device). ``errors``: where given, a method
     whose scoring raises gets NaN scores for the batch (the gathered NaN then skips it on every process) and its first
     error is kept there, method -> message."""
-    from ..backbone_pass import run_backbone, run_backbone_for
-    from ..precision import parameter_dtype
+    from ..detectors.backbone_pass import run_backbone, run_backbone_for
+    from ..utils.precision import parameter_dtype
 
     members = list(detectors.values())
     dtype = parameter_dtype(model)

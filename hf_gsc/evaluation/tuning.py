@@ -28,7 +28,7 @@ the reason and not chosen; a method none of whose points is usable keeps its set
 Cost: every grid point of every method is one more detector in one :class:`~hf_gsc.detectors.DetectorBundle`, so
 the search costs one backbone pass per batch of ``tune_select`` and of each OOD validation set (the head-level work
 of each grid point on top: cheap, except ODIN, which runs its own forward, backward and forward per grid point), plus
-one backbone pass per batch of the fit data for every grid point fitted on it (:func:`hf_gsc.backbone_pass.fit_together`:
+one backbone pass per batch of the fit data for every grid point fitted on it (:func:`hf_gsc.detectors.backbone_pass.fit_together`:
 train, and ``tune_fit``). Its wall time is recorded as ``tuning.seconds`` in ``results.json``; it runs again on every
 ``--tune`` run (the choice is not cached; the scores computed with the chosen values are).
 """
@@ -54,14 +54,14 @@ TUNING_FITS = "tuning"
 def search_spaces() -> dict[str, dict[str, tuple[Any, ...]]]:
     """method -> hyperparameter -> values searched, for every registered method with a grid: each method's class
     holds its own (``search_space``, with its source in ``search_space_source``)."""
-    from ..registry import DETECTORS
+    from ..settings.registry import DETECTORS
 
     return {method: dict(cls.search_space) for method, cls in DETECTORS.items() if cls.search_space}
 
 
 def not_tuned_reason(method: str) -> str:
     """Why ``method`` has no grid (its class's ``search_space_source``)."""
-    from ..registry import detector_class
+    from ..settings.registry import detector_class
 
     cls = detector_class(method)
     return "no grid defined" if cls.search_space else cls.search_space_source
@@ -110,7 +110,7 @@ def tune_hyperparameters(
     (:data:`TUNING_FITS`); ``hyperparameters`` are each method's settings, which every grid point starts from;
     ``fixed`` names the settings not to search.
     """
-    from .. import __version__
+    from ..utils.version import __version__
     from ..detectors import get_detector
     from .fingerprints import dataset_fingerprint, fingerprint, model_fingerprint
     from .fitting import fit_detectors

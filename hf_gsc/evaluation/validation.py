@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..image_limits import max_image_pixels
+from ..utils.image_limits import max_image_pixels
 from .errors import InputError
 from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, command_line_flags, parse_hyperparameters, parse_methods, \
     registered_methods

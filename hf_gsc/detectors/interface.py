@@ -1,0 +1,442 @@
+"""The one interface of every OOD detector (GSC and the other methods); the registry by method name is
+:mod:`hf_gsc.settings.registry`.
+
+A detector is an ``nn.Module`` that owns (or attaches to) a frozen base classifier and offers
+
+* ``forward(pixel_values)`` -> :class:`OODDetectorOutput` (``logits``, ``ood_score``: higher = more
+  in-distribution, ``is_ood``), and ``score(pixel_values)`` -> ``ood_score`` alone;
+* ``fit(id_train_batches)`` where the method needs it, ``calibrate(id_validation_data, tpr)``;
+* ``save_pretrained`` / ``push_to_hub`` / ``from_pretrained`` (one saved format, :mod:`hf_gsc.storage.saved_format`).
+
+What a method reads from the backbone is declared, not fetched: :attr:`OODDetector.reads_logits` and
+:meth:`OODDetector.feature_splits`. :func:`hf_gsc.detectors.backbone_pass.run_backbone` runs the base model once with all of
+that captured, and :meth:`OODDetector.score_batch` scores the resulting pass (the feature-level API, like
+pytorch-ood's ``predict_features``), so several detectors on one model share one forward
+(:class:`hf_gsc.detectors.DetectorBundle`). Fitting shares passes the same way: ``fit_begin`` /
+``fit_update(pass, labels)`` / ``fit_end``, and ``fit_gather`` before ``fit_end`` when each of several processes
+passed its own share of the data (:mod:`hf_gsc.detectors.backbone_pass`). Fitted tensors are registered buffers: they move
+with ``.to(device)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Sequence
+
+import torch
+from torch import nn
+from transformers.utils import ModelOutput
+
+from .backbone_pass import BackbonePass, FitShards, run_backbone
+from ..settings.config import DetectorConfig, bind_config
+from ..storage.push import HubPush
+from ..utils.image_data import image_rows
+from ..utils.inputs import check_pixel_values, labelled_batches
+from ..settings.registry import DETECTORS, detector_class, get_detector, register_detector, suggest_names
+from ..storage.pretrained import DetectorFiles
+from ..classifier.split_points import SplitPoint
+from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, threshold_for
+
+@dataclass
+class OODDetectorOutput(ModelOutput):
+    """Output of every detector's forward.
+
+    Attributes:
+        loss: ``()`` cross-entropy of ``logits`` against ``labels`` when labels are given (what ``Trainer.predict``
+            expects of a classifier; the detector itself has no loss).
+        logits: ``(B, K)`` the base model's logits, unchanged.
+        ood_score: ``(B,)`` higher = more in-distribution.
+        is_ood: ``(B,)`` bool, ``not ood_score >= threshold`` (a NaN score is OOD); ``None`` while no threshold is set.
+
+    ``Trainer.predict`` returns as ``predictions`` the fields other than ``loss`` that are not ``None``, in this
+    order: ``(logits, ood_score, is_ood)``, or ``(logits, ood_score)`` before calibration. ``ood_score`` is float32
+    whatever the base model's dtype (float64 only for a float64 base model). ``label_ids`` are the dataset's
+    ``labels``. GSC's output has fields of its own: ``(logits, gsc_logits, ood_score, is_ood, predicted_class)``
+    (:class:`hf_gsc.GSCOutput`).
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    ood_score: torch.Tensor | None = None
+    is_ood: torch.Tensor | None = None
+
+
+def decide(ood_score: torch.Tensor, threshold: float | None) -> torch.Tensor | None:
+    """``is_ood`` for ``ood_score`` at ``threshold``: ``True`` unless ``ood_score >= threshold``. A non-finite
+    score (NaN from extreme inputs or settings) is therefore OOD: the detector fails closed."""
+    if threshold is None:
+        return None
+    return ~(ood_score >= threshold)
+
+
+def classifier_loss(logits: torch.Tensor | None, labels: torch.Tensor | None) -> torch.Tensor | None:
+    """Cross-entropy of the base logits ``(B, K)`` against ``labels`` ``(B,)``; ``None`` without labels."""
+    if labels is None or logits is None:
+        return None
+    return nn.functional.cross_entropy(logits.detach().float(), labels.to(logits.device).long())
+
+
+def _in_score_dtype(score_batch: Any) -> Any:
+    """``score_batch`` returning its scores in the detector's :attr:`OODDetector.score_dtype`."""
+
+    @functools.wraps(score_batch)
+    def wrapped(self: "OODDetector", batch: BackbonePass) -> torch.Tensor:
+        return score_batch(self, batch).to(self.score_dtype)
+
+    wrapped._in_score_dtype = True
+    return wrapped
+
+
+class OODDetector(DetectorFiles, HubPush, nn.Module):
+    """A post-hoc OOD detector on a frozen image classifier (see the module docstring for the interface).
+
+    Class attributes:
+        method: registry name (``"msp"``, ``"gsc"``, ...), the saved format's type field; taken from
+            ``config_class.method``, where the method's config class declares it.
+        needs_fit: whether :meth:`fit` must run before scoring (per instance where settings decide it).
+        fit_split: the ID split the evaluation fits it on (``"train"`` or ``"validation"``), never test.
+        reads_logits: whether :meth:`score_batch` reads the base model's logits.
+        config_class: the method's settings class, a :class:`~hf_gsc.settings.config.DetectorConfig` subclass written in the
+            method's file (``GSCConfig`` for GSC, ``KNNConfig`` for KNN, ...).
+
+    The base model is put in eval mode and frozen; it never receives ``.grad``.
+    """
+
+    method: ClassVar[str]
+    #: Hyperparameter -> values searched by ``hf-gsc evaluate --tune`` (the grid is their product, in this order).
+    search_space: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    #: Where ``search_space`` comes from (e.g. OpenOOD's ``postprocessor_sweep``), or why the method is not tuned.
+    search_space_source: ClassVar[str] = "no hyperparameters"
+    #: Whether :meth:`score_batch` needs nothing but the shared backbone pass (``False``: the method runs forwards
+    #: and backwards of its own, as ODIN does, and is left out of the one-pass cost figures).
+    one_pass: ClassVar[bool] = True
+    #: Hub tags of a saved detector's card besides the common ones.
+    card_tags: ClassVar[tuple[str, ...]] = ()
+    #: Whether ``hf-gsc evaluate`` runs the method when ``--methods`` is not given (the default table: GSC and the
+    #: main baselines that need no long fit). Read from the class itself, never inherited
+    #: (:func:`hf_gsc.settings.registry.default_methods`).
+    in_default_table: ClassVar[bool] = False
+    #: Settings with a flag of their own on ``hf-gsc evaluate``'s command line: flag dest -> setting name (every
+    #: other setting is set with ``--hyperparameter METHOD.NAME=VALUE``). Read from the class itself, never inherited
+    #: (:func:`hf_gsc.settings.registry.command_line_flags`).
+    command_line_flags: ClassVar[dict[str, str]] = {}
+    needs_fit: bool = False
+    fit_split: str = "train"
+    min_fit_samples: int = 1
+    reads_logits: ClassVar[bool] = False
+    config_class: ClassVar[type] = DetectorConfig
+
+    def __init__(self, model: nn.Module, config: Any) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module image classifier, got {type(model).__name__}")
+        self.model = model.eval().requires_grad_(False)
+        if config.base_model_name_or_path is None:
+            config.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        self.config = config
+        # Set by from_pretrained when the base model ships one; used to calibrate from images and by the pipeline.
+        self.image_processor: Any = None
+        self.fitted = not self.needs_fit
+        self._warned_uncalibrated = False
+        base_config = getattr(model, "config", None)
+        self._expected_channels: int | None = getattr(base_config, "num_channels", None)
+        image_size = getattr(base_config, "image_size", None)
+        self._expected_size: tuple[int, int] | None = (
+            None if image_size is None
+            else tuple(image_size) if isinstance(image_size, (list, tuple)) else (image_size, image_size)
+        )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The method's name is declared once, by its config class (the saved format's type field).
+        if "config_class" in cls.__dict__ and "method" not in cls.__dict__:
+            cls.method = cls.config_class.method
+        # One score dtype for every method, whatever the method computes in: ``score_batch`` as each method writes
+        # it is wrapped once here (every caller, the bundle and the evaluation included, goes through it).
+        own = cls.__dict__.get("score_batch")
+        if own is not None and not getattr(own, "_in_score_dtype", False):
+            cls.score_batch = _in_score_dtype(own)
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        """The base classifier's class names by index (``config.id2label``; ``{}`` when it has none)."""
+        return dict(getattr(getattr(self.model, "config", None), "id2label", None) or {})
+
+    @property
+    def label2id(self) -> dict[str, int]:
+        """The base classifier's class indices by name (``config.label2id``; ``{}`` when it has none)."""
+        return dict(getattr(getattr(self.model, "config", None), "label2id", None) or {})
+
+    @property
+    def num_channels(self) -> int | None:
+        """The channels of the images the base model takes (``config.num_channels``); ``None`` when it does not say.
+        Images are converted to it (1: grey, 3: RGB) by :func:`hf_gsc.utils.images.load_image`."""
+        return self._expected_channels
+
+    @property
+    def score_dtype(self) -> torch.dtype:
+        """``ood_score``'s dtype: float32, whatever the base model's dtype (a bf16 or fp16 model too), and float64
+        only when the base model runs in float64."""
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    @classmethod
+    def model_defaults(cls, image_processor: Any) -> dict[str, Any]:
+        """Hyperparameters whose right value depends on the base model's image processor (ODIN's ``image_std``);
+        the evaluation passes them unless the user set them. Default: none."""
+        return {}
+
+    def _bind_config(self) -> None:
+        """From now on, assigning a structural setting on ``self.config`` rebuilds this detector."""
+        bind_config(self.config, self)
+
+    def _rebuild_for(self, name: str, value: Any) -> None:
+        """Called before a structural field of ``self.config`` changes. Default: refuse, saying how to build a
+        detector with the new value (what was built and fitted depends on the old one)."""
+        raise AttributeError(
+            f"{type(self).__name__}.config.{name} decides what this detector built and fitted; build a new "
+            f"detector instead: AutoOODDetector.from_pretrained(model, method={self.method!r}, {name}=...)"
+        )
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """Every setting of the method, defaults filled in (read-only copy)."""
+        return dict(self.config.hyperparameters)
+
+    # ------------------------------------------------------------------ what it reads, and scoring
+    def feature_splits(self) -> tuple[SplitPoint, ...]:
+        """The split points whose ``F`` :meth:`score_batch` reads from the shared backbone pass."""
+        return ()
+
+    def score_batch(self, batch: BackbonePass) -> torch.Tensor:
+        """``(B,)`` ``ood_score`` (higher = more in-distribution) from one backbone pass."""
+        raise NotImplementedError
+
+    def check_ready(self) -> None:
+        """Raise when the detector cannot score yet (a method that needs fitting, not fitted)."""
+        if self.needs_fit and not self.fitted:
+            raise RuntimeError(
+                f"detector {self.method!r} must be fitted first: call .fit(batches) on ID {self.fit_split} data"
+            )
+
+    def _check_pixel_values(self, pixel_values: Any) -> torch.Tensor:
+        """Checked ``pixel_values`` on the model's device, in its dtype."""
+        checked = check_pixel_values(pixel_values, self._expected_channels, self._expected_size, self.dtype)
+        return checked.to(self.device)
+
+    def backbone_pass(self, pixel_values: torch.Tensor, logits: bool = True) -> BackbonePass:
+        """One forward of the base model with what this detector reads captured."""
+        return run_backbone(self.model, pixel_values, self.feature_splits(), logits=logits or self.reads_logits)
+
+    def score(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """``(B, C, H, W) -> (B,)`` ``ood_score``, higher = more in-distribution (no logits returned)."""
+        self.check_ready()
+        pixel_values = self._check_pixel_values(pixel_values)
+        return self.score_batch(self.backbone_pass(pixel_values, logits=False)).to(pixel_values.device)
+
+    def forward(
+        self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None, return_dict: bool | None = None
+    ) -> OODDetectorOutput:
+        """Score a batch: ``logits`` (the base model's), ``ood_score`` and ``is_ood``. ``labels`` only set ``loss``
+        (as for any ``*ForImageClassification`` model); ``return_dict`` is accepted and ignored."""
+        self.check_ready()
+        pixel_values = self._check_pixel_values(pixel_values)
+        return self.output_of(self.backbone_pass(pixel_values, logits=True), labels)
+
+    def output_of(self, batch: BackbonePass, labels: torch.Tensor | None = None) -> OODDetectorOutput:
+        """The forward's output from a backbone pass that holds the logits."""
+        ood_score = self.score_batch(batch).to(batch.pixel_values.device)
+        logits = batch.model_logits()
+        return OODDetectorOutput(
+            loss=classifier_loss(logits, labels), logits=logits, ood_score=ood_score, is_ood=self.decide(ood_score)
+        )
+
+    def decide(self, ood_score: torch.Tensor) -> torch.Tensor | None:
+        """``is_ood`` at the calibrated threshold (NaN -> OOD); ``None``, with a warning once, before calibration."""
+        threshold = self.config.threshold
+        if threshold is None and not self._warned_uncalibrated:
+            self._warned_uncalibrated = True
+            warnings.warn(
+                f"detector {self.method!r} has no threshold, so is_ood is None (no decision, not 'in-distribution'): "
+                f"call .calibrate(id_validation_data) with at least {MIN_CALIBRATION_SAMPLES} ID validation images",
+                UserWarning,
+                stacklevel=3,
+            )
+        return decide(ood_score, threshold)
+
+    # ------------------------------------------------------------------ fitting (one pass shared by many detectors)
+    def fit_begin(self) -> None:
+        """Start a fit (called before the first :meth:`fit_update`)."""
+
+    def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
+        """Take one batch of ID fitting data (its backbone pass and labels)."""
+
+    def fit_end(self) -> None:
+        """Finish the fit: compute the fitted state from what :meth:`fit_update` took."""
+        self.fitted = True
+
+    def fit_gather(self, shards: FitShards) -> None:
+        """On several processes, between the last :meth:`fit_update` and :meth:`fit_end`: replace what
+        :meth:`fit_update` took from this process's batches by what every process took (``shards.batches`` for
+        per-sample values, kept in the order of the data; ``shards.sum`` for sums), so that :meth:`fit_end` computes
+        the whole fit, the same on every process. A method that fits must say how its parts combine."""
+        raise NotImplementedError(f"detector {self.method!r} cannot be fitted on several processes: its class does not "
+                                  "say how the processes' parts of its fit combine (fit_gather)")
+
+    def fit(self, id_train_batches: Iterable[Any], image_column: str | None = None,
+            label_column: str | None = None) -> "OODDetector":
+        """Fit on ID data, streamed: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and
+        ``labels``), or images prepared by ``image_processor``: a class-folder tree (labels by folder name through the
+        model's ``config.label2id``), a ``datasets.Dataset`` (``image_column``, default ``image``, and
+        ``label_column``, default ``label``: ``ClassLabel`` indices or class-name strings, mapped by name to the
+        model's labels), a folder, file, URL, PIL or NumPy image or a list of them (for methods that need no labels).
+
+        A dataset root (a folder with ``train/``, ``validation/``, ``test/``, a saved ``DatasetDict`` or a
+        ``DatasetDict``) is read at the detector's :attr:`fit_split` only, which is logged; a root without it is
+        refused. A method that needs no fitting returns at once."""
+        from .backbone_pass import fit_together
+
+        if self.needs_fit:
+            rows = image_rows(id_train_batches, "id_train_batches", self.label2id or None,
+                              getattr(self, "needs_labels", False), self.fit_split, image_column, label_column)
+            id_train_batches = id_train_batches if rows is None else rows
+        fit_together([self], id_train_batches)
+        return self
+
+    # ------------------------------------------------------------------ fitted state (registered buffers)
+    state_names: ClassVar[tuple[str, ...]] = ()
+
+    def fitted_state(self) -> dict[str, torch.Tensor]:
+        """The fitted tensors (empty for methods that fit nothing), as saved in ``detector_state.safetensors``."""
+        if not self.fitted:
+            return {}
+        return {name: getattr(self, name) for name in self.state_names if getattr(self, name, None) is not None}
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        """``name -> shape`` of every fitted tensor (``None`` for a free dimension); checked at load."""
+        return {}
+
+    def load_fitted_state(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
+        """Put saved fitted tensors in place after checking each one (present, floating point, finite, shape),
+        so that a wrong file fails here, naming the tensor, and not at the first forward."""
+        check_state(self.method, state, self.expected_state(), source)
+        for name in self.state_names:
+            if name in state:
+                setattr(self, name, state[name].to(self.device))
+        self._prepare()
+        self.fitted = True
+
+    def _prepare(self) -> None:
+        """Derive scoring-time quantities from the fitted state (after a fit and after loading)."""
+
+    # ------------------------------------------------------------------ calibration
+    def calibrate(
+        self,
+        id_validation_data: Any,
+        tpr: float = 0.95,
+        split: str = "validation",
+        batch_size: int = 32,
+        delta: float | None = None,
+        image_column: str | None = None,
+        label_column: str | None = None,
+    ) -> float:
+        """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID.
+
+        Use ID *validation* data only, never the test split or OOD data. ``config.calibration`` records ``split``,
+        ``num_samples`` and ``tpr``. Fewer than :data:`~hf_gsc.utils.thresholds.MIN_CALIBRATION_SAMPLES` samples warn.
+
+        Args:
+            id_validation_data: a ``(N, C, H, W)`` tensor; an iterable of batches (tensors, ``(pixel_values,
+                labels)`` tuples, mappings with ``"pixel_values"``); or images: PIL or NumPy images, file paths,
+                URLs, a folder, or a ``datasets.Dataset`` (its ``image_column``), prepared by the detector's
+                ``image_processor``; or a dataset root (a folder with ``train/``, ``validation/``, ``test/``, a saved
+                ``DatasetDict`` or a ``DatasetDict``), read at ``split`` only (logged; refused when it has none).
+            tpr: fraction of ID samples to keep, in ``(0, 1]``.
+            split: the split read from a dataset root, and the name recorded in the calibration record; never
+                ``"test"``.
+            batch_size: images per forward when images are given.
+            image_column: the image column of a ``datasets.Dataset`` (default ``image``).
+            label_column: its label column (default ``label``; calibration reads no labels, but names one that is
+                missing).
+            delta: ``None`` keeps the fraction ``tpr`` of these samples; a number in ``(0, 1)`` picks the
+                split-conformal order statistic instead, which keeps at least ``tpr`` of *new* ID data with
+                probability at least ``1 - delta`` (assuming those are drawn like the calibration samples;
+                :func:`hf_gsc.utils.thresholds.conformal_threshold`). Recorded in ``config.calibration``.
+        Returns:
+            The threshold.
+        """
+        scores = []
+        for pixel_values, _ in labelled_batches(id_validation_data, "id_validation_data", self.image_processor,
+                                                batch_size, channels=self._expected_channels, split=split,
+                                                image_column=image_column, label_column=label_column):
+            with torch.no_grad():
+                scores.append(self.score(pixel_values).double().cpu())
+        all_scores = torch.cat(scores)
+        if not torch.isfinite(all_scores).all():
+            raise ValueError(
+                f"calibrate: {int((~torch.isfinite(all_scores)).sum())} of {all_scores.numel()} ID validation scores "
+                f"are NaN or infinite for method {self.method!r}; check the inputs and the settings (e.g. a tiny "
+                "temperature)"
+            )
+        if all_scores.numel() < MIN_CALIBRATION_SAMPLES:
+            warnings.warn(
+                f"calibrate: {all_scores.numel()} ID validation samples is too few for a threshold to mean much "
+                f"(at least {MIN_CALIBRATION_SAMPLES}; with n samples the accepted fraction on new data varies by "
+                "about sqrt(tpr*(1-tpr)/n))",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.config.threshold = threshold_for(all_scores, tpr, delta)
+        self.config.calibration = calibration_record(split, all_scores.numel(), tpr, delta)
+        return self.config.threshold
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the base model's parameters (what ``pixel_values`` are moved to)."""
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the base model's first parameter; ``pixel_values`` are cast to it."""
+        return next(self.model.parameters()).dtype
+
+    def train(self, mode: bool = True) -> "OODDetector":
+        """The wrapper may be put in train mode; the base model always stays in eval mode."""
+        super().train(mode)
+        self.model.eval()
+        return self
+
+
+def check_state(
+    method: str, state: dict[str, torch.Tensor], expected: dict[str, tuple[int | None, ...]], source: str
+) -> None:
+    """Each expected fitted tensor is present, floating point, finite and of the expected shape; else a
+    ``ValueError`` naming the tensor, its shape and the expected one, and ``source``."""
+    for name, shape in expected.items():
+        where = f"{method}: fitted tensor {name!r} in {source}"
+        if name not in state:
+            raise ValueError(f"{where} is missing (the file holds {sorted(state)}); fit the detector again")
+        tensor = state[name]
+        if not tensor.is_floating_point():
+            raise ValueError(f"{where} must be floating point, got {tensor.dtype}")
+        wanted = "(" + ", ".join("*" if d is None else str(d) for d in shape) + ")"
+        if tensor.ndim != len(shape) or any(d is not None and d != got for d, got in zip(shape, tensor.shape)):
+            raise ValueError(f"{where} has shape {tuple(tensor.shape)}, expected {wanted} for this base model; "
+                             "it was fitted for another model or settings")
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{where} holds NaN or infinite values; fit the detector again")
+
+
+__all__ = [
+    "DETECTORS",
+    "OODDetector",
+    "OODDetectorOutput",
+    "check_state",
+    "classifier_loss",
+    "decide",
+    "detector_class",
+    "get_detector",
+    "register_detector",
+    "suggest_names",
+]

@@ -1,0 +1,203 @@
+"""Penultimate features and the linear classifier head, streamed batch by batch, for the baselines.
+
+Every feature-space baseline (Mahalanobis, KNN, ViM, ...) reads the same two things:
+
+* ``F``: the *penultimate* feature, the input of the model's last ``nn.Linear`` (its classifier),
+  ``(B, D)``, computed without gradient by :func:`hf_gsc.classifier.split_points.resolve_split_point`;
+* the head ``logits = F @ W.T + b`` (:class:`LinearHead`).
+
+Fitting data arrive as an iterable of ``(pixel_values, labels)`` batches; :func:`penultimate_features`
+turns them into ``(features, labels)`` batches one at a time, so the image set is never held in memory.
+Statistics are accumulated in float64 (:class:`ClassStatistics`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..classifier.split_points import SplitPoint, resolve_split_point
+
+
+@dataclass(frozen=True)
+class LinearHead:
+    """The classifier ``logits = features @ weight.T + bias``.
+
+    Attributes:
+        weight: ``(K, D)``. bias: ``(K,)`` (zeros when the linear layer has none).
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+    @property
+    def num_classes(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def feature_dim(self) -> int:
+        return self.weight.shape[1]
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        """``(B, D) -> (B, K)``, on the features' device and in their dtype."""
+        return torch.nn.functional.linear(features, self.weight.to(features), self.bias.to(features))
+
+
+def penultimate_split(model: nn.Module) -> SplitPoint:
+    """The split point at the input of the last ``nn.Linear`` (features ``(B, D)``)."""
+    return resolve_split_point(model, "penultimate")
+
+
+def linear_head(model: nn.Module) -> LinearHead:
+    """Weight and bias of the model's last ``nn.Linear``, detached, on the model's device."""
+    linear = model.get_submodule(penultimate_split(model).module_path)
+    weight = linear.weight.detach()
+    bias = linear.bias.detach() if linear.bias is not None else weight.new_zeros(linear.out_features)
+    return LinearHead(weight, bias)
+
+
+def penultimate_features(
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Stream ``(pixel_values, labels)`` batches into ``(features (B, D), labels (B,))`` batches, on the CPU."""
+    split = penultimate_split(model)
+    for pixel_values, labels in batches:
+        features = split.features(pixel_values).flatten(1).cpu()
+        yield features, torch.as_tensor(labels).reshape(-1).long().cpu()
+
+
+def collect_features(stream: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate a feature stream into ``features (N, D)`` and ``labels (N,)`` (features, not images)."""
+    features, labels = [], []
+    for batch_features, batch_labels in stream:
+        features.append(batch_features.detach().clone())
+        labels.append(batch_labels.detach().clone())
+    if not features:
+        return torch.empty(0, 0), torch.empty(0, dtype=torch.long)
+    return torch.cat(features), torch.cat(labels)
+
+
+class NotEnoughSamplesError(ValueError):
+    """Raised when a detector is fitted on fewer samples than its statistics need."""
+
+
+def check_fit_samples(method: str, got: int, needed: int, reason: str) -> None:
+    """Raise :class:`NotEnoughSamplesError` unless ``got >= needed``."""
+    if got < needed:
+        raise NotEnoughSamplesError(
+            f"detector {method!r} needs at least {needed} ID fitting samples ({reason}), got {got}"
+        )
+
+
+def check_labels(labels: torch.Tensor, num_classes: int) -> None:
+    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(
+            f"fitting labels must be class indices in [0, {num_classes}), got range "
+            f"[{int(labels.min())}, {int(labels.max())}]"
+        )
+
+
+class ClassStatistics:
+    """Streaming per-class sums (and optionally the sum of outer products) of features, in float64.
+
+    Both are accumulated about a shift ``s``, the mean of the first batch: ``sum (x - s)`` and ``sum (x - s)(x - s)^T``.
+    The within-class covariance is then ``(sum (x - s)(x - s)^T - sum_c n_c (mu_c - s)(mu_c - s)^T) / N``, the same
+    value as without the shift, but where features sit far from the origin relative to their spread (normalised
+    features) the raw ``sum x x^T - sum_c n_c mu_c mu_c^T`` cancels about ``eps * ||mu||^2 / lambda_min`` of it, and
+    the shifted sums cancel only ``eps * ||mu - s||^2 / lambda_min``, like a two-pass fit (sklearn's).
+
+    Args:
+        num_classes: ``K``.
+        second_moment: also accumulate ``sum_i x_i x_i^T`` for a tied covariance.
+    """
+
+    def __init__(self, num_classes: int, second_moment: bool = False) -> None:
+        self.num_classes = num_classes
+        self.second_moment = second_moment
+        self.count = 0
+        self.class_counts = torch.zeros(num_classes, dtype=torch.float64)
+        self.class_sums: torch.Tensor | None = None  # sum of (x - shift) per class
+        self.outer: torch.Tensor | None = None  # sum of (x - shift)(x - shift)^T
+        self.shift: torch.Tensor | None = None
+
+    def update(self, features: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """Add a batch; ``keep`` (``(B,)`` bool) selects the rows that count."""
+        check_labels(labels, self.num_classes)
+        features = features.detach().to(torch.float64)
+        if keep is not None:
+            features, labels = features[keep], labels[keep]
+        if self.class_sums is None:
+            self.class_sums = torch.zeros(self.num_classes, features.shape[1], dtype=torch.float64)
+            if self.second_moment:
+                self.outer = torch.zeros(features.shape[1], features.shape[1], dtype=torch.float64)
+        if self.shift is None and features.shape[0]:
+            self.shift = features.mean(dim=0)
+        if self.shift is not None:
+            features = features - self.shift
+        self.count += features.shape[0]
+        self.class_counts += torch.bincount(labels, minlength=self.num_classes).double()
+        self.class_sums.index_add_(0, labels, features)
+        if self.outer is not None:
+            self.outer += features.T @ features
+
+    def class_means(self, method: str, what: str = "sample") -> torch.Tensor:
+        """``(K, D)``; raises when a class has no sample (its mean would be undefined)."""
+        empty = (self.class_counts == 0).nonzero().flatten().tolist()
+        if self.class_sums is None or self.shift is None or empty:
+            raise ValueError(f"detector {method!r} needs at least one ID {what} of every class; classes {empty or 'all'} have none")
+        return self._shifted_means() + self.shift
+
+    def _shifted_means(self) -> torch.Tensor:
+        return self.class_sums / self.class_counts[:, None]
+
+    def tied_covariance(self, method: str) -> torch.Tensor:
+        """Within-class covariance shared by all classes, ``(1/N) sum_i (x_i - mu_{y_i})(x_i - mu_{y_i})^T``.
+
+        Same estimate as ``sklearn.covariance.EmpiricalCovariance`` fitted on class-centred features,
+        as in Lee et al. (2018)'s code.
+        """
+        if self.outer is None:
+            raise RuntimeError("ClassStatistics was built without second_moment=True")
+        self.class_means(method)  # every class has a sample
+        means = self._shifted_means()
+        between = (means * self.class_counts[:, None]).T @ means
+        return (self.outer - between) / self.count
+
+
+#: Eigenvalues of a covariance below this fraction of its largest are treated as 0 by :func:`tied_precision`.
+#: Float64 statistics carry rounding noise of about ``D * 1e-16`` of the largest eigenvalue; 1e-10 is a thousand times
+#: above that for ``D`` up to 10^4, and below the smallest eigenvalue of any covariance worth inverting.
+PRECISION_RCOND = 1e-10
+
+
+def tied_precision(covariance: torch.Tensor) -> torch.Tensor:
+    """Pseudo-inverse of a symmetric covariance with a stated rank cutoff, float64: eigenvalues at or below
+    :data:`PRECISION_RCOND` times the largest count as 0.
+
+    Where the covariance is well conditioned this is its inverse, as ``sklearn``'s ``pinvh`` (the authors' code for
+    Mahalanobis, RMDS, GEM, Mahalanobis++). Where it is singular, pinvh's cutoff (``D * eps`` of the largest
+    eigenvalue) sits at the level of rounding noise, so whether it keeps a direction of zero variance (the
+    all-ones direction of ViT's LayerNorm features: every feature vector sums to the same value) depends on the
+    order of the sums, i.e. on the batch size, and a kept noise eigenvalue dominates the distances. Here that
+    direction is always dropped, and the fit no longer depends on batching.
+    """
+    covariance = covariance.double()
+    eigenvalues, eigenvectors = torch.linalg.eigh((covariance + covariance.T) / 2)
+    keep = eigenvalues > PRECISION_RCOND * eigenvalues.abs().max()
+    inverse = torch.where(keep, 1.0 / torch.where(keep, eigenvalues, torch.ones_like(eigenvalues)), 0.0)
+    return (eigenvectors * inverse) @ eigenvectors.T
+
+
+def mahalanobis_distances(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """Squared Mahalanobis distance to every class mean, ``(B, D) -> (B, K)``, float64."""
+    centred = features.double()[:, None, :] - class_means.double()[None, :, :]
+    return torch.einsum("bkd,de,bke->bk", centred, precision.double(), centred)
+
+
+def percentile(values: torch.Tensor, q: float) -> float:
+    """``numpy.percentile(values, q)`` (linear interpolation) over all elements."""
+    return float(np.percentile(values.detach().double().cpu().numpy().ravel(), q))

@@ -1,0 +1,248 @@
+"""The GSC step (paper Algorithm 1 after the backbone), once, as a pure function of tensors.
+
+Given the head linearised at ``F`` (its logits ``y``, ``v^T J``, ``J t`` and the head itself), the step is::
+
+    c = argmax y;  g = d y_c / dF
+    k = ceil(mask_ratio * n)            (or the adaptive size);  mask = top-k of the ranking of g
+    F' = S(F, g) on the mask            (hf_gsc.gsc_math.shortcircuit.short_circuit)
+    gsc_logits = y + J(F' - F)  |  y + e_c g.(F' - F)  |  head(F')
+    ood_score = score(gsc_logits)
+
+:meth:`hf_gsc.GSCForImageClassification.forward`, every analysis (:mod:`hf_gsc.analysis`) and GSC + ASH
+(:mod:`hf_gsc.detectors.gsc_ash`) call :func:`gsc_step`; how ``F`` and the linearised head are obtained is the
+backend's business (:mod:`hf_gsc.gsc_math.backends`).
+
+A head that reads ``F`` only through a mean over positions (a ResNet's or ConvNeXt's spatial mean, a mean over
+tokens; LayerNorm, if any, after it) carries that mean (:class:`hf_gsc.classifier.head_jacobians.PooledRead`). Its ``g``
+is the same at every position of a channel, so the step runs per channel: ``k`` and the ranking from the ``C``
+channel values, the mask as a prefix of each channel's positions (:func:`hf_gsc.gsc_math.shortcircuit.repeated_top_k_counts`,
+which keeps the tie order of the ranking on every coordinate), and the update from the mean over positions of
+``F' - F``. Same mask, same ``g``, the same logits up to float rounding (``tests/test_pooled_step.py``); for
+ResNet-50 that is 2,048 values to rank instead of 100,352. ``selection="random"`` (one draw per coordinate) and a
+Fisher diagonal that varies over a channel's positions keep the step on every coordinate.
+
+Precision: the step runs in float32 (float64 for float64 inputs) with autocast off, whatever the backbone ran
+in (a bf16 model, or ``accelerator.autocast()``): ranking ``g``, the top-k cut, ``F' - F`` and the first-order
+update are differences of nearby numbers, which bf16's 8-bit mantissa would round away (:mod:`hf_gsc.utils.precision`).
+The backends hand over ``F`` and the linearised head in that precision (:meth:`hf_gsc.gsc_math.backends.Backend.linearize`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from ..classifier.head_jacobians import LinearizedHead, PooledRead, pool_adjoint
+from ..utils.precision import full_precision
+from ..utils.scores import ood_score
+from .shortcircuit import (
+    num_masked,
+    num_masked_adaptive,
+    predicted_logit_update,
+    prefix_mask,
+    repeated_top_k_counts,
+    selection_priority,
+    short_circuit,
+    short_circuit_mask,
+)
+
+
+class StepSettings(Protocol):
+    """The :class:`hf_gsc.GSCConfig` fields the step reads."""
+
+    mask_ratio: float
+    mask_size: str
+    gradient_mass: float | None
+    selection: str
+    operation: str
+    alpha: float
+    clip_bound: float
+    beta: float
+    approximation: str
+    score: str
+    temperature: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class GSCStep:
+    """Result of :func:`gsc_step` on a batch of ``B`` samples with ``d`` read coordinates each.
+
+    Attributes:
+        logits: ``(B, K)`` ``y``, the head's logits at ``F``.
+        predicted_class: ``(B,)`` ``c = argmax y``.
+        gsc_logits: ``(B, K)`` logits after the short-circuit.
+        ood_score: ``(B,)`` score of ``gsc_logits``; higher = more in-distribution.
+        gradient: ``(B, d)`` ``g = d y_c / dF`` on the read part of ``F``, flattened.
+        mask: ``(B, d)`` bool, the short-circuited coordinates.
+
+    ``gradient`` and ``mask`` are made on first access: the per-channel step of a pooled head never needs them
+    coordinate by coordinate.
+    """
+
+    logits: torch.Tensor
+    predicted_class: torch.Tensor
+    gsc_logits: torch.Tensor
+    ood_score: torch.Tensor
+    coordinates: Callable[[], tuple[torch.Tensor, torch.Tensor]] = field(repr=False, compare=False)
+
+    @functools.cached_property
+    def _gradient_and_mask(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.coordinates()
+
+    @property
+    def gradient(self) -> torch.Tensor:
+        return self._gradient_and_mask[0]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self._gradient_and_mask[1]
+
+
+def ranking_gradient(gradient: torch.Tensor, layer_sizes: Sequence[int] | None = None) -> torch.Tensor:
+    """The gradient that ranks coordinates, ``(B, d) -> (B, d)``: the gradient itself, or, for a feature joining
+    several layers (``layer_sizes`` coordinates each), each layer's part divided by its RMS over the read
+    coordinates, because raw gradient scales differ between layers that share one budget."""
+    if layer_sizes is None:
+        return gradient
+    parts = []
+    for part in gradient.split(list(layer_sizes), dim=1):
+        read = (part != 0).sum(dim=1, keepdim=True).clamp_min(1)
+        rms = (part.pow(2).sum(dim=1, keepdim=True) / read).sqrt()
+        parts.append(part / rms.clamp_min(torch.finfo(part.dtype).tiny))
+    return torch.cat(parts, dim=1)
+
+
+def updated_logits(
+    head: LinearizedHead,
+    approximation: str,
+    predicted_class: torch.Tensor,
+    gradient: torch.Tensor,
+    features: torch.Tensor,
+    shorted: torch.Tensor,
+    shape: torch.Size,
+) -> torch.Tensor:
+    """``gsc_logits`` ``(B, K)`` after moving ``F`` to ``F'`` by the approximation.
+
+    Args:
+        head: linearised at ``F``. gradient, features, shorted: ``g``, ``F``, ``F'`` flattened, ``(B, d)``.
+        shape: the shape ``head`` takes, ``(B, *shape)`` with ``d`` coordinates per sample.
+    """
+    if approximation == "first_order":
+        return head.logits + head.jvp((shorted - features).view(shape))
+    if approximation == "predicted_logit":
+        return predicted_logit_update(head.logits, predicted_class, gradient, shorted - features)
+    if approximation == "exact":
+        return head.function(shorted.view(shape))
+    raise ValueError(f"approximation must be first_order, predicted_logit or exact, got {approximation!r}")
+
+
+def gsc_step(
+    head: LinearizedHead,
+    features: torch.Tensor,
+    settings: StepSettings,
+    fisher_diagonal: torch.Tensor | None = None,
+    layer_sizes: Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
+) -> GSCStep:
+    """Mask, short-circuit, logit update and score of one batch.
+
+    Runs with autocast off (:func:`hf_gsc.utils.precision.full_precision`), in the dtype of ``features`` and ``head``: float32 when
+    they come from a backend.
+
+    Args:
+        head: the head linearised at ``features``.
+        features: the part of ``F`` the head reads, ``(B, *shape)`` (all of ``F``, or its first token for a
+            first-token head).
+        settings: a :class:`hf_gsc.GSCConfig` (or anything with its fields).
+        fisher_diagonal: ``(d,)`` for ``selection="fisher"``, on the same coordinates as ``features``.
+        layer_sizes: coordinates per layer when ``features`` joins several layers (multi-layer short-circuit).
+        generator: random source of ``selection="random"``; ``None`` = seeded with ``settings.seed`` per call.
+    """
+    with full_precision(features.device):
+        return _gsc_step(head, features, settings, fisher_diagonal, layer_sizes, generator)
+
+
+def _gsc_step(
+    head: LinearizedHead,
+    features: torch.Tensor,
+    settings: StepSettings,
+    fisher_diagonal: torch.Tensor | None,
+    layer_sizes: Sequence[int] | None,
+    generator: torch.Generator | None,
+) -> GSCStep:
+    read = head.pooled_read
+    if read is not None and layer_sizes is None:
+        step = _pooled_gsc_step(read, features, settings, fisher_diagonal)
+        if step is not None:
+            return step
+    logits = head.logits
+    predicted_class = logits.argmax(dim=-1)
+    gradient = head.class_gradient(predicted_class).flatten(1)
+    ranking = ranking_gradient(gradient, layer_sizes)
+    if settings.mask_size == "adaptive":
+        k = num_masked_adaptive(ranking, settings.gradient_mass)
+    else:
+        k = num_masked(gradient, settings.mask_ratio)
+    if generator is None and settings.selection == "random":
+        generator = torch.Generator().manual_seed(settings.seed)
+    mask = short_circuit_mask(ranking, k, settings.selection, fisher_diagonal, generator)
+    flat = features.flatten(1)
+    shorted = short_circuit(
+        flat, gradient, mask, settings.operation, settings.alpha, settings.clip_bound, settings.beta
+    )
+    gsc_logits = updated_logits(head, settings.approximation, predicted_class, gradient, flat, shorted, features.shape)
+    return GSCStep(logits, predicted_class, gsc_logits, ood_score(gsc_logits, settings.score, settings.temperature),
+                   lambda: (gradient, mask))
+
+
+def _pooled_gsc_step(
+    read: PooledRead, features: torch.Tensor, settings: StepSettings, fisher_diagonal: torch.Tensor | None
+) -> GSCStep | None:
+    """The step of a head that reads ``F`` through a mean over positions, per channel: the same mask (same tie
+    order) and, up to float rounding, the same logits as the step on every coordinate, at ``O(B C)`` for the
+    ranking and the elementwise short-circuit and one mean over positions for the update. ``None`` where the setting does not reduce to
+    per-channel quantities: ``selection="random"`` (one draw per coordinate) and ``selection="fisher"`` with a
+    diagonal that differs between the positions of a channel."""
+    selection = settings.selection
+    channel_fisher = None
+    if selection == "fisher" and fisher_diagonal is not None:
+        channel_fisher = read.channel_values(fisher_diagonal)
+        if channel_fisher is None:
+            return None
+    elif selection not in ("gradient", "reverse"):
+        return None
+    positions = read.positions
+    pooled_head = read.head
+    logits = pooled_head.logits
+    predicted_class = logits.argmax(dim=-1)
+    pooled_gradient = pooled_head.class_gradient(predicted_class)  # u = d y_c / d pool(F), (B, C)
+    gradient = read.coordinate_gradient(pooled_gradient)  # each coordinate's g, (B, C)
+    if settings.mask_size == "adaptive":
+        k = num_masked_adaptive(gradient, settings.gradient_mass, repeats=positions)
+    else:
+        k = num_masked(gradient, settings.mask_ratio, repeats=positions)
+    priority = selection_priority(gradient, selection, channel_fisher)
+    counts = repeated_top_k_counts(priority, k, positions, read.position_major)
+    by_channel = read.by_channel(features)  # (B, C, P)
+    shorted = short_circuit(by_channel, gradient.unsqueeze(-1), prefix_mask(counts, positions), settings.operation,
+                            settings.alpha, settings.clip_bound, settings.beta)
+    approximation = settings.approximation
+    if approximation == "first_order":
+        gsc_logits = logits + pooled_head.jvp((shorted - by_channel).mean(dim=-1))
+    elif approximation == "predicted_logit":
+        gsc_logits = predicted_logit_update(logits, predicted_class, gradient, (shorted - by_channel).sum(dim=-1))
+    elif approximation == "exact":
+        gsc_logits = pooled_head.function(shorted.mean(dim=-1))
+    else:
+        raise ValueError(f"approximation must be first_order, predicted_logit or exact, got {approximation!r}")
+
+    def coordinates() -> tuple[torch.Tensor, torch.Tensor]:
+        spread = pool_adjoint(pooled_gradient, read.pool, read.feature_shape).flatten(1)
+        return spread, read.coordinates(prefix_mask(counts, positions))
+
+    return GSCStep(logits, predicted_class, gsc_logits, ood_score(gsc_logits, settings.score, settings.temperature),
+                   coordinates)

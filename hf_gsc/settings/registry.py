@@ -1,0 +1,82 @@
+"""The registry of OOD detection methods: method name -> detector class (the saved format's type field decides
+the class here, in one place, like PEFT's ``PEFT_TYPE_TO_TUNER_MAPPING``).
+
+Each method's module registers its class with :func:`register_detector`; ``import hf_gsc`` imports them all.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ..detectors.interface import OODDetector
+
+DETECTORS: dict[str, type["OODDetector"]] = {}
+
+
+def register_detector(cls: type["OODDetector"]) -> type["OODDetector"]:
+    """Class decorator: make ``cls`` available by ``cls.method`` (the name used by the CLI, JSON and the Hub).
+
+    ``cls.config_class`` must be the method's own config class (a ``DetectorConfig`` subclass whose ``method`` is
+    ``cls.method``), written in the method's file: the saved format's type field maps to the class through it."""
+    config_class = vars(cls).get("config_class")
+    if config_class is None or getattr(config_class, "method", None) != getattr(cls, "method", None):
+        raise TypeError(f"{cls.__name__} must set config_class to its method's own DetectorConfig subclass (a "
+                        "dataclass in the method's file whose class attribute `method` names the method), got "
+                        f"{config_class!r}")
+    if cls.method in DETECTORS:
+        raise ValueError(f"detector method {cls.method!r} is registered twice")
+    DETECTORS[cls.method] = cls
+    return cls
+
+
+def suggest_names(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """``" (did you mean 'x' instead of 'y'?)"`` for the first unknown name with a close known one (the same name in
+    another case first: ``kNN`` -> ``knn``), else ``""``. The one did-you-mean of methods and hyperparameters."""
+    for name in unknown:
+        close = closest_name(name, known)
+        if close is not None:
+            return f" (did you mean {close!r} instead of {name!r}?)"
+    return ""
+
+
+def closest_name(name: str, known: Sequence[str]) -> str | None:
+    """The known name closest to ``name``: the same name in another case, else ``difflib``'s nearest (or ``None``)."""
+    lowered = {candidate.lower(): candidate for candidate in known}
+    if name.lower() in lowered:
+        return lowered[name.lower()]
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return close[0] if close else None
+
+
+def default_methods() -> list[str]:
+    """The methods ``hf-gsc evaluate`` runs without ``--methods``: those whose class sets ``in_default_table``
+    itself (a subclass such as ``gsc_ash`` does not inherit it), in registration order."""
+    return [name for name, cls in DETECTORS.items() if vars(cls).get("in_default_table", False)]
+
+
+def command_line_flags() -> dict[str, dict[str, str]]:
+    """method -> its ``command_line_flags`` (flag dest -> setting), for the methods whose class sets them itself."""
+    return {name: dict(flags) for name, cls in DETECTORS.items() if (flags := vars(cls).get("command_line_flags"))}
+
+
+def detector_class(method: str) -> type["OODDetector"]:
+    """The registered class of ``method``; the error lists the registered methods and the nearest one."""
+    try:
+        return DETECTORS[method]
+    except KeyError:
+        raise ValueError(
+            f"unknown method {method!r}{suggest_names([str(method)], DETECTORS)}; registered methods: "
+            f"{', '.join(sorted(DETECTORS))}"
+        ) from None
+
+
+def get_detector(method: str, model: nn.Module, **hyperparameters: Any) -> "OODDetector":
+    """A new detector of the registered ``method`` on ``model``."""
+    return detector_class(method)(model, **hyperparameters)
+
+

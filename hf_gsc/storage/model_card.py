@@ -1,0 +1,159 @@
+"""The model card of a saved detector: metadata (library, licence, base model, tags, model-index) and a body naming
+the method, its hyperparameters, the threshold and, with an evaluation's results, its numbers.
+
+Rendered with ``huggingface_hub.ModelCard`` from ``model_cards/ood_detector.md`` (installed inside the package).
+Part of the saved format, so :mod:`hf_gsc.storage.saving` writes it without any Hub access.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from ..settings.registry import detector_class
+from .repo_ids import is_hub_id
+
+
+TEMPLATE_NAME = "ood_detector.md"
+#: The ``hf_gsc`` folder, found from this module's dotted name so that it holds wherever the module sits in it.
+_PACKAGE_DIR = Path(__file__).resolve().parents[__name__.count(".") - 1]
+#: Where the card template is: inside the installed package (setup.py maps the top-level ``model_cards/``
+#: there), or the top-level folder of a source checkout.
+TEMPLATE_CANDIDATES = (
+    _PACKAGE_DIR / "model_cards" / TEMPLATE_NAME,
+    _PACKAGE_DIR.parent / "model_cards" / TEMPLATE_NAME,
+)
+TASK_TYPE = "out-of-distribution-detection"
+#: Licence of what hf_gsc writes (config, fitted state, card); the base model's weights keep their own licence.
+DEFAULT_LICENSE = "apache-2.0"
+
+
+_METRIC_NAMES = {"fpr95": "FPR@95%TPR (ID positive)", "fpr95_ood_positive": "FPR@95%TPR (OOD positive, OpenOOD)"}
+
+
+def eval_results_from(results: dict[str, Any], method: str) -> list[EvalResult]:
+    """One model-index entry per OOD split and metric; the split goes in ``dataset_config`` so entries do not merge."""
+    method_results = results.get("methods", {}).get(method)
+    if method_results is None:
+        return []
+    benchmark = results.get("benchmark") or "custom"
+    entries = []
+    for split, metrics in sorted(method_results.get("ood", {}).items()):
+        for metric in ("auroc", "fpr95", "fpr95_ood_positive", "aupr_in", "aupr_out"):
+            if metric in metrics:
+                entries.append(
+                    EvalResult(
+                        task_type=TASK_TYPE,
+                        task_name="Out-of-distribution detection",
+                        dataset_type=f"hf_gsc/{benchmark}",
+                        dataset_name=f"{benchmark} ({split})",
+                        dataset_config=split,
+                        dataset_split="test",
+                        metric_type=metric,
+                        metric_name=_METRIC_NAMES.get(metric, metric.upper()),
+                        metric_value=float(metrics[metric]),
+                    )
+                )
+    return entries
+
+
+def data_description(results: Mapping[str, Any]) -> str:
+    """What the evaluation ran on, for the card: the registered benchmark, else the ID data and OOD sets given
+    (``--id-dataset``, ``--ood-dataset NAME=SPEC``) as ``results.json`` records them."""
+    if results.get("benchmark"):
+        return f"benchmark `{results['benchmark']}`"
+    parts = [f"ID data `{results['id_dataset']}`"] if results.get("id_dataset") else []
+    ood = results.get("ood_datasets") or {}
+    if ood:
+        parts.append("OOD data " + ", ".join(f"`{name}` ({spec})" for name, spec in sorted(ood.items())))
+    return "; ".join(parts) or "data the evaluation does not name"
+
+
+def template_path() -> Path:
+    for path in TEMPLATE_CANDIDATES:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"model card template {TEMPLATE_NAME} not found at {' or '.join(map(str, TEMPLATE_CANDIDATES))}; "
+        "reinstall hf_gsc"
+    )
+
+
+def method_description(method: str) -> str:
+    """One line on what ``method`` computes: the first paragraph of its class docstring."""
+    import re
+
+    doc = (detector_class(method).__doc__ or method).strip().split("\n\n")[0]
+    text = " ".join(line.strip() for line in doc.splitlines())
+    # reStructuredText to Markdown: :func:`name` and ``code`` become `name` and `code`.
+    return re.sub(r"``([^`]+)``", r"`\1`", re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text))
+
+
+def selection_text(selection: Mapping[str, Any]) -> str:
+    """Why the evaluation chose this detector: its validation figures, the runner-up's, the rule and the data."""
+    ranked = list(selection["validation"])
+    chosen = selection["validation"][selection["method"]]
+    text = (f"Chosen among {len(ranked)} methods evaluated on the same model and data, on validation data only: mean "
+            f"validation AUROC {100 * chosen['auroc']:.2f}%, FPR95 (ID+) {100 * chosen['fpr95']:.2f}% over "
+            f"{', '.join(chosen['ood'])} ({selection['data']['ood']}).")
+    if len(ranked) > 1:
+        second = selection["validation"][ranked[1]]
+        text += f" Runner-up: `{ranked[1]}` (AUROC {100 * second['auroc']:.2f}%, FPR95 {100 * second['fpr95']:.2f}%)."
+    return text + f" Rule: {selection['rule']}."
+
+
+def render_model_card(
+    values: Mapping[str, Any],
+    repo_id: str | None = None,
+    results: dict[str, Any] | None = None,
+    results_table: str | None = None,
+    plots: list[str] | tuple[str, ...] = (),
+    license: str = DEFAULT_LICENSE,
+    base_in_repo: bool = False,
+) -> ModelCard:
+    """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.storage.saved_format.config_values`):
+    metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
+    the threshold and, with ``results``, its evaluation."""
+    template = template_path()
+    method = values["method"]
+    base_model = values.get("base_model_name_or_path")
+    base_name = (base_model or "classifier").rstrip("/").split("/")[-1]
+    name = repo_id or f"{method}-{base_name}"
+    eval_results = eval_results_from(results, method) if results else []
+    card_data = ModelCardData(
+        library_name="hf_gsc",
+        license=license,
+        # Only Hub ids belong in base_model metadata; the Hub rejects a local path.
+        base_model=base_model if is_hub_id(base_model) else None,
+        tags=["out-of-distribution-detection", f"ood-{method.replace('_', '-')}", "image-classification",
+              *detector_class(method).card_tags],
+        model_name=name,
+        eval_results=eval_results or None,
+    )
+    hyperparameters = dict(values.get("hyperparameters") or {})
+    selection = (results or {}).get("selection") or {}
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        model_name=name,
+        repo_id=repo_id,
+        method=method,
+        method_description=method_description(method),
+        base_model=base_model if is_hub_id(base_model) else None,
+        base_model_revision=values.get("base_model_revision"),
+        base_in_repo=base_in_repo,
+        settings=sorted(hyperparameters.items()),
+        calibration=values.get("calibration"),
+        threshold=values.get("threshold"),
+        data=data_description(results or {}),
+        id_accuracy=(results or {}).get("id_accuracy"),
+        results_table=results_table,
+        selection=selection_text(selection) if selection.get("method") == method else None,
+        plots=list(plots),
+        hf_gsc_version=values.get("hf_gsc_version"),
+        license=license,
+    )
+
+

@@ -1,0 +1,93 @@
+"""Saving a detector folder (:mod:`hf_gsc.storage.saved_format` describes it): the base-model reference it is saved with, the
+checks made before the first file is written, and the writing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..utils import confined_files
+from ..settings.config import STATE_FILE
+from .results import check_results_match, copy_results, public_results, read_results
+from .repo_ids import is_hub_id
+from .saved_format import config_values, save_state, write_config
+
+if TYPE_CHECKING:
+    from ..detectors.interface import OODDetector
+
+
+def saved_base_reference(
+    detector: "OODDetector", save_base_model: bool, repo_id: str | None
+) -> tuple[str | None, str | None]:
+    """The base-model reference written to a saved detector. A detector saved with its base weights refers to itself
+    when pushed (``repo_id``); saved locally with its weights it keeps a Hub id but never a local path (the folder is
+    the base). Without the weights it keeps its reference."""
+    config = detector.config
+    if not save_base_model:
+        return config.base_model_name_or_path, config.base_model_revision
+    if repo_id is not None:
+        return repo_id, None
+    if is_hub_id(config.base_model_name_or_path):
+        return config.base_model_name_or_path, config.base_model_revision
+    return None, None
+
+
+def check_savable(detector: "OODDetector", results_dir: str | os.PathLike | None = None) -> None:
+    """Refuse to save (or push) a detector that needs a fit and has none (it would be saved without its state and
+    fail only when loaded), or with a ``results_dir`` that is not this detector's or links outside itself: the local
+    checks a push makes before it reaches the Hub."""
+    if detector.needs_fit and not detector.fitted:
+        raise ValueError(f"the {detector.method!r} detector is not fitted, so it cannot be saved: call "
+                         f".fit(id_{detector.fit_split}_batches) first")
+    if results_dir is not None:
+        check_results_match(read_results(results_dir)[0], detector, results_dir)
+
+
+def save_detector(
+    detector: "OODDetector",
+    directory: str | os.PathLike,
+    save_base_model: bool = False,
+    results_dir: str | os.PathLike | None = None,
+    repo_id: str | None = None,
+    license: str | None = None,
+) -> Path:
+    """Write a detector folder (its layout: :mod:`hf_gsc.storage.saved_format`); returns its path.
+
+    Everything that can fail (the card template, results that do not belong to this detector) is checked
+    before the first file is written, so a failed save leaves no half-written folder.
+    """
+    from .model_card import DEFAULT_LICENSE, render_model_card
+
+    check_savable(detector)
+    results = table = None
+    plots: list[Path] = []
+    if results_dir is not None:
+        results, table, plots = read_results(results_dir)
+        check_results_match(results, detector, results_dir)
+        if repo_id is not None:  # pushed: no local path reaches the card or the copied results
+            results, table = public_results(results, table)
+    values = config_values(detector, saved_base_reference(detector, save_base_model, repo_id))
+    card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
+                             license=license or DEFAULT_LICENSE, base_in_repo=save_base_model)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_config(values, directory)
+    state = detector.fitted_state()
+    if state:
+        save_state(state, directory / STATE_FILE)
+    elif (directory / STATE_FILE).is_file():
+        (directory / STATE_FILE).unlink()  # a stale state of an earlier save would be loaded with this config
+    base_config = getattr(detector.model, "config", None)
+    # transformers opens its files itself: it writes into a fresh folder, whose files are then moved in.
+    with confined_files.staged_writes(directory) as staged:
+        if hasattr(base_config, "save_pretrained"):
+            base_config.save_pretrained(staged)
+        if save_base_model:
+            detector.model.save_pretrained(staged)
+            if detector.image_processor is not None:
+                detector.image_processor.save_pretrained(staged)
+    if results_dir is not None:
+        copy_results(results_dir, directory, plots, public=repo_id is not None)
+    confined_files.atomic_write_text(directory / "README.md", str(card))
+    return directory

@@ -1,0 +1,286 @@
+"""Which images (and labels) a user's data holds, for ``fit`` and ``calibrate``: files, folders, dataset roots,
+``datasets`` objects, PIL and NumPy images.
+
+* A **dataset root** (a folder with ``train/``, ``validation/``, ``test/`` sub-folders, a folder written by
+  ``DatasetDict.save_to_disk``, or a ``datasets.DatasetDict``) is read at one split only: the one the caller names
+  (``fit``: the detector's ``fit_split``; ``calibrate``: validation). The split read is logged in one line; a root
+  without that split is refused, naming it; a test split is never read.
+* **Labels** are the model's class indices: a class-folder tree's folder names, a ``ClassLabel`` column's names, or
+  a column of class-name strings, each mapped through the model's ``label2id`` by the one rule of
+  :mod:`hf_gsc.utils.label_names`.
+* A ``datasets`` image column is read undecoded (``{"bytes", "path"}``) so that :func:`hf_gsc.utils.images.load_image`,
+  the decoding rule of every entry point, decodes it, and an unreadable image is named by its row and file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .images import describe
+from .label_names import label_mapping, name_key
+from .progress import datasets_progress_bars_off
+
+logger = logging.getLogger(__name__)
+
+#: File extensions read as images when a folder is given.
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+#: Folder names of a dataset root's splits (as ``datasets``' image-folder loader names them), by split.
+SPLIT_FOLDERS: dict[str, tuple[str, ...]] = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test", "testing", "eval"),
+}
+
+
+@dataclass(frozen=True)
+class ImageRows:
+    """Images to prepare, and their labels (model class indices, or ``None`` when unknown).
+
+    ``sources`` is a list of inputs :func:`hf_gsc.utils.images.load_image` takes, or (``column`` set) a
+    ``datasets.Dataset`` whose ``column`` holds undecoded cells, read a chunk at a time.
+    """
+
+    sources: Any
+    labels: list[int] | None
+    origin: str  # how the data is named in messages: "id_validation_data", "the 'validation' split of photos"
+    column: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def chunk(self, start: int, stop: int) -> list[tuple[Any, str]]:
+        """``(source, name)`` of rows ``start`` to ``stop``; ``name`` says where a row comes from, for errors."""
+        if self.column is None:
+            return [(source, describe(source) if isinstance(source, (str, os.PathLike))
+                     else f"{self.origin}, item {start + i} ({describe(source)})")
+                    for i, source in enumerate(self.sources[start:stop])]
+        cells = self.sources[start:stop][self.column]
+        return [(cell, f"{self.origin}, row {start + i}" + (f" (file {cell['path']})" if isinstance(cell, dict)
+                                                            and cell.get("path") else ""))
+                for i, cell in enumerate(cells)]
+
+
+# ----------------------------------------------------------------------------- labels by name
+def labels_by_name(names: list[str], label2id: Mapping[str, int] | None) -> list[int] | None:
+    """The model's class index of each class name (``label2id``), when every name is one of the model's labels (in
+    any order); ``None`` otherwise (the names cannot be mapped: the labels stay unknown)."""
+    if not label2id or not names or any(name not in label2id for name in names):
+        return None
+    return [int(label2id[name]) for name in names]
+
+
+def class_label_mapping(names: list[str], label2id: Mapping[str, int] | None) -> list[int] | None:
+    """The model's class index of each class name of a dataset, when every name is one of the model's labels (in any
+    order), compared as the evaluation compares them (:func:`hf_gsc.utils.label_names.name_key`: ignoring case, ``_`` /
+    ``-`` versus spaces): data that ``hf-gsc evaluate`` maps by name is fitted with the same labels. ``None``
+    otherwise (an unknown name, or one that names two of the model's labels)."""
+    exact = labels_by_name(names, label2id)
+    if exact is not None or not label2id or not names:
+        return exact
+    indices = {int(index) for index in label2id.values()}
+    if indices != set(range(len(label2id))):  # not one name per class index: nothing to compare in index order
+        return None
+    model_names = [""] * len(label2id)
+    for label, index in label2id.items():
+        model_names[int(index)] = str(label)
+    return label_mapping(list(map(str, names)), model_names)
+
+
+def unknown_names(names: list[str], label2id: Mapping[str, int] | None, key: Any = str) -> str:
+    """The names of ``names`` that are not the model's labels (compared as ``key(name)``), and the model's labels, for
+    an error message."""
+    known = sorted(label2id or {}, key=lambda label: (label2id or {})[label])
+    keys = {key(label) for label in label2id or {}}
+    unknown = [label for label in names if key(label) not in keys]
+    shown = ", ".join(repr(label) for label in known[:20]) + (", ..." if len(known) > 20 else "")
+    return f"{', '.join(repr(label) for label in unknown[:10])} are not among the model's labels (config.label2id: {shown})"
+
+
+def _shares_a_name(names: Iterable[str], label2id: Mapping[str, int]) -> bool:
+    """Whether one of ``names`` is one of the model's labels, compared as :func:`class_label_mapping` compares them."""
+    keys = {name_key(label) for label in label2id}
+    return any(name_key(name) in keys for name in names)
+
+
+# ----------------------------------------------------------------------------- dataset roots and splits
+def _is_dataset_dict(data: Any) -> bool:
+    return isinstance(data, dict) and bool(data) and all(hasattr(value, "column_names") for value in data.values())
+
+
+def _split_folders(path: Path) -> dict[str, Path]:
+    """A dataset root's split folders by split: ``{}`` for a folder that is no root, one with a sub-folder that names
+    no split (a class-folder tree with a class called ``test`` stays a class-folder tree)."""
+    found: dict[str, Path] = {}
+    for child in sorted(child for child in path.iterdir() if child.is_dir()):
+        split = next((split for split, names in SPLIT_FOLDERS.items() if child.name.lower() in names), None)
+        if split is None:
+            return {}
+        found.setdefault(split, child)
+    return found
+
+
+def select_split(data: Any, split: str | None, name: str) -> tuple[Any, str]:
+    """``(the data of split, how to name it)`` when ``data`` is a dataset root; ``(data, name)`` otherwise.
+
+    ``split=None`` (a caller that reads whatever it is given) refuses a root: it would read every split, test too.
+
+    Raises:
+        ValueError: ``split`` is ``"test"``, the root has no such split (naming it and the root's splits), or a
+            root is given where no split is chosen.
+    """
+    if split is not None and split in SPLIT_FOLDERS["test"]:
+        raise ValueError(f"{name}: split={split!r}: fit and calibrate never read a test split; pass ID train or "
+                         "validation data")
+    if _is_dataset_dict(data):
+        splits, root, label = dict(data), "the DatasetDict", "the DatasetDict"
+    elif isinstance(data, (str, os.PathLike)) and Path(data).is_dir():
+        path = Path(data)
+        if (path / "dataset_dict.json").is_file():
+            import datasets
+
+            with datasets_progress_bars_off():
+                splits, root = dict(datasets.load_from_disk(str(path))), str(path)
+        elif (path / "dataset_info.json").is_file():
+            import datasets
+
+            with datasets_progress_bars_off():
+                return datasets.load_from_disk(str(path)), f"{name} (the dataset saved in {path})"
+        else:
+            splits, root = _split_folders(path), str(path)
+            if not splits:
+                return data, name
+        label = root
+    else:
+        return data, name
+    if split is None:
+        raise ValueError(f"{name}: {label} is a dataset root with the splits {sorted(splits)}; pass one split's data "
+                         "(fit and calibrate read one split, and never test)")
+    chosen = splits.get(split)
+    if chosen is None:
+        aliases = SPLIT_FOLDERS.get(split, (split,))
+        chosen = next((value for key, value in splits.items() if str(key).lower() in aliases), None)
+    if chosen is None:
+        raise ValueError(f"{name}: {label} has no {split!r} split (it has {sorted(map(str, splits))}); this reads "
+                         f"the {split!r} split of a dataset root and never test: add it, or pass the {split} data "
+                         "itself")
+    where = f" ({chosen})" if isinstance(chosen, Path) else ""
+    logger.warning("%s: reading the %r split of %s%s; its other splits are not read", name, split, label, where)
+    return chosen, f"the {split!r} split of {label}"
+
+
+# ----------------------------------------------------------------------------- images and labels
+def _dataset_rows(data: Any, name: str, label2id: Mapping[str, int] | None, need_labels: bool,
+                  image_column: str | None, label_column: str | None) -> ImageRows:
+    import datasets
+
+    columns = list(data.column_names)
+    image_column = image_column or "image"
+    if image_column not in columns:
+        raise ValueError(f"{name}: the dataset has no {image_column!r} column (columns: {', '.join(columns)}); name "
+                         "the image column with image_column=")
+    if label_column is not None and label_column not in columns:
+        raise ValueError(f"{name}: the dataset has no label column {label_column!r} (columns: {', '.join(columns)})")
+    label_column = label_column or ("label" if "label" in columns else None)
+    feature = data.features.get(image_column)
+    if isinstance(feature, datasets.Image) and feature.decode:
+        # decoded by hf_gsc.utils.images (EXIF, bit depth, alpha as every entry point), not by datasets
+        data = data.cast_column(image_column, datasets.Image(decode=False))
+    labels = None if label_column is None else list(data[label_column])
+    label_feature = data.features.get(label_column) if label_column else None
+    class_names = getattr(label_feature, "names", None)
+    if labels is not None and class_names is None and any(isinstance(label, str) for label in labels):
+        class_names = sorted({label for label in labels if isinstance(label, str)})
+        index = {label: i for i, label in enumerate(class_names)}
+        mapping = class_label_mapping(class_names, label2id)
+        if mapping is None:
+            if need_labels:
+                raise ValueError(f"{name}: the label column {label_column!r} holds class names that cannot be mapped "
+                                 f"to the model's labels: {unknown_names(class_names, label2id, key=name_key)}")
+            labels = None
+        else:
+            labels = [mapping[index[label]] if isinstance(label, str) else -1 for label in labels]
+        class_names = None
+    mapping = class_label_mapping(list(class_names), label2id) if class_names and labels is not None else None
+    if mapping is not None:
+        labels = [mapping[label] if label >= 0 else label for label in labels]
+    elif need_labels and class_names and label2id and _shares_a_name(class_names, label2id):
+        # Some names match and some do not: the dataset's indices are not the model's, and no order is safe.
+        raise ValueError(f"{name}: the dataset's class names cannot be mapped to the model's labels: "
+                         f"{unknown_names(list(class_names), label2id, key=name_key)}")
+    elif need_labels and labels is None:
+        raise ValueError(f"{name}: the dataset has no 'label' column, and this method fits per-class statistics "
+                         f"(columns: {', '.join(columns)}; name another with label_column=)")
+    return ImageRows(data, labels, name, column=image_column)
+
+
+def _folder_rows(path: Path, name: str, label2id: Mapping[str, int] | None, need_labels: bool) -> ImageRows:
+    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    if not files:
+        raise ValueError(f"{name}: the folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+    folders = sorted({file.relative_to(path).parts[0] for file in files if len(file.relative_to(path).parts) == 2})
+    nested = all(len(file.relative_to(path).parts) == 2 for file in files)
+    mapping = class_label_mapping(folders, label2id) if nested else None
+    if mapping is not None:  # a class-folder tree: labels by name, compared as the evaluation compares them
+        index = dict(zip(folders, mapping))
+        return ImageRows(files, [index[file.relative_to(path).parts[0]] for file in files], name)
+    if need_labels and not nested:
+        raise ValueError(f"{name}: this method fits per-class statistics, and {path} is not a class-folder "
+                         "tree (one folder per class named as the model's label, its images directly inside)")
+    if need_labels:
+        raise ValueError(f"{name}: the class folders of {path} must be named as the model's labels: "
+                         f"{unknown_names(folders, label2id, key=name_key)}")
+    return ImageRows(files, None, name)
+
+
+def _is_image(item: Any) -> bool:
+    import numpy as np
+    from PIL import Image
+
+    return isinstance(item, (Image.Image, str, os.PathLike)) or (isinstance(item, np.ndarray) and item.ndim in (2, 3))
+
+
+def image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None, need_labels: bool = False,
+               split: str | None = None, image_column: str | None = None, label_column: str | None = None
+               ) -> ImageRows | None:
+    """The images (and labels) ``data`` holds, or ``None`` when it holds ``pixel_values`` batches instead.
+
+    ``split``: the split read from a dataset root (:func:`select_split`). ``image_column`` / ``label_column``: the
+    columns of a ``datasets.Dataset`` (default ``image`` and ``label``). With ``need_labels`` (a method fits
+    per-class statistics), images that cannot be labelled are a ``ValueError`` naming the names that do not match,
+    here, before any image is read.
+    """
+    if isinstance(data, ImageRows):
+        return data
+    data, name = select_split(data, split, name)
+    if (image_column is not None or label_column is not None) and getattr(data, "column_names", None) is None:
+        raise ValueError(f"{name}: image_column / label_column name columns of a datasets.Dataset; got "
+                         f"{type(data).__name__}")
+    if getattr(data, "column_names", None) is not None:  # a datasets.Dataset
+        return _dataset_rows(data, name, label2id, need_labels, image_column, label_column)
+    if isinstance(data, (str, os.PathLike)):
+        path = Path(data)
+        if path.is_dir():
+            return _folder_rows(path, name, label2id, need_labels)
+        if not path.is_file():
+            raise FileNotFoundError(f"{name}: no such file or folder: {path}")
+        if need_labels:
+            raise ValueError(f"{name}: this method fits per-class statistics; one image file has no label (pass a "
+                             "class-folder tree, a datasets.Dataset with a 'label' column, or (pixel_values, labels) "
+                             "batches)")
+        return ImageRows([path], None, name)
+    images = [data] if _is_image(data) else list(data) if (
+        isinstance(data, (list, tuple)) and data and all(_is_image(item) for item in data)) else None
+    if images is not None and need_labels:
+        raise ValueError(f"{name}: this method fits per-class statistics, and images alone carry no labels (pass a "
+                         "class-folder tree, a datasets.Dataset with a 'label' column, or (pixel_values, labels) "
+                         "batches)")
+    return None if images is None else ImageRows(images, None, name)
+
+
+__all__ = ["IMAGE_EXTENSIONS", "SPLIT_FOLDERS", "ImageRows", "class_label_mapping", "image_rows", "labels_by_name",
+           "select_split"]

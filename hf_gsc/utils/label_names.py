@@ -1,0 +1,69 @@
+"""Class names compared and mapped: the one rule by which a dataset's class names meet a model's labels.
+
+Names are compared ignoring case, ``_`` / ``-`` versus spaces and surrounding whitespace (folder names such as
+``ankle_boot`` match ``Ankle boot``). The evaluation (:mod:`hf_gsc.evaluation.labels`) and ``Detector.fit`` /
+``calibrate`` (:mod:`hf_gsc.utils.inputs`) both map labels through :func:`label_mapping`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: How many names a message lists.
+SHOWN = 5
+
+
+def name_key(name: str) -> str:
+    """The form in which class names are compared (here and in ``Detector.fit`` on a ``datasets.Dataset``):
+    case-folded, ``_`` / ``-`` as spaces, runs of whitespace as one space, no surrounding whitespace."""
+    return " ".join(re.sub(r"[_\-]", " ", str(name)).casefold().split())
+
+
+def listed(names: Sequence[Any]) -> str:
+    shown = ", ".join(map(repr, names[:SHOWN]))
+    return shown + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def label_mapping(data_names: Sequence[str], model_names: Sequence[str],
+                  given: Mapping[str, str] | None = None) -> list[int] | None:
+    """Data label index -> model class index, by name, with the ``--label-map`` pairs ``given`` first (a model label
+    given as a number not among the names is a class index); ``None`` when a data class stays unmapped (its name is
+    not the model's, or names two of the model's classes) and nothing was given. Raises ``ValueError`` when
+    ``given`` names a class the data or the model does not have, or leaves a data class unmapped."""
+    given = dict(given or {})
+    model_index: dict[str, list[int]] = {}
+    for index, name in enumerate(model_names):
+        model_index.setdefault(name_key(name), []).append(index)
+    data_keys = {name_key(name): name for name in data_names}
+    unknown = [name for name in given if name_key(name) not in data_keys]
+    if unknown:
+        raise ValueError(f"--label-map: {listed(unknown)} not among the ID data's class names "
+                         f"({listed(list(data_names))})")
+    resolved = {}
+    for data_name, label in given.items():
+        matches = model_index.get(name_key(label), [])
+        if not matches and label.isdigit() and int(label) < len(model_names):
+            matches = [int(label)]
+        if len(matches) != 1:
+            why = "names several of the model's classes; give its index" if matches else "is not a model label"
+            raise ValueError(f"--label-map {data_name}={label}: {label!r} {why} (model labels: "
+                             f"{listed(list(model_names))})")
+        resolved[name_key(data_name)] = matches[0]
+    mapping, unmapped = [], []
+    for name in data_names:
+        key = name_key(name)
+        matches = model_index.get(key, [])
+        index = resolved[key] if key in resolved else (matches[0] if len(matches) == 1 else None)
+        unmapped += [name] if index is None else []
+        mapping.append(-1 if index is None else index)
+    if unmapped:
+        if given:
+            raise ValueError(f"--label-map leaves the ID data's class(es) {listed(unmapped)} unmapped: give each a "
+                             f"model label (model labels: {listed(list(model_names))})")
+        return None
+    return mapping
+
+
+__all__ = ["label_mapping", "listed", "name_key"]
