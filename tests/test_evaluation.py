@@ -342,22 +342,27 @@ def test_output_dir_not_writable(tiny, tmp_path, monkeypatch) -> None:
     _fails_fast(_argv(tiny, blocker / "out"), r"--output-dir .* is not writable", monkeypatch)
 
 
-def test_model_without_known_split_point(tmp_path, tiny, monkeypatch) -> None:
+def unsupported_model(tiny, tmp_path, monkeypatch) -> str:  # noqa: F811
+    """A RegNet whose architecture is taken out of the registry (and out of discovery): GSC's default split point
+    does not apply to it, the penultimate one does."""
     from transformers import RegNetConfig, RegNetForImageClassification
 
     from hf_gsc.classifier.architectures import ARCHITECTURES, NOT_APPLICABLE
 
-    # RegNet is registered: unregister it, and rule out its discovery, to stand for a model GSC cannot split.
     monkeypatch.delitem(ARCHITECTURES, "regnet")
     monkeypatch.setitem(NOT_APPLICABLE, "regnet", "removed from the registry by this test")
     model_dir = tmp_path / "regnet"
     RegNetForImageClassification(
         RegNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1], groups_width=8, num_labels=3)
     ).save_pretrained(model_dir)
-    for name in ("preprocessor_config.json",):
-        (model_dir / name).write_text((Path(tiny["model"]) / name).read_text())
+    (model_dir / "preprocessor_config.json").write_text((Path(tiny["model"]) / "preprocessor_config.json").read_text())
+    return str(model_dir)
+
+
+def test_model_without_known_split_point(tmp_path, tiny, monkeypatch) -> None:
+    model_dir = unsupported_model(tiny, tmp_path, monkeypatch)
     argv = _argv(tiny, tmp_path / "out")
-    argv[argv.index("--model") + 1] = str(model_dir)
+    argv[argv.index("--model") + 1] = model_dir
     _fails_fast(argv, r"--methods gsc: cannot build this detector on this model", monkeypatch)
 
 
@@ -637,9 +642,14 @@ sys.exit(main(sys.argv[1:], prog="evaluate_ood.py"))
 """
 
 
-def _launch_two_processes(tmp_path: Path, argv: list[str], streaming: bool) -> subprocess.CompletedProcess:
-    """``accelerate launch`` of the evaluation on 2 CPU processes (streamed: the local data as 3 uneven shards)."""
+def _launch_two_processes(tmp_path: Path, argv: list[str], streaming: bool,
+                          script_text: str | None = None) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of the evaluation on 2 CPU processes (streamed: the local data as 3 uneven shards;
+    ``script_text``: this script instead of ``scripts/evaluate_ood.py``)."""
     script = SCRIPT
+    if script_text is not None:
+        script = tmp_path / "evaluate_custom.py"
+        script.write_text(script_text)
     if streaming:
         script = tmp_path / "evaluate_streamed.py"
         script.write_text(STREAMING_SCRIPT)

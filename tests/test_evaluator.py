@@ -15,7 +15,7 @@ from hf_gsc.evaluation.arguments import EvaluationArgumentParser, EvaluationArgu
 from hf_gsc.evaluation.errors import InputError
 
 from conftest import evaluate_argv
-from test_evaluation import _launch_two_processes, tiny  # noqa: F401  (the tiny model and data fixture)
+from test_evaluation import _launch_two_processes, tiny, unsupported_model  # noqa: F401  (the tiny model and data fixture)
 
 
 def _argv(tiny, output_dir: Path, methods: str, *extra: str) -> list[str]:  # noqa: F811
@@ -187,25 +187,8 @@ def test_a_saved_detector_is_evaluated_without_an_id_validation_split(tiny, tmp_
     assert as_object.selection is None and as_object.details["detector"]["method"] == "knn"
 
 
-def _unsupported_model(tiny, tmp_path, monkeypatch) -> str:  # noqa: F811
-    """A RegNet whose architecture is taken out of the registry (and out of discovery): GSC's default split point
-    does not apply to it, the penultimate one does."""
-    from transformers import RegNetConfig, RegNetForImageClassification
-
-    from hf_gsc.classifier.architectures import ARCHITECTURES, NOT_APPLICABLE
-
-    monkeypatch.delitem(ARCHITECTURES, "regnet")
-    monkeypatch.setitem(NOT_APPLICABLE, "regnet", "removed from the registry by this test")
-    model_dir = tmp_path / "regnet"
-    RegNetForImageClassification(
-        RegNetConfig(num_channels=1, embedding_size=8, hidden_sizes=[8], depths=[1], groups_width=8, num_labels=3)
-    ).save_pretrained(model_dir)
-    (model_dir / "preprocessor_config.json").write_text((Path(tiny["model"]) / "preprocessor_config.json").read_text())
-    return str(model_dir)
-
-
 def test_methods_all_skips_a_method_that_cannot_be_built_and_names_the_flag(tiny, tmp_path, monkeypatch):  # noqa: F811
-    model = _unsupported_model(tiny, tmp_path, monkeypatch)
+    model = unsupported_model(tiny, tmp_path, monkeypatch)
     others = [name for name in DETECTORS if name not in ("gsc", "msp")]
     argv = _argv(tiny, tmp_path / "all", "all," + ",".join(f"-{name}" for name in others), "--no-selection")
     argv[argv.index("--model") + 1] = model
@@ -239,3 +222,39 @@ def test_two_process_reruns_rebuild_detectors_and_drop_a_stale_choice(tiny, tmp_
     assert launched.returncode == 0, launched.stderr[-4000:]
     assert json.loads((output_dir / "results.json").read_text())["num_processes"] == 2
     assert not (output_dir / "detectors" / "selected").exists()
+
+
+#: The evaluation's command line, interrupted on every process at the same point (the second scoring call, while the
+#: selection is scored): what a Ctrl-C does, which reaches the launcher's whole process group.
+INTERRUPTED_SCRIPT = """
+import sys
+from hf_gsc.evaluation import evaluator, main
+
+real, calls = evaluator.score_missing, []
+
+
+def interrupted(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+        raise KeyboardInterrupt
+    return real(*args, **kwargs)
+
+
+evaluator.score_missing = interrupted
+sys.exit(main(sys.argv[1:], prog="hf-gsc evaluate"))
+"""
+
+
+def test_two_processes_after_ctrl_c_the_same_command_resumes(tiny, tmp_path):  # noqa: F811
+    output_dir = tmp_path / "two"
+    argv = _argv(tiny, output_dir, "msp,knn", "--save-detectors")
+    stopped = _launch_two_processes(tmp_path, argv, streaming=False, script_text=INTERRUPTED_SCRIPT)
+    assert stopped.returncode != 0
+    assert stopped.stderr.count("hf-gsc evaluate: interrupted; run the same command again to resume") == 1, \
+        stopped.stderr[-4000:]
+    assert not (output_dir / "results.json").exists() and not (output_dir / "detectors" / "selected").exists()
+    resumed = _launch_two_processes(tmp_path, argv, streaming=False)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "score files: 4 to compute" in resumed.stdout  # only the two OOD validation sets of the two methods
+    assert json.loads((output_dir / "results.json").read_text())["num_processes"] == 2
+    assert (output_dir / "detectors" / "selected").is_dir()
