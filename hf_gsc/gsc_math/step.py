@@ -203,9 +203,9 @@ def _pooled_gsc_step(
     read: PooledRead, features: torch.Tensor, settings: StepSettings, fisher_diagonal: torch.Tensor | None
 ) -> GSCStep | None:
     """The step of a head that reads ``F`` through a mean over positions, per channel: the same mask (same tie
-    order) and, up to float rounding, the same logits as the step on every coordinate, at ``O(B C)`` for the
-    ranking and the elementwise short-circuit and one mean over positions for the update. ``None`` where the setting does not reduce to
-    per-channel quantities: ``selection="random"`` (one draw per coordinate) and ``selection="fisher"`` with a
+    order) and, up to float rounding, the same logits as the step on every coordinate: the ranking is ``O(B C)``,
+    the short-circuit elementwise and the update one mean over positions. ``None`` where the setting does not reduce
+    to per-channel quantities: ``selection="random"`` (one draw per coordinate) and ``selection="fisher"`` with a
     diagonal that differs between the positions of a channel."""
     selection = settings.selection
     channel_fisher = None
@@ -230,15 +230,12 @@ def _pooled_gsc_step(
     by_channel = read.by_channel(features)  # (B, C, P)
     shorted = short_circuit(by_channel, gradient.unsqueeze(-1), prefix_mask(counts, positions), settings.operation,
                             settings.alpha, settings.clip_bound, settings.beta)
-    approximation = settings.approximation
-    if approximation == "first_order":
-        gsc_logits = logits + pooled_head.jvp((shorted - by_channel).mean(dim=-1))
-    elif approximation == "predicted_logit":
-        gsc_logits = predicted_logit_update(logits, predicted_class, gradient, (shorted - by_channel).sum(dim=-1))
-    elif approximation == "exact":
-        gsc_logits = pooled_head.function(shorted.mean(dim=-1))
-    else:
-        raise ValueError(f"approximation must be first_order, predicted_logit or exact, got {approximation!r}")
+    # The head sees F' only through its mean over positions, so the update is updated_logits on the pooled head,
+    # with u = d y_c / d pool(F): u . mean(F' - F) = g . (F' - F). Both means use the same arithmetic, so a channel
+    # the short-circuit left alone contributes exactly 0.
+    pooled = by_channel.mean(dim=-1)
+    gsc_logits = updated_logits(pooled_head, settings.approximation, predicted_class, pooled_gradient, pooled,
+                                shorted.mean(dim=-1), pooled.shape)
 
     def coordinates() -> tuple[torch.Tensor, torch.Tensor]:
         spread = pool_adjoint(pooled_gradient, read.pool, read.feature_shape).flatten(1)
