@@ -11,7 +11,7 @@ import torch
 
 from ..settings.config import CONFIG_NAME, FITTED, LEGACY_GSC_CONFIG_NAME, SETTING, STATE_FILE, DetectorConfig
 from ..utils.image_processors import converting_to_rgb, load_image_processor
-from .repo_ids import is_hub_id
+from .repo_ids import is_hub_id, looks_local, stored_reference
 from .saved_format import CONFIG_KEYS, load_state_from_dir, read_config
 
 if TYPE_CHECKING:
@@ -191,7 +191,8 @@ def load_detector(
                             f"{method} takes {', '.join(sorted(hyperparameter_names(cls)))}")
     if model is None:
         model = AutoModelForImageClassification.from_pretrained(base, **base_hub, **model_kwargs)
-    detector = _build(cls, model, config, overrides, path if saved is None else None, hub)
+    # A local classifier folder is referred to by its absolute path: a later save loads from any working directory.
+    detector = _build(cls, model, config, overrides, stored_reference(path) if saved is None else None, hub)
     processor = None if base is None else load_image_processor(base, missing_ok=True, **base_hub)
     detector.image_processor = converting_to_rgb(processor, detector.num_channels)
     if detector_dir is not None:
@@ -238,13 +239,19 @@ def _base_reference(
     revision = overrides.get("base_model_revision", config.base_model_revision)
     if base is None:
         raise ValueError(f"{path}/{CONFIG_NAME} names no base model and {path} holds no base weights")
-    if not os.path.isdir(base) and not is_hub_id(base):
-        raise FileNotFoundError(
-            f"{path}/{CONFIG_NAME} names the base model {base!r}, a local folder that does not exist (here); pass "
-            "base_model_name_or_path='<Hub id or folder>' to from_pretrained, or load the base model yourself and "
-            "pass it as model=..."
-        )
+    if not os.path.isdir(base) and (looks_local(base) or not is_hub_id(base)):
+        # Before any Hub call: a path that cannot be a repo id would only end in retries and a "connection" error.
+        raise FileNotFoundError(base_not_found(path, base))
     return base, {**hub, "revision": revision}
+
+
+def base_not_found(path: str, base: str) -> str:
+    """The error for a saved detector whose base model folder is gone: the folder, and the two ways out."""
+    return (f"{path}/{CONFIG_NAME} names the base model {base!r}, a local folder that does not exist (working "
+            f"directory {os.getcwd()}); pass the base classifier: from_pretrained({path!r}, model=<the loaded "
+            "classifier>) (or base_model_name_or_path='<Hub id or folder>'), or save the detector with its base weights "
+            "(save_pretrained(..., save_base_model=True), hf-gsc publish --save-base-model) so that its folder is its "
+            "own base")
 
 
 def _processor_reference(

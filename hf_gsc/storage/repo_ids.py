@@ -16,3 +16,28 @@ def is_hub_id(name: str | None) -> bool:
     except HFValidationError:
         return False
     return True
+
+
+def looks_local(name: str | None) -> bool:
+    """Whether ``name`` reads as a local path rather than a Hub repo id: absolute, starting with ``.`` / ``~``, with a
+    backslash or more than one ``/``, or not a valid repo id at all. ``models/vit3`` is a valid repo id and does not
+    look local (it goes to the Hub when no such folder exists); ``/home/me/models/vit3`` and ``./models/vit3`` do."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not name:
+        return False
+    if os.path.isabs(name) or name.startswith((".", "~")) or "\\" in name or name.count("/") > 1:
+        return True
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
+
+
+def stored_reference(name: str | None) -> str | None:
+    """The form in which a base model reference is stored in a saved detector: a local folder as its absolute path
+    (so that the saved folder loads from any working directory), anything else as it is."""
+    if name and os.path.isdir(name):
+        return os.path.abspath(name)
+    return name

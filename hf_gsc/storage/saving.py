@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..utils import confined_files
 from ..settings.config import STATE_FILE
 from .results import check_results_match, copy_results, public_results, read_results
-from .repo_ids import is_hub_id
+from .repo_ids import is_hub_id, stored_reference
 from .saved_format import config_values, save_state, write_config
 
 if TYPE_CHECKING:
@@ -22,10 +22,11 @@ def saved_base_reference(
 ) -> tuple[str | None, str | None]:
     """The base-model reference written to a saved detector. A detector saved with its base weights refers to itself
     when pushed (``repo_id``); saved locally with its weights it keeps a Hub id but never a local path (the folder is
-    the base). Without the weights it keeps its reference."""
+    the base). Without the weights it keeps its reference, a local folder as its absolute path (the saved folder then
+    loads from any working directory)."""
     config = detector.config
     if not save_base_model:
-        return config.base_model_name_or_path, config.base_model_revision
+        return stored_reference(config.base_model_name_or_path), config.base_model_revision
     if repo_id is not None:
         return repo_id, None
     if is_hub_id(config.base_model_name_or_path):
