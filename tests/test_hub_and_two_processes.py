@@ -284,7 +284,8 @@ def _assert_close(a: Any, b: Any, path: str = "") -> None:
 def test_one_process_maps_hub_labels_by_name_in_the_evaluation_and_in_fit(world, one_process):
     output_dir, results = one_process["output_dir"], one_process["results"]
     _check_label_mapping(output_dir, results)
-    said = "ID labels mapped to the model's id2label (by name): 'dog' -> 'dog', 'bird' -> 'bird', 'cat' -> 'cat'"
+    said = ("ID labels mapped to the model's id2label (by name), 3 classes: data class 'dog' -> model class 1 'dog', "
+            "data class 'bird' -> model class 2 'bird', data class 'cat' -> model class 0 'cat'")
     assert said in one_process["stdout"]
     reference = _hand_fit(world)
     saved = load_file(str(output_dir / "detectors" / "mahalanobis" / STATE_FILE))

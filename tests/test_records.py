@@ -55,3 +55,74 @@ def test_a_relative_base_path_loads_from_any_directory_and_a_missing_one_fails_a
     for named in (str(project / "models" / "vit3"), "model=", "save_base_model=True"):
         assert named in missing.stdout
     assert "connection" not in (missing.stdout + missing.stderr).lower()
+
+
+# ------------------------------------------------------------------------------------------- generic labels
+@pytest.fixture(scope="module")
+def generic(tmp_path_factory):
+    """The first-hour tiny ViT with transformers' generic labels (LABEL_0..2) and ID data of named classes."""
+    import json
+
+    import numpy as np
+
+    from test_first_hour import CLASSES, _id_data, _images, save_tiny_vit
+
+    root = tmp_path_factory.mktemp("generic")
+    save_tiny_vit(root / "model")
+    config = json.loads((root / "model" / "config.json").read_text())
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(len(CLASSES))}
+    config["label2id"] = {f"LABEL_{i}": i for i in range(len(CLASSES))}
+    (root / "model" / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    for name in CLASSES:  # a class-folder tree, as a user's own photos
+        (root / "folders" / name).mkdir(parents=True)
+        for i, image in enumerate(_images(rng, 4, False)):
+            image.save(root / "folders" / name / f"{i}.png")
+    (root / "far").mkdir()
+    for i, image in enumerate(_images(rng, 6, True)):
+        image.save(root / "far" / f"{i}.png")
+    return {"model": str(root / "model"), "id": _id_data(root / "id", CLASSES, rng), "far": str(root / "far"),
+            "folders": str(root / "folders")}
+
+
+def _evaluate(generic, output: Path, *extra: str) -> list[str]:
+    return ["evaluate", "--model", generic["model"], "--id-dataset", generic["id"], "--ood-dataset",
+            f"far={generic['far']}", "--methods", "msp,energy", "--output-dir", str(output), "--batch-size", "4",
+            "--no-plots", "--no-selection", *extra]
+
+
+def test_generic_labels_are_refused_or_said_unchecked_above_the_tables(generic, tmp_path, capsys):
+    import json
+
+    from hf_gsc import AutoOODDetector
+    from hf_gsc import cli as hf_gsc_cli
+
+    with pytest.raises(SystemExit) as stop:
+        hf_gsc_cli.main(_evaluate(generic, tmp_path / "refused"))
+    assert stop.value.code == 2
+    refusal = capsys.readouterr().err
+    for way_out in ("id2label", "--label-map", "--labels-by-order", "LABEL_0", "'cat'"):
+        assert way_out in refusal, refusal
+    # Python refuses with the same rule and words (a method that fits per-class statistics on class folders).
+    detector = AutoOODDetector.from_pretrained(generic["model"], method="mahalanobis")
+    with pytest.raises(ValueError) as python_refusal:
+        detector.fit(generic["folders"])
+    shared = "cannot be matched to its classes: nothing says which model class each one is"  # one function, both
+    assert shared in str(python_refusal.value) and shared in refusal, (str(python_refusal.value), refusal)
+
+    # Accepted folder order: said on the console and above results.md's tables; recorded in results.json.
+    assert hf_gsc_cli.main(_evaluate(generic, tmp_path / "ordered", "--labels-by-order")) == 0
+    console = capsys.readouterr().out
+    assert "taken in their own order as the model's classes (--labels-by-order), unchecked" in console
+    report = (tmp_path / "ordered" / "results.md").read_text()
+    note, first_table = report.index("**Labels unchecked:**"), report.index("| Method")
+    assert note < first_table and "'cat' = class 0" in report[note:first_table]
+    check = json.loads((tmp_path / "ordered" / "results.json").read_text())["label_check"]
+    assert check["status"] == "by_order" and check["data_classes"] == ["cat", "dog", "bird"]
+
+    # --label-map by index or LABEL_i: every class on the console line, as data class -> model index and label.
+    assert hf_gsc_cli.main(_evaluate(generic, tmp_path / "mapped", "--label-map", "cat=1,dog=LABEL_0,bird=2")) == 0
+    console = capsys.readouterr().out
+    assert ("data class 'cat' -> model class 1 'LABEL_1', data class 'dog' -> model class 0 'LABEL_0', "
+            "data class 'bird' -> model class 2 'LABEL_2'") in console
+    assert "**Labels unchecked:**" not in (tmp_path / "mapped" / "results.md").read_text()

@@ -82,6 +82,10 @@ class _RunArguments:
         "label, or its index), or a .json file of the same pairs; needed only where the names differ: the same names "
         "in another order, or a subset, are mapped by name; recorded in results.json's label_check",
         metavar="DATA_NAME=MODEL_LABEL,...")
+    labels_by_order: bool = _option(
+        False, help="for a model whose id2label is generic (LABEL_0, ...) and ID data with named classes: take the "
+        "data's class i as the model's class i, unchecked (said on the console and above results.md's tables); "
+        "without it such a run is refused (name the model's classes in id2label, or give --label-map)")
     no_selection: bool = _option(
         False, help="do not rank the methods on validation data nor choose one (skips scoring the OOD validation sets)")
     max_samples: Optional[int] = _option(
@@ -240,7 +244,7 @@ EvaluationArguments = arguments_class()
 
 _GROUPS = {
     **dict.fromkeys(("benchmark", "ood_splits", "id_dataset", "ood_dataset", "near_ood_dataset", "far_ood_dataset",
-                     "val_ood_dataset", "label_map", "no_selection", "max_samples", "max_fit_samples",
+                     "val_ood_dataset", "label_map", "labels_by_order", "no_selection", "max_samples", "max_fit_samples",
                      "skip_unreadable_images", "streaming"), DATA_GROUP),
     **dict.fromkeys(("methods", "output_dir", "batch_size", "seed", "tpr", "conformal_delta", "hyperparameter",
                      "tune", "overwrite", "no_plots", "save_detectors"), RUN_GROUP),

@@ -53,7 +53,7 @@ from .arguments import is_evaluation_arguments
 from .errors import InputError
 from .fitting import FIT_INFO, fit_detectors, fit_dir, saved_fit_info
 from .json_files import jsonable, write_json
-from .labels import LabelMismatchWarning, class_names_of, compare_labels, label_warning, model_class_names
+from .labels import LabelMismatchWarning, check_labels, label_warning, labels_note, mapping_line
 from .loaders import default_num_workers
 from .models import build_detectors, effective_hyperparameters, image_backend_of, image_transform, load_model, load_shipped
 from .plan import (
@@ -263,10 +263,11 @@ class OODEvaluator:
                 benchmark=args.benchmark, id_dataset=args.id_dataset, ood_split_names=args.ood_split_names,
                 extra_ood=args.named_ood_datasets, streaming=args.streaming)
         # Labels by name, before anything reads them (fits, the tuning, the scores' labels, the ID accuracy).
-        self.id_splits, self.label_check = _check_labels(id_splits, self.model.config, args.label_pairs)
-        if accelerator.is_main_process and self.label_check.get("mapping"):
-            pairs = ", ".join(f"{data!r} -> {label!r}" for data, label in self.label_check["mapping"].items())
-            print(f"ID labels mapped to the model's id2label (by {self.label_check['mapped_by']}): {pairs}", flush=True)
+        self.id_splits, self.label_check = check_labels(id_splits, self.model.config, args.label_pairs,
+                                                        args.labels_by_order)
+        for line in (mapping_line(self.label_check), labels_note(self.label_check)):
+            if accelerator.is_main_process and line:
+                print(line[:1].upper() + line[1:], flush=True)
         if accelerator.is_main_process and label_warning(self.label_check):
             warnings.warn(label_warning(self.label_check), LabelMismatchWarning, stacklevel=2)
         self.same_as_test = [name for name, dataset in self.ood_splits.items()
@@ -736,40 +737,6 @@ def _fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
     rows = num_rows(dataset)
     return {"num_samples": rows - num_skipped if rows is not None else saved.get("num_samples"),
             NUM_SKIPPED_KEY: num_skipped}
-
-
-def _check_labels(id_splits: Mapping[str, Any], config: Any, given: Mapping[str, str]) -> tuple[dict[str, Any],
-                                                                                                dict[str, Any]]:
-    """``(ID splits with their labels mapped to the model's classes, label_check)``. Each split is mapped by its own
-    class names (an image-folder split without some class folder numbers its classes differently); the record is
-    the test split's comparison plus ``mapping`` and ``mapped_by`` where labels were mapped."""
-    from ..utils.label_names import label_mapping
-    from .labels import MATCH, map_labels, mapping_record
-
-    model_names = model_class_names(config)
-    label_check = compare_labels(class_names_of(id_splits["test"]), model_names)
-    if given and (model_names is None or class_names_of(id_splits["test"]) is None):
-        raise InputError(f"--label-map: cannot map by name: {label_check.get('reason', 'no class names')}")
-    if model_names is None:
-        return dict(id_splits), label_check
-    mapped = {}
-    for split, dataset in id_splits.items():
-        names = class_names_of(dataset)
-        if names is None or (compare_labels(names, model_names)["status"] == MATCH and not given):
-            mapped[split] = dataset
-            continue
-        try:
-            mapping = label_mapping(names, model_names, given)
-        except ValueError as error:
-            raise InputError(f"ID {split!r} split: {error}") from None
-        if mapping is None:  # names that are not the model's: nothing to map by; the warning says so
-            mapped[split] = dataset
-            continue
-        mapped[split] = map_labels(dataset, mapping, model_names)
-        if split == "test" and mapping_record(names, model_names, mapping):
-            label_check = {**label_check, "mapping": mapping_record(names, model_names, mapping),
-                           "mapped_by": "--label-map" if given else "name"}
-    return mapped, label_check
 
 
 def _split_label(split: str) -> str:

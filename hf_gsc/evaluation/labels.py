@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..utils.label_names import SHOWN, label_mapping, listed, name_key
+from ..utils.label_names import SHOWN, generic_labels, generic_labels_error, label_mapping, listed, name_key
+from .errors import InputError
 
 #: ``label_check.status`` values: names and order agree / same names, other order / other names / not checkable.
 MATCH, ORDER_DIFFERS, NAMES_DIFFER, UNCHECKED = "match", "order_differs", "names_differ", "unchecked"
+#: ``label_check.status`` of a run on named classes with a generic-label model, in the data's class order because
+#: ``--labels-by-order`` said so: nothing was checked.
+BY_ORDER = "by_order"
+#: How many class pairs the console line lists (the full table is ``results.json``'s ``label_check.mapping``).
+SHOWN_PAIRS = 10
 
 
 class LabelMismatchWarning(UserWarning):
@@ -44,11 +49,13 @@ def class_names_of(dataset: Any) -> list[str] | None:
 
 def model_class_names(config: Any) -> list[str] | None:
     """``config.id2label`` in index order; ``None`` when it holds only transformers' generic ``LABEL_i`` names."""
+    names = _id2label_names(config)
+    return None if not names or generic_labels(names) else names
+
+
+def _id2label_names(config: Any) -> list[str]:
     id2label = getattr(config, "id2label", None) or {}
-    names = [id2label[i] for i in sorted(id2label, key=int)] if id2label else []
-    if not names or all(re.fullmatch(r"LABEL_\d+", str(name)) for name in names):
-        return None
-    return [str(name) for name in names]
+    return [str(id2label[i]) for i in sorted(id2label, key=int)]
 
 
 def compare_labels(data_names: Sequence[str] | None, model_names: Sequence[str] | None) -> dict[str, Any]:
@@ -142,21 +149,100 @@ def map_labels(dataset: Any, mapping: Sequence[int], model_names: Sequence[str])
 
 
 def mapping_record(data_names: Sequence[str], model_names: Sequence[str], mapping: Sequence[int]) -> dict[str, str]:
-    """``label_check.mapping``: data name -> model label, for the classes whose index changes."""
-    return {str(name): str(model_names[index]) for position, (name, index) in enumerate(zip(data_names, mapping))
-            if index != position or name_key(name) != name_key(model_names[index])}
+    """``label_check.mapping``: data name -> model label, every class of the data."""
+    return {str(name): str(model_names[index]) for name, index in zip(data_names, mapping)}
+
+
+def check_labels(id_splits: Mapping[str, Any], config: Any, given: Mapping[str, str],
+                 by_order: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(ID splits with their labels mapped to the model's classes, label_check)``. Each split is mapped by its own
+    class names (an image-folder split without some class folder numbers its classes differently); the record is
+    the test split's comparison plus ``mapping`` (data name -> model label, every class), ``model_index`` (data name
+    -> model class index) and ``mapped_by`` where labels were mapped.
+
+    A model whose ``id2label`` is generic (``LABEL_0``, ...) meets named classes only through ``given``
+    (``--label-map``, a model label given as its index or ``LABEL_i``) or ``by_order`` (``--labels-by-order``: the
+    data's class i is the model's class i, recorded as :data:`BY_ORDER`); otherwise it is refused
+    (:func:`~hf_gsc.utils.label_names.generic_labels_error`, as ``Detector.fit`` refuses)."""
+    raw_names = _id2label_names(config)
+    model_names = model_class_names(config)
+    data_names = class_names_of(id_splits["test"])
+    label_check = compare_labels(data_names, model_names)
+    generic = model_names is None and bool(raw_names) and data_names is not None
+    if given and not generic and (model_names is None or data_names is None):
+        raise InputError(f"--label-map: cannot map by name: {label_check.get('reason', 'no class names')}")
+    if generic and not given:
+        if not by_order:
+            raise InputError(f"the ID data: {generic_labels_error(data_names, raw_names)}")
+        return dict(id_splits), {"status": BY_ORDER, "reason": "--labels-by-order: the model's labels are generic "
+                                 "(LABEL_0, ...); the data's class i is taken as the model's class i, unchecked",
+                                 "data_classes": list(data_names)}
+    if generic:
+        model_names = raw_names
+    if model_names is None:
+        return dict(id_splits), label_check
+    mapped = {}
+    for split, dataset in id_splits.items():
+        names = class_names_of(dataset)
+        if names is None or (compare_labels(names, model_names)["status"] == MATCH and not given):
+            mapped[split] = dataset
+            continue
+        try:
+            mapping = label_mapping(names, model_names, given)
+        except ValueError as error:
+            raise InputError(f"ID {split!r} split: {error}") from None
+        if mapping is None:  # names that are not the model's: nothing to map by; the warning says so
+            mapped[split] = dataset
+            continue
+        mapped[split] = map_labels(dataset, mapping, model_names)
+        if split == "test" and (given or list(mapping) != list(range(len(names)))):
+            label_check = {**label_check, "mapping": mapping_record(names, model_names, mapping),
+                           "model_index": {str(name): int(index) for name, index in zip(names, mapping)},
+                           "mapped_by": "--label-map" if given else "name"}
+    return mapped, label_check
+
+
+def labels_note(record: Mapping[str, Any]) -> str | None:
+    """The sentence above ``results.md``'s tables (and on the console) when the labels were not checked because
+    ``--labels-by-order`` said to take the data's class order as the model's (``None`` otherwise)."""
+    if record.get("status") != BY_ORDER:
+        return None
+    return ("the model's labels are generic (LABEL_0, ...), so the ID data's classes were taken in their own order as "
+            "the model's classes (--labels-by-order), unchecked: the ID accuracy, the accuracy on accepted samples, "
+            "AURC and every per-class fit assume data class i is model class i ("
+            + ", ".join(f"{name!r} = class {index}" for index, name in enumerate(record["data_classes"][:SHOWN_PAIRS]))
+            + (f" and {len(record['data_classes']) - SHOWN_PAIRS} more" if len(record["data_classes"]) > SHOWN_PAIRS
+               else "") + ")")
+
+
+def mapping_line(record: Mapping[str, Any]) -> str | None:
+    """The console line of a mapping: each data class and the model class it became (index and label), every class
+    up to :data:`SHOWN_PAIRS`, then the count and where the full table is (``None`` when nothing was mapped)."""
+    mapping, index = record.get("mapping"), record.get("model_index") or {}
+    if not mapping:
+        return None
+    pairs = [f"data class {name!r} -> model class {index[name]} {label!r}" if name in index
+             else f"data class {name!r} -> model class {label!r}" for name, label in mapping.items()]
+    more = (f"; and {len(pairs) - SHOWN_PAIRS} more (all {len(pairs)} in results.json's label_check.mapping)"
+            if len(pairs) > SHOWN_PAIRS else "")
+    return (f"ID labels mapped to the model's id2label (by {record['mapped_by']}), {len(pairs)} classes: "
+            + ", ".join(pairs[:SHOWN_PAIRS]) + more)
 
 
 __all__ = [
+    "BY_ORDER",
     "MATCH",
     "NAMES_DIFFER",
     "ORDER_DIFFERS",
     "UNCHECKED",
     "LabelMismatchWarning",
+    "check_labels",
     "class_names_of",
     "compare_labels",
     "label_warning",
+    "labels_note",
     "map_labels",
+    "mapping_line",
     "mapping_record",
     "parse_label_map",
     "model_class_names",

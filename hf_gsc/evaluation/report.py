@@ -26,7 +26,7 @@ import numpy as np
 from ..utils.confined_files import atomic_write_text
 from .json_files import jsonable, table_lines, write_json
 from .calibration import calibration_record, threshold_for, true_positive_rate
-from .labels import label_warning
+from .labels import label_warning, labels_note, mapping_line
 from .metrics import METRIC_NAMES, check_finite_scores, fpr_at_tpr_ood_positive, ood_metrics
 from .selective import aurc, selective_accuracy
 
@@ -220,6 +220,9 @@ def markdown_table(
         from .selection import sentence
 
         lines[4:4] = [sentence(results["selection"]), ""]  # above the test table: the decision first
+    unchecked = labels_note(results.get("label_check") or {})
+    if unchecked:  # above every table: the figures below rest on it
+        lines[2:2] = [f"**Labels unchecked:** {unchecked}.", ""]
     selective = all("selective" in entry for entry in methods.values())
     header = ["Method", "threshold", f"ID TPR at threshold (test, target {100 * _target_tpr(methods):.0f}%)"]
     if selective:
@@ -259,10 +262,9 @@ def markdown_table(
         from .plan import same_as_test_warning
 
         lines += ["", f"**Warning:** {same_as_test_warning(results['ood_same_as_id_test'])}."]
-    mapping = (results.get("label_check") or {}).get("mapping")
-    if mapping:
-        pairs = ", ".join(f"`{data}` -> `{label}`" for data, label in mapping.items())
-        lines += ["", f"ID labels mapped to the model's id2label (by {results['label_check']['mapped_by']}): {pairs}."]
+    mapped = mapping_line(results.get("label_check") or {})
+    if mapped:
+        lines += ["", f"{mapped}."]
     skipped = skipped_images_line(results.get("num_skipped") or {})
     if skipped:
         lines += ["", skipped]

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .images import describe
-from .label_names import label_mapping, name_key
+from .label_names import generic_labels, generic_labels_error, label_mapping, name_key
 from .progress import datasets_progress_bars_off
 
 logger = logging.getLogger(__name__)
@@ -198,6 +198,9 @@ def _dataset_rows(data: Any, name: str, label2id: Mapping[str, int] | None, need
         index = {label: i for i, label in enumerate(class_names)}
         mapping = class_label_mapping(class_names, label2id)
         if mapping is None:
+            if need_labels and generic_labels(label2id):
+                raise ValueError(f"{name}: the label column {label_column!r}: "
+                                 f"{generic_labels_error(class_names, list(label2id or {}))}")
             if need_labels:
                 raise ValueError(f"{name}: the label column {label_column!r} holds class names that cannot be mapped "
                                  f"to the model's labels: {unknown_names(class_names, label2id, key=name_key)}")
@@ -208,6 +211,8 @@ def _dataset_rows(data: Any, name: str, label2id: Mapping[str, int] | None, need
     mapping = class_label_mapping(list(class_names), label2id) if class_names and labels is not None else None
     if mapping is not None:
         labels = [mapping[label] if label >= 0 else label for label in labels]
+    elif need_labels and class_names and generic_labels(label2id):
+        raise ValueError(f"{name}: {generic_labels_error(list(class_names), list(label2id or {}))}")
     elif need_labels and class_names and label2id and _shares_a_name(class_names, label2id):
         # Some names match and some do not: the dataset's indices are not the model's, and no order is safe.
         raise ValueError(f"{name}: the dataset's class names cannot be mapped to the model's labels: "
@@ -231,6 +236,8 @@ def _folder_rows(path: Path, name: str, label2id: Mapping[str, int] | None, need
     if need_labels and not nested:
         raise ValueError(f"{name}: this method fits per-class statistics, and {path} is not a class-folder "
                          "tree (one folder per class named as the model's label, its images directly inside)")
+    if need_labels and generic_labels(label2id):
+        raise ValueError(f"{name}: the class folders of {path}: {generic_labels_error(folders, list(label2id or {}))}")
     if need_labels:
         raise ValueError(f"{name}: the class folders of {path} must be named as the model's labels: "
                          f"{unknown_names(folders, label2id, key=name_key)}")

@@ -13,6 +13,8 @@ from typing import Any
 
 #: How many names a message lists.
 SHOWN = 5
+#: transformers' placeholder class names (``id2label`` of a model trained without names): ``LABEL_0``, ``LABEL_1``, ...
+GENERIC_LABEL = re.compile(r"LABEL_\d+")
 
 
 def name_key(name: str) -> str:
@@ -66,4 +68,28 @@ def label_mapping(data_names: Sequence[str], model_names: Sequence[str],
     return mapping
 
 
-__all__ = ["label_mapping", "listed", "name_key"]
+def generic_labels(model_names: Sequence[Any] | Mapping[str, Any] | None) -> bool:
+    """Whether the model's class names (``id2label`` values, or ``label2id``'s keys) are only transformers'
+    placeholders ``LABEL_0``, ``LABEL_1``, ...: nothing a dataset's class names can be matched to."""
+    names = list(model_names or [])
+    return bool(names) and all(GENERIC_LABEL.fullmatch(str(name)) for name in names)
+
+
+def generic_labels_error(data_names: Sequence[Any], model_names: Sequence[Any]) -> str:
+    """Why named classes cannot meet a model with generic labels, and the ways out: one message for ``Detector.fit`` /
+    ``calibrate`` (:mod:`hf_gsc.utils.image_data`) and ``hf-gsc evaluate`` (:mod:`hf_gsc.evaluation.labels`)."""
+    example = ", ".join(f"{index}: {name!r}" for index, name in enumerate(list(data_names)[:2]))
+    return (f"the model's labels are generic ({listed(sorted(model_names, key=_label_number))}), so the data's "
+            f"classes {listed(list(data_names))} cannot be matched to its classes: nothing says which model class "
+            "each one is, and a label or an accuracy would compare the data's class order with the model's unchecked. "
+            f"Name the model's classes (model.config.id2label = {{{example}, ...}}, model.config.label2id to match, "
+            "then save it), or with hf-gsc evaluate give each class its model class (--label-map "
+            "DATA_NAME=MODEL_INDEX,...) or accept the data's class order as the model's (--labels-by-order)")
+
+
+def _label_number(name: Any) -> int:
+    match = re.search(r"\d+", str(name))
+    return int(match.group()) if match else -1
+
+
+__all__ = ["GENERIC_LABEL", "generic_labels", "generic_labels_error", "label_mapping", "listed", "name_key"]
