@@ -104,6 +104,44 @@ def selection_text(selection: Mapping[str, Any]) -> str:
     return text + f" Rule: {selection['rule']}."
 
 
+def percent(value: float) -> str:
+    """A fraction as ``results.md`` writes it: ``0.9666666666666667`` -> ``96.67%``."""
+    return f"{100 * float(value):.2f}%"
+
+
+def number(value: float) -> str:
+    """A threshold or score as ``results.md``'s threshold table writes it (6 significant digits)."""
+    return f"{float(value):.6g}"
+
+
+def calibration_text(calibration: Mapping[str, Any] | None, threshold: float | None) -> str:
+    """The card's sentence on the threshold, from the calibration record (read with ``.get``: records of every
+    version). "Never on test or OOD data" is said only when the library chose the split itself (``split`` set);
+    otherwise the record's ``source`` (what was read) is named as it is."""
+    if not calibration:
+        if threshold is None:
+            return "No threshold is set: `is_ood` is `None` until `calibrate` runs on ID validation data."
+        return f"The threshold `{number(threshold)}` was set by hand, not calibrated by hf_gsc."
+    count = calibration.get("num_samples")
+    samples = f"{count} samples" if count is not None else "samples"
+    split, source = calibration.get("split"), calibration.get("source")
+    if split is not None:
+        where = f"{samples} of the ID `{split}` split" + (f" ({source})" if source else "")
+    else:
+        where = f"{samples} read from {source}" if source else f"{samples} given by the caller (source not recorded)"
+    never = " (never on test or OOD data)" if split is not None else ""
+    tpr, delta = calibration.get("tpr"), calibration.get("delta")
+    kept = f"{100 * float(tpr):g}%" if tpr is not None else "the target fraction"  # as results.md's "target 95%"
+    if calibration.get("method") == "conformal":
+        rule = (f"with a split-conformal order statistic: on new ID data drawn like them, the threshold keeps at least "
+                f"{kept} of the samples with probability at least 1 - {delta}")
+    else:
+        rule = f"to keep {kept} of them"
+    text = f"The threshold `{number(threshold)}` was calibrated on {where} {rule}{never}." if threshold is not None \
+        else f"Calibrated on {where} {rule}{never}, but no threshold is kept."
+    return text
+
+
 def render_model_card(
     values: Mapping[str, Any],
     repo_id: str | None = None,
@@ -145,10 +183,9 @@ def render_model_card(
         base_model_revision=values.get("base_model_revision"),
         base_in_repo=base_in_repo,
         settings=sorted(hyperparameters.items()),
-        calibration=values.get("calibration"),
-        threshold=values.get("threshold"),
+        calibration_text=calibration_text(values.get("calibration"), values.get("threshold")),
         data=data_description(results or {}),
-        id_accuracy=(results or {}).get("id_accuracy"),
+        id_accuracy=None if (results or {}).get("id_accuracy") is None else percent(results["id_accuracy"]),
         results_table=results_table,
         selection=selection_text(selection) if selection.get("method") == method else None,
         plots=list(plots),
