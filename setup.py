@@ -30,8 +30,10 @@ setup(
     description="Gradient Short-Circuit out-of-distribution detection for Hugging Face image classifiers",
     long_description=Path("README.md").read_text(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["hf_gsc", "hf_gsc.*"]) + ["hf_gsc.model_cards"],
-    package_dir={"hf_gsc.model_cards": "model_cards"},
+    # The card templates and the documentation pages travel inside the package (hf_gsc/utils/docs.py finds the
+    # pages there: `hf-gsc docs`), from their top-level folders.
+    packages=find_packages(include=["hf_gsc", "hf_gsc.*"]) + ["hf_gsc.model_cards", "hf_gsc.docs"],
+    package_dir={"hf_gsc.model_cards": "model_cards", "hf_gsc.docs": "docs"},
     package_data={
         "hf_gsc": [
             "py.typed",
@@ -40,6 +42,7 @@ setup(
             "reference_models/*/*.safetensors",
         ],
         "hf_gsc.model_cards": ["*.md"],
+        "hf_gsc.docs": ["*.md", "api/*.md", "results/**/*.png"],
     },
     python_requires=">=3.10",
     # No torchvision: image processors fall back to the PIL backend. torch>=2.6: the oldest torch transformers 5

@@ -1,25 +1,100 @@
-"""Gradient Short-Circuit and baseline OOD detection for Hugging Face image classifiers."""
+"""Gradient Short-Circuit and baseline OOD detection for Hugging Face image classifiers.
+
+The public names are imported on first use (PEP 562), all together: ``from hf_gsc import AutoOODDetector`` (or any
+other) imports every method (registering each) and the ``ood-image-classification`` pipeline, as an eager import
+would. ``import hf_gsc`` alone imports no torch, so that ``hf-gsc --help`` and ``hf-gsc --version`` answer at once;
+the pipeline task is still registered for ``transformers.pipeline("ood-image-classification", ...)`` after a bare
+``import hf_gsc``: the moment transformers' pipelines module is imported (:func:`_register_with_pipelines`).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+from typing import Any
+
+from .settings.registry import set_method_loader
 from .utils.version import __version__
 
-from .settings.config import DetectorConfig, GSCConfig  # noqa: E402
-from .detectors.interface import OODDetector, OODDetectorOutput  # noqa: E402
-from .detectors.gsc import GSCForImageClassification, GSCOutput  # noqa: E402
-from .auto import AutoOODDetector  # noqa: E402
-from .detectors import DETECTORS, DetectorBundle  # noqa: E402  (registers every method)
-from .pipeline import OODImageClassificationPipeline  # noqa: E402  (registers "ood-image-classification")
-
-#: The evaluation's entry points, imported on first use (PEP 562): they need the ``evaluation`` extra (datasets,
-#: accelerate), which a serving install does not have.
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "DetectorConfig": "settings.config", "GSCConfig": "settings.config",
+    "OODDetector": "detectors.interface", "OODDetectorOutput": "detectors.interface",
+    "GSCForImageClassification": "detectors.gsc", "GSCOutput": "detectors.gsc",
+    "AutoOODDetector": "auto",
+    "DETECTORS": "detectors", "DetectorBundle": "detectors",  # importing detectors registers every method
+    "OODImageClassificationPipeline": "pipeline",  # registers "ood-image-classification"
+}
+#: The evaluation's entry points: they need the ``evaluation`` extra (datasets, accelerate), which a serving install
+#: does not have, so they are imported only when asked for, not with the other names.
 _EVALUATION_EXPORTS = ("EvaluationArguments", "EvaluationResult", "OODEvaluator")
+#: The modules every public name brings with it (the registry full, the pipeline task registered).
+_EAGER = ("detectors", "auto", "pipeline")
 
 
-def __getattr__(name: str) -> object:
+def _import_all() -> None:
+    for module in _EAGER:
+        importlib.import_module(f".{module}", __name__)
+
+
+def __getattr__(name: str) -> Any:
     if name in _EVALUATION_EXPORTS:
         from . import evaluation
 
         return getattr(evaluation, name)
+    if name in _EXPORTS:
+        _import_all()
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value  # once imported, a plain attribute
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _RegisterWithPipelines(importlib.abc.MetaPathFinder):
+    """Imports :mod:`hf_gsc.pipeline` (which registers the task) right after ``transformers.pipelines`` is imported:
+    ``transformers.pipeline("ood-image-classification")`` after a bare ``import hf_gsc`` finds the task, and a
+    process that never builds a pipeline never imports torch for it."""
+
+    TARGET = "transformers.pipelines"
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.TARGET:
+            return None
+        for finder in sys.meta_path:  # the spec the other finders give; this finder only wraps its loader
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                exec_module = spec.loader.exec_module
+
+                def exec_then_register(module: Any, exec_module: Any = exec_module) -> None:
+                    exec_module(module)
+                    _remove_finder()
+                    importlib.import_module(".pipeline", __name__)
+
+                spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+def _remove_finder() -> None:
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _RegisterWithPipelines)]
+
+
+def _register_with_pipelines() -> None:
+    if _RegisterWithPipelines.TARGET in sys.modules:  # already imported (torch with it): register now
+        importlib.import_module(".pipeline", __name__)
+    elif not any(isinstance(finder, _RegisterWithPipelines) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _RegisterWithPipelines())
+
+
+_register_with_pipelines()
+# A registry lookup from any floor (a saved config read by hf_gsc.storage alone) finds every method.
+set_method_loader(lambda: importlib.import_module(".detectors", __name__))
 
 __all__ = [
     "AutoOODDetector",

@@ -2,21 +2,35 @@
 
     hf-gsc evaluate --model hf_gsc/reference_models/resnet --benchmark fmnist-ood --output-dir runs/resnet
     hf-gsc publish --results-dir runs/resnet --repo-id user/gsc-fmnist-resnet
+    hf-gsc docs
 
-Each subcommand hands its arguments to the library's own entry point, so ``hf-gsc evaluate --help`` is the
-evaluation's own help. ``evaluate`` needs the ``evaluation`` extra, its figures the ``plots`` extra (or ``--no-plots``),
-the generated benchmarks the ``benchmarks`` extra (``pip install 'hf_gsc[all]'``: all three).
+Each subcommand is a row of :data:`COMMANDS`: the function that runs it (``module`` or ``module:function``, ``main``
+by default, called with the rest of the command line) and its line of help. The function's module is imported only
+when its command runs, so ``hf-gsc --help``, ``hf-gsc --version`` and ``hf-gsc docs`` import no torch. Each subcommand
+hands its arguments to the library's own entry point, so ``hf-gsc evaluate --help`` is the evaluation's own help.
+``evaluate`` needs the ``evaluation`` extra, its figures the ``plots`` extra (or ``--no-plots``), the generated
+benchmarks the ``benchmarks`` extra (``pip install 'hf_gsc[all]'``: all three).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
-COMMANDS = {
-    "evaluate": "OOD evaluation of GSC and baselines on an image classifier (results.json, results.md, plots)",
-    "publish": "upload a saved detector (any method) or an evaluation's results, with a model card, to the Hub",
+from .utils.docs import DOCS_HELP, docs_main
+from .utils.version import __version__
+
+#: Subcommand -> (the function that runs it, ``module`` or ``module:function``; its line of help). A function takes the
+#: rest of the command line (and ``prog=``, where it accepts it) and returns the exit status.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "evaluate": ("hf_gsc.evaluation.cli",
+                 "OOD evaluation of GSC and baselines on an image classifier (results.json, results.md, plots)"),
+    "publish": ("hf_gsc.cli:publish",
+                "upload a saved detector (any method) or an evaluation's results, with a model card, to the Hub"),
+    "docs": ("hf_gsc.cli:docs", DOCS_HELP),
 }
 PROG = "hf-gsc"
 #: Module -> the extra that installs it, for the modules of ``hf-gsc evaluate`` that a core install lacks.
@@ -28,10 +42,24 @@ EXTRA_PURPOSE = {"evaluation": "hf-gsc evaluate needs", "plots": "the figures of
 
 
 def _usage() -> str:
-    lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [options]", "", "commands:"]
-    lines += [f"  {name:<10}{help_}" for name, help_ in COMMANDS.items()]
-    lines += ["", f"Run '{PROG} COMMAND --help' for the options of a command."]
+    width = max(map(len, COMMANDS)) + 2
+    lines = [f"usage: {PROG} {{{','.join(COMMANDS)}}} [options]", f"       {PROG} --version", "", "commands:"]
+    lines += [f"  {name:<{width}}{help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", f"Run '{PROG} COMMAND --help' for the options of a command, '{PROG} docs' for the documentation "
+              "installed with the package."]
     return "\n".join(lines)
+
+
+def command_function(name: str) -> Callable[..., int]:
+    """The function that runs the subcommand ``name`` (its module imported now)."""
+    target = COMMANDS[name][0]
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function or "main")
+
+
+def docs(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """``hf-gsc docs``: where the documentation installed with the package is, or one page of it."""
+    return docs_main(argv, prog=prog)
 
 
 def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -42,8 +70,6 @@ def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     The token comes from HF_TOKEN (or the huggingface_hub login cache) and the endpoint from HF_ENDPOINT;
     it is never printed or written.
     """
-    from .storage.publish_results import HubError, publish_results
-
     parser = argparse.ArgumentParser(prog=prog, description=publish.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -56,6 +82,8 @@ def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--private", action="store_true", help="create the repo as private")
     parser.add_argument("--revision", default=None, help="branch to push to (created if missing)")
     args = parser.parse_args(argv)
+    from .storage.publish_results import HubError, publish_results  # after the parse: --help imports no torch
+
     try:
         if args.detector_dir is not None:
             url = _publish_detector(args)
@@ -105,22 +133,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(f"{PROG} {__version__}")
+        return 0
     command, rest = argv[0], argv[1:]
-    if command == "evaluate":
-        try:
-            from .evaluation import main as evaluate
-
-            return evaluate(rest, prog=f"{PROG} evaluate")
-        except ModuleNotFoundError as error:
-            message = missing_extra_message(error)
-            if message is None:
-                raise
-            print(message, file=sys.stderr)
-            return 1
-    if command == "publish":
-        return publish(rest, prog=f"{PROG} publish")
-    print(f"{_usage()}\n\n{PROG}: error: unknown command {command!r}", file=sys.stderr)
-    return 2
+    if command not in COMMANDS:
+        print(f"{_usage()}\n\n{PROG}: error: unknown command {command!r}", file=sys.stderr)
+        return 2
+    try:
+        function = command_function(command)
+        if "prog" in inspect.signature(function).parameters:
+            return function(rest, prog=f"{PROG} {command}")
+        return function(rest)
+    except ModuleNotFoundError as error:
+        message = missing_extra_message(error) if command == "evaluate" else None
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def install_wheel(root: Path) -> tuple[Path, Path]:
     and *.egg-info next to setup.py), without PYTHONPATH (pip would take an hf_gsc found on it for an installed
     one). Returns ``(venv folder, wheel)``."""
     source = root / "source"
-    for name in ("hf_gsc", "model_cards"):
+    for name in ("hf_gsc", "model_cards", "docs"):
         shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("setup.py", "README.md"):
         shutil.copy2(REPO_ROOT / name, source / name)
@@ -108,6 +108,7 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
     env_dir, wheel = install_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "hf_gsc/model_cards/ood_detector.md" in names
+    assert {"hf_gsc/docs/index.md", "hf_gsc/docs/evaluation.md", "hf_gsc/docs/api/pipeline.md"} <= set(names)
     assert any(name.endswith("entry_points.txt") for name in names)
     python = env_dir / "bin" / "python"
 
@@ -135,7 +136,11 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
         assert published["methods"] == local["methods"] and str(elsewhere) not in json.dumps(published)
 
     assert "usage: hf-gsc evaluate" in _run([str(command), "evaluate", "--help"], elsewhere, env)
-    assert "hf-gsc {evaluate,publish}" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
+    assert "usage: hf-gsc {evaluate,publish,docs" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
+    # The documentation a pip user has: the pages inside the installed package, named by `hf-gsc docs`.
+    listing = _run([str(command), "docs"], elsewhere, env)
+    assert f"{Path(installed).parent / 'docs'}\n" in listing, listing
+    assert "# Evaluation" in _run([str(command), "docs", "evaluation"], elsewhere, env)
     assert "usage: python -m hf_gsc.method_table" in _run([str(python), "-m", "hf_gsc.method_table", "--help"],
                                                           elsewhere, env)
     # The evaluate metric loads from the installed package, by its documented path constant and function.

@@ -126,3 +126,107 @@ def test_generic_labels_are_refused_or_said_unchecked_above_the_tables(generic, 
     assert ("data class 'cat' -> model class 1 'LABEL_1', data class 'dog' -> model class 0 'LABEL_0', "
             "data class 'bird' -> model class 2 'LABEL_2'") in console
     assert "**Labels unchecked:**" not in (tmp_path / "mapped" / "results.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------- the command line
+def _command(*args: str, cwd: Path = ROOT) -> tuple[str, bool]:
+    """``python -m hf_gsc ARGS`` as typed (the ``hf-gsc`` console script runs the same ``main``): its output, and
+    whether torch was imported (``-X importtime`` lists every module imported)."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "hf_gsc", *args], cwd=cwd, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    return result.stdout, "torch" in imported
+
+
+def test_the_command_answers_at_once_without_torch(tmp_path):
+    from hf_gsc.cli import COMMANDS
+    from hf_gsc.utils.version import __version__
+
+    version, torch_imported = _command("--version", cwd=tmp_path)
+    assert version.strip() == f"hf-gsc {__version__}" and not torch_imported
+    usage, torch_imported = _command("--help", cwd=tmp_path)
+    assert not torch_imported and all(name in usage for name in COMMANDS)
+    for command in ("publish", "docs"):  # evaluate's help lists every method's own flags: it imports the methods
+        help_text, torch_imported = _command(command, "--help", cwd=tmp_path)
+        assert f"usage: hf-gsc {command}" in help_text and not torch_imported, command
+    # A bare `import hf_gsc` is light and still registers the pipeline task once transformers' pipelines are imported.
+    script = ("import sys, hf_gsc; light = 'torch' not in sys.modules; from transformers.pipelines import "
+              "PIPELINE_REGISTRY; print(light, 'ood-image-classification' in PIPELINE_REGISTRY.get_supported_tasks())")
+    assert _python(script, cwd=tmp_path).stdout.split() == ["True", "True"]
+
+
+def test_docs_name_the_installed_pages(tmp_path):
+    listing, torch_imported = _command("docs", cwd=tmp_path)
+    assert not torch_imported
+    folder = Path(listing.splitlines()[0].rsplit(": ", 1)[1])
+    assert (folder / "index.md").is_file() and "evaluation" in listing
+    page, _ = _command("docs", "evaluation", cwd=tmp_path)
+    assert page.strip() == (folder / "evaluation.md").read_text(encoding="utf-8").strip()
+
+
+# ------------------------------------------------------------------------------------------- figures
+def test_figures_stay_readable_with_every_method_and_heavy_tails(tmp_path):
+    import matplotlib
+    import numpy as np
+    from matplotlib.colors import to_rgb
+
+    from hf_gsc.evaluation import plots
+
+    rng = np.random.default_rng(0)
+    correct = rng.random(300) > 0.2
+    id_scores = {f"method_{i:02d}": rng.normal(size=300) + 0.05 * i * correct for i in range(28)}  # --methods all
+    fig, axes = plots.risk_coverage_figure(id_scores, correct, {name: 0.0 for name in id_scores})
+    ax = axes[0, 0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1  # covers no curve
+    curves = [line for line in ax.get_lines() if line.get_label().startswith("method_")]
+    assert len(curves) == 28
+    assert len({(to_rgb(line.get_color()), line.get_linestyle()) for line in curves}) == 28
+    matplotlib.pyplot.close(fig)
+    assert plots.plot_risk_coverage(id_scores, correct, tmp_path / "risk_coverage.png").stat().st_size > 0
+
+    # Densities: ID in a colour no OOD set has; a heavy tail does not set the axis (clipped, and said).
+    ood = {"near": rng.normal(-1.0, 1.0, 500), "far": rng.normal(-3.0, 1.0, 500),
+           "heavy": np.concatenate([rng.normal(-2.0, 1.0, 497), np.array([3e6, -2e6, 8e5])])}
+    arrays = {"ID test": rng.normal(0.0, 1.0, 500), **ood}
+    fig, axes = plots.density_figure({"knn": arrays}, {"knn": 0.0})
+    ax = axes[0, 0]
+    handles, labels = ax.get_legend_handles_labels()
+    colors = {label: to_rgb(handle.get_facecolor() if label == "ID test" else handle.get_edgecolor())
+              for handle, label in zip(handles, labels) if label != "threshold"}
+    assert colors["ID test"] not in [colors[name] for name in ood]
+    assert len({colors[name] for name in ood}) == len(ood)
+    low = min(np.quantile(values, plots.SCORE_QUANTILES[0]) for values in arrays.values())
+    high = max(np.quantile(values, plots.SCORE_QUANTILES[1]) for values in arrays.values())
+    left, right = ax.get_xlim()
+    assert low - 1e-9 <= left < right <= high + 1e-9 and right - left < 100, (left, right)
+    assert "quantiles" in ax.get_xlabel() and "scores outside" in ax.get_xlabel()
+    matplotlib.pyplot.close(fig)
+
+
+# ------------------------------------------------------------------------------------------- model cards
+def _card(method: str, hyperparameters: dict, calibration: dict | None, **results) -> str:
+    from hf_gsc.storage.model_card import render_model_card
+
+    values = {"method": method, "hyperparameters": hyperparameters, "threshold": 1.23456789,
+              "calibration": calibration, "base_model_name_or_path": "user/vit", "hf_gsc_version": "0.4.0"}
+    table = "| Method | far |\n|---|---|\n| x | 90.00 |\n"
+    return str(render_model_card(values, "user/card", {"methods": {}, **results} if results else None,
+                                 table if results else None))
+
+
+def test_cards_skip_empty_sections_format_numbers_and_claim_only_what_happened():
+    chosen = {"method": "quantile", "num_samples": 120, "tpr": 0.95, "delta": None, "split": "validation",
+              "source": "split 'validation' of dataset root /data/id"}
+    given = {**chosen, "split": None, "source": "folder /data/id/test"}
+    plain = _card("msp", {}, chosen, id_accuracy=0.9666666666666667, benchmark="fmnist-ood")
+    assert "## Hyperparameters" not in plain and "| hyperparameter |" not in plain  # MSP has none
+    assert "96.67%" in plain and "0.9666666666666667" not in plain
+    assert "`1.23457`" in plain and "1.23456789" not in plain  # the threshold as results.md writes it
+    assert "120 samples of the ID `validation` split" in plain and "never on test or OOD data" in plain
+    tuned = _card("knn", {"k": 50}, given)
+    assert "## Hyperparameters" in tuned and "| `k` | `50` |" in tuned
+    # The caller chose the data: the card names what was read and claims nothing about test data.
+    assert "folder /data/id/test" in tuned and "never on test" not in tuned and "`validation`" not in tuned

@@ -117,7 +117,7 @@ class _RunArguments:
         False, help="choose each method's hyperparameters on validation data only before evaluating: a small grid per "
         "method, half of ID validation vs OOD sets generated from the other half (never a test split); costs one "
         "backbone pass over 1.5x the ID validation rows for all grid points together, plus fit passes and ODIN's own "
-        "passes (see docs/evaluation.md)")
+        "passes (see 'hf-gsc docs evaluation')")
     overwrite: bool = _option(False, help="recompute cached scores and fits")
     no_plots: bool = _option(False, help="skip the PNG figures (they need matplotlib: pip install 'hf_gsc[plots]')")
     save_detectors: bool = _option(
@@ -130,7 +130,7 @@ class _RunArguments:
         metavar="{" + ",".join(PRECISIONS) + "}")
     num_workers: Optional[int] = _option(
         help="DataLoader worker processes decoding and preprocessing images (default: min(4, CPU count) on CUDA, 0 on "
-        "CPU; see docs/evaluation.md)")
+        "CPU; see 'hf-gsc docs evaluation')")
     image_backend: str = _option("auto", help="image processor backend (default auto: torchvision when installed, "
                                  "else PIL)", metavar="{" + ",".join(IMAGE_BACKENDS) + "}")
 

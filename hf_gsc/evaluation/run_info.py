@@ -33,14 +33,14 @@ def check_process_count(accelerator: Any, environ: Mapping[str, str] | None = No
             "accelerate launch was asked for several processes, but one runs: its simple launcher (e.g. --cpu "
             "--num_processes 2) starts a single process. On CPUs use: ACCELERATE_USE_CPU=1 accelerate launch "
             "--multi_gpu --num_processes N -m hf_gsc evaluate ...; on GPUs: accelerate launch --multi_gpu "
-            "--num_processes N ... (docs/evaluation.md)", UserWarning, stacklevel=2)
+            "--num_processes N ... ('hf-gsc docs evaluation')", UserWarning, stacklevel=2)
     launched = int(environ.get("WORLD_SIZE", "1") or 1)
     if launched > 1 and accelerator.num_processes == 1:
         raise InputError(
             f"launched as {launched} processes (WORLD_SIZE={launched}), but accelerate runs each on its own "
             f"(device {accelerator.device}): each would score every split. On CPUs set ACCELERATE_USE_CPU=1 "
             "(ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N -m hf_gsc evaluate ...); "
-            "see docs/evaluation.md"
+            "see 'hf-gsc docs evaluation'"
         )
 
 

@@ -7,7 +7,7 @@ Each method's module registers its class with :func:`register_detector`; ``impor
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,6 +16,25 @@ if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
 
 DETECTORS: dict[str, type["OODDetector"]] = {}
+#: What imports every method's module, set by the package's front door (``hf_gsc/__init__.py``, which imports
+#: nothing heavy itself): run once before the first lookup, so that a registry reached through a lower floor alone
+#: (``hf_gsc.storage``) is complete, while this floor never imports the detectors' floor.
+_method_loader: Callable[[], Any] | None = None
+
+
+def set_method_loader(loader: Callable[[], Any] | None) -> None:
+    """Set what :func:`load_methods` runs (the package's ``__init__`` sets the import of ``hf_gsc.detectors``)."""
+    global _method_loader
+    _method_loader = loader
+
+
+def load_methods() -> None:
+    """Every method registered: runs the loader set by :func:`set_method_loader` once (cleared first, so that a
+    lookup while the methods' modules are imported does not start it again)."""
+    global _method_loader
+    loader, _method_loader = _method_loader, None
+    if loader is not None:
+        loader()
 
 
 def register_detector(cls: type["OODDetector"]) -> type["OODDetector"]:
@@ -56,16 +75,19 @@ def closest_name(name: str, known: Sequence[str]) -> str | None:
 def default_methods() -> list[str]:
     """The methods ``hf-gsc evaluate`` runs without ``--methods``: those whose class sets ``in_default_table``
     itself (a subclass such as ``gsc_ash`` does not inherit it), in registration order."""
+    load_methods()
     return [name for name, cls in DETECTORS.items() if vars(cls).get("in_default_table", False)]
 
 
 def command_line_flags() -> dict[str, dict[str, str]]:
     """method -> its ``command_line_flags`` (flag dest -> setting), for the methods whose class sets them itself."""
+    load_methods()
     return {name: dict(flags) for name, cls in DETECTORS.items() if (flags := vars(cls).get("command_line_flags"))}
 
 
 def detector_class(method: str) -> type["OODDetector"]:
     """The registered class of ``method``; the error lists the registered methods and the nearest one."""
+    load_methods()
     try:
         return DETECTORS[method]
     except KeyError:

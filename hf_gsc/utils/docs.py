@@ -1,0 +1,65 @@
+"""Where the documentation installed with hf_gsc is: the pages of ``docs/`` travel inside the package (setup.py maps
+the top-level ``docs/`` to ``hf_gsc/docs``, as it maps ``model_cards/``), so a pip user reads the pages of the
+version they run without a network; ``hf-gsc docs`` prints the folder and ``hf-gsc docs PAGE`` a page. The project
+has no hosted documentation site, so no URL is named anywhere (``make docs`` builds one locally from the same
+pages)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+#: The documentation's folder inside the installed package (and at the top of a checkout): the one place it is named.
+DOCS_FOLDER = "docs"
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+#: Where the pages are looked for: inside the installed package (a wheel), then beside it (a checkout).
+DOCS_CANDIDATES = (_PACKAGE_DIR / DOCS_FOLDER, _PACKAGE_DIR.parent / DOCS_FOLDER)
+#: The ``hf-gsc docs`` line of ``hf-gsc --help``.
+DOCS_HELP = "print where the documentation installed with the package is; 'hf-gsc docs PAGE' prints a page"
+
+
+def docs_dir() -> Path | None:
+    """The folder of the documentation pages (``index.md`` and the others), ``None`` when neither candidate has them."""
+    return next((path for path in DOCS_CANDIDATES if (path / "index.md").is_file()), None)
+
+
+def doc_reference(page: str) -> str:
+    """How a help text points at a page: the command that prints it (works in a wheel and in a checkout alike)."""
+    return f"'hf-gsc docs {page}'"
+
+
+#: The pages (setup.py's package data for ``hf_gsc.docs`` holds the same, with the figures the pages show).
+PAGE_GLOBS = ("*.md", "api/*.md")
+
+
+def pages(folder: Path) -> list[str]:
+    """The page names of ``folder`` (``evaluation`` for ``evaluation.md``, ``api/pipeline`` for the API pages)."""
+    return sorted(path.relative_to(folder).with_suffix("").as_posix() for pattern in PAGE_GLOBS
+                  for path in folder.glob(pattern))
+
+
+def docs_main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """``hf-gsc docs [PAGE]``: the documentation folder and its pages, or one page's markdown."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("page", nargs="?", help="a page to print, e.g. evaluation, inputs, saved_format")
+    args = parser.parse_args(argv)
+    folder = docs_dir()
+    if folder is None:
+        print(f"error: no documentation found at {' or '.join(map(str, DOCS_CANDIDATES))}", file=sys.stderr)
+        return 1
+    names = pages(folder)
+    if args.page is None:
+        print(f"The documentation of this hf_gsc installation: {folder}\npages (markdown): {', '.join(names)}\n"
+              f"Print one with '{prog or 'hf-gsc docs'} PAGE'; start at index.md.")
+        return 0
+    page = args.page.removesuffix(".md")
+    if page not in names:
+        print(f"error: no page {args.page!r} in {folder}; pages: {', '.join(names)}", file=sys.stderr)
+        return 2
+    print((folder / f"{page}.md").read_text(encoding="utf-8"))
+    return 0
+
+
+__all__ = ["DOCS_CANDIDATES", "DOCS_FOLDER", "DOCS_HELP", "PAGE_GLOBS", "doc_reference", "docs_dir", "docs_main", "pages"]
