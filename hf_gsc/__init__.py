@@ -11,10 +11,19 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .settings.registry import set_method_loader
 from .utils.version import __version__
+
+if TYPE_CHECKING:  # the same names for type checkers and the API reference, which read the source, not imports
+    from .auto import AutoOODDetector
+    from .detectors import DETECTORS, DetectorBundle
+    from .detectors.gsc import GSCForImageClassification, GSCOutput
+    from .detectors.interface import OODDetector, OODDetectorOutput
+    from .evaluation import EvaluationArguments, EvaluationResult, OODEvaluator
+    from .pipeline import OODImageClassificationPipeline
+    from .settings.config import DetectorConfig, GSCConfig
 
 #: Public name -> the module that defines it.
 _EXPORTS = {

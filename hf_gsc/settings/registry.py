@@ -1,7 +1,8 @@
 """The registry of OOD detection methods: method name -> detector class (the saved format's type field decides
 the class here, in one place, like PEFT's ``PEFT_TYPE_TO_TUNER_MAPPING``).
 
-Each method's module registers its class with :func:`register_detector`; ``import hf_gsc`` imports them all.
+Each method's module registers its class with :func:`register_detector`; the first lookup imports them all (through
+the loader ``hf_gsc/__init__.py`` sets, :func:`set_method_loader`).
 """
 
 from __future__ import annotations
