@@ -57,6 +57,28 @@ def test_a_relative_base_path_loads_from_any_directory_and_a_missing_one_fails_a
     assert "connection" not in (missing.stdout + missing.stderr).lower()
 
 
+def test_evaluate_save_detectors_with_a_relative_model_path_stores_where_it_is(tmp_path, monkeypatch):
+    import json
+
+    import numpy as np
+
+    from hf_gsc import cli as hf_gsc_cli
+    from test_first_hour import CLASSES, _id_data, _images, save_tiny_vit
+
+    save_tiny_vit(tmp_path / "models" / "vit3")
+    rng = np.random.default_rng(0)
+    (tmp_path / "far").mkdir()
+    for i, image in enumerate(_images(rng, 6, True)):
+        image.save(tmp_path / "far" / f"{i}.png")
+    _id_data(tmp_path / "id", CLASSES, rng)
+    monkeypatch.chdir(tmp_path)  # the command as typed in the project folder, with relative paths
+    assert hf_gsc_cli.main(["evaluate", "--model", "models/vit3", "--id-dataset", "id", "--ood-dataset", "far=far",
+                            "--methods", "msp", "--output-dir", "run", "--batch-size", "4", "--no-plots",
+                            "--no-selection", "--save-detectors"]) == 0
+    saved = json.loads((tmp_path / "run" / "detectors" / "msp" / "detector_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(tmp_path / "models" / "vit3")
+
+
 # ------------------------------------------------------------------------------------------- generic labels
 @pytest.fixture(scope="module")
 def generic(tmp_path_factory):
