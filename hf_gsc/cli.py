@@ -6,7 +6,8 @@
 
 Each subcommand is a row of :data:`COMMANDS`: the function that runs it (``module`` or ``module:function``, ``main``
 by default, called with the rest of the command line) and its line of help. The function's module is imported only
-when its command runs, so ``hf-gsc --help``, ``hf-gsc --version`` and ``hf-gsc docs`` import no torch. Each subcommand
+when its command runs, so ``hf-gsc --help``, ``hf-gsc --version``, ``hf-gsc docs`` and ``hf-gsc publish --help``
+import no torch (``hf-gsc evaluate --help`` lists every method's own flags, read from the methods' classes). Each subcommand
 hands its arguments to the library's own entry point, so ``hf-gsc evaluate --help`` is the evaluation's own help.
 ``evaluate`` needs the ``evaluation`` extra, its figures the ``plots`` extra (or ``--no-plots``), the generated
 benchmarks the ``benchmarks`` extra (``pip install 'hf_gsc[all]'``: all three).
@@ -20,7 +21,7 @@ import inspect
 import sys
 from typing import Callable, Sequence
 
-from .utils.docs import DOCS_HELP, docs_main
+from .utils.docs import DOCS_HELP
 from .utils.version import __version__
 
 #: Subcommand -> (the function that runs it, ``module`` or ``module:function``; its line of help). A function takes the
@@ -30,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "OOD evaluation of GSC and baselines on an image classifier (results.json, results.md, plots)"),
     "publish": ("hf_gsc.cli:publish",
                 "upload a saved detector (any method) or an evaluation's results, with a model card, to the Hub"),
-    "docs": ("hf_gsc.cli:docs", DOCS_HELP),
+    "docs": ("hf_gsc.utils.docs:docs_main", DOCS_HELP),
 }
 PROG = "hf-gsc"
 #: Module -> the extra that installs it, for the modules of ``hf-gsc evaluate`` that a core install lacks.
@@ -55,11 +56,6 @@ def command_function(name: str) -> Callable[..., int]:
     target = COMMANDS[name][0]
     module, _, function = target.partition(":")
     return getattr(importlib.import_module(module), function or "main")
-
-
-def docs(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """``hf-gsc docs``: where the documentation installed with the package is, or one page of it."""
-    return docs_main(argv, prog=prog)
 
 
 def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
