@@ -34,27 +34,28 @@ def test_a_relative_base_path_loads_from_any_directory_and_a_missing_one_fails_a
         AutoOODDetector.from_pretrained("models/vit3", method="msp").save_pretrained("saved")
     """, cwd=project)
     assert saved.returncode == 0, saved.stderr
-    load = f"""
-        import torch
+    base = project / "models" / "vit3"
+    # From another folder: the detector loads; then, its base moved away, it fails before any Hub call (the endpoint
+    # is a closed port: a Hub call would be a connection error), naming the folder and both ways out.
+    script = f"""
+        import os, torch
         from hf_gsc import AutoOODDetector
+        detector = AutoOODDetector.from_pretrained({str(project / "saved")!r})
+        print("OK", detector.config.base_model_name_or_path, detector(torch.rand(2, 3, 16, 16)).ood_score.shape)
+        os.rename({str(base)!r}, {str(project / "models" / "moved")!r})
         try:
-            detector = AutoOODDetector.from_pretrained({str(project / "saved")!r})
+            AutoOODDetector.from_pretrained({str(project / "saved")!r})
         except FileNotFoundError as error:
             print("ERROR", error)
-        else:
-            print("OK", detector.config.base_model_name_or_path, detector(torch.rand(2, 3, 16, 16)).ood_score.shape)
     """
-    loaded = _python(load, cwd=elsewhere)
+    loaded = _python(script, cwd=elsewhere, HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9")
     assert loaded.returncode == 0, loaded.stderr
-    assert loaded.stdout.startswith(f"OK {project / 'models' / 'vit3'} torch.Size([2])"), loaded.stdout
-    # The base moved away: the load fails before any Hub call, naming the folder and both ways out.
-    (project / "models" / "vit3").rename(project / "models" / "moved")
-    missing = _python(load, cwd=elsewhere, HF_HUB_OFFLINE="0", HF_ENDPOINT="http://127.0.0.1:9")
-    assert missing.returncode == 0, missing.stderr
-    assert missing.stdout.startswith("ERROR"), missing.stdout
-    for named in (str(project / "models" / "vit3"), "model=", "save_base_model=True"):
-        assert named in missing.stdout
-    assert "connection" not in (missing.stdout + missing.stderr).lower()
+    ok, error = loaded.stdout.splitlines()[0], "\n".join(loaded.stdout.splitlines()[1:])
+    assert ok == f"OK {base} torch.Size([2])", loaded.stdout
+    assert error.startswith("ERROR"), loaded.stdout
+    for named in (str(base), "model=", "save_base_model=True"):
+        assert named in error
+    assert "connection" not in (loaded.stdout + loaded.stderr).lower()
 
 
 def test_evaluate_save_detectors_with_a_relative_model_path_stores_where_it_is(tmp_path, monkeypatch):
