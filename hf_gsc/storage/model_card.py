@@ -172,6 +172,7 @@ def render_model_card(
     )
     hyperparameters = dict(values.get("hyperparameters") or {})
     selection = (results or {}).get("selection") or {}
+    accuracy = (results or {}).get("id_accuracy")
     return ModelCard.from_template(
         card_data,
         template_path=str(template),
@@ -185,7 +186,7 @@ def render_model_card(
         settings=sorted(hyperparameters.items()),
         calibration_text=calibration_text(values.get("calibration"), values.get("threshold")),
         data=data_description(results or {}),
-        id_accuracy=None if (results or {}).get("id_accuracy") is None else percent(results["id_accuracy"]),
+        id_accuracy=None if accuracy is None else percent(accuracy),
         results_table=results_table,
         selection=selection_text(selection) if selection.get("method") == method else None,
         plots=list(plots),
