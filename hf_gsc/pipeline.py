@@ -3,7 +3,8 @@
     import hf_gsc, transformers
     ood = transformers.pipeline("ood-image-classification", model="user/gsc-detector")
     ood(["cat.png", pil_image, numpy_array], batch_size=8)
-    # -> per image {"predictions": [{"label", "score"}, ...], "ood_score": float, "is_ood": bool | None}
+    # -> per image {"predictions": [{"label", "score"}, ...], "ood_score": float, "is_ood": bool | None,
+    #               "p_value": float | None, "method": str}
 
 ``model`` is any saved detector (folder or Hub id, any method, base saved or referenced) or a loaded
 :class:`~hf_gsc.OODDetector`. Images are prepared by the base model's image processor.
@@ -26,7 +27,9 @@ TASK = "ood-image-classification"
 
 class OODImageClassificationPipeline(Pipeline):
     """Top labels of the base classifier plus the detector's ``ood_score`` (higher = more in-distribution),
-    ``is_ood`` (``None``, with a warning, while the detector has no calibrated threshold) and ``method``.
+    ``is_ood`` (``None``, with a warning, while the detector has no calibrated threshold), ``p_value`` (the chance
+    that an ID image scores this low, :mod:`hf_gsc.utils.conformal`; ``None`` while the detector keeps no calibration
+    scores) and ``method``.
 
     Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL).
     Each image is decoded by :func:`hf_gsc.utils.images.load_image`, as ``fit``, ``calibrate`` and ``hf-gsc evaluate``
@@ -77,19 +80,21 @@ class OODImageClassificationPipeline(Pipeline):
 
     def _forward(self, model_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
         output = self.model(pixel_values=model_inputs["pixel_values"])
-        return {"logits": output.logits, "ood_score": output.ood_score, "is_ood": output.is_ood}
+        return {"logits": output.logits, "ood_score": output.ood_score, "is_ood": output.is_ood,
+                "p_value": output.p_value}
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor | None], top_k: int = 5) -> dict[str, Any]:
         id2label = self.model.id2label
         probabilities = model_outputs["logits"][0].float().softmax(dim=-1)
         scores, classes = probabilities.topk(min(top_k, probabilities.numel()))
-        is_ood = model_outputs["is_ood"]
+        is_ood, p_value = model_outputs["is_ood"], model_outputs["p_value"]
         return {
             "predictions": [
                 {"label": id2label.get(int(c), str(int(c))), "score": float(s)} for s, c in zip(scores, classes)
             ],
             "ood_score": float(model_outputs["ood_score"][0]),
             "is_ood": None if is_ood is None else bool(is_ood[0]),
+            "p_value": None if p_value is None else float(p_value[0]),
             "method": self.model.method,
         }
 

@@ -99,6 +99,10 @@ def test_a_rerun_rebuilds_saved_detectors_from_cached_fits_and_scores(tiny, tmp_
     for name in ("msp", "knn", "react", "selected"):
         detector = AutoOODDetector.from_pretrained(tmp_path / "detectors" / name)
         assert detector.config.threshold is not None
+        # It keeps the ID validation scores its threshold came from: p-values, and the same threshold again.
+        threshold, calibration = detector.config.threshold, detector.config.calibration
+        assert detector.calibration_scores is not None and calibration["p_value_cut"] == detector.p_value_cut
+        assert detector.set_tpr(calibration["tpr"], calibration["delta"]) == threshold
         # The results a saved detector carries are the folder's, timings included.
         assert (tmp_path / "detectors" / name / "results.json").read_text() == (tmp_path / "results.json").read_text()
 

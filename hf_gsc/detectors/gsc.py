@@ -47,6 +47,7 @@ class GSCOutput(ModelOutput):
         gsc_logits: ``(B, K)`` logits after the short-circuit.
         ood_score: ``(B,)`` score of ``gsc_logits``; higher = more in-distribution.
         is_ood: ``(B,)`` bool, ``ood_score < threshold``; ``None`` while no threshold is set.
+        p_value: ``(B,)`` float64 conformal p-value of ``ood_score`` (:attr:`hf_gsc.OODDetectorOutput.p_value`).
         predicted_class: ``(B,)`` ``argmax logits``, the class whose gradient selects the mask.
         features: ``(B, *feature_shape)`` ``F`` (only with ``output_short_circuit=True``).
         gradient: ``(B, *feature_shape)`` ``g = d y_c / dF`` (only with ``output_short_circuit=True``).
@@ -58,6 +59,7 @@ class GSCOutput(ModelOutput):
     gsc_logits: torch.Tensor | None = None
     ood_score: torch.Tensor | None = None
     is_ood: torch.Tensor | None = None
+    p_value: torch.Tensor | None = None
     predicted_class: torch.Tensor | None = None
     features: torch.Tensor | None = None
     gradient: torch.Tensor | None = None
@@ -354,6 +356,7 @@ class GSCForImageClassification(OODDetector):
             gsc_logits=step.gsc_logits,
             ood_score=ood_score,
             is_ood=self.decide(ood_score),
+            p_value=self.p_value(ood_score),
             predicted_class=step.predicted_class,
             **extra,
         )

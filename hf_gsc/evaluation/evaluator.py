@@ -605,6 +605,9 @@ class OODEvaluator:
         for name, detector in self.detectors.items():
             entry = result.methods[name]
             detector.config.threshold = entry["threshold"]
+            if ID_VALIDATION in self.evaluation_plan.splits:  # the scores of that threshold, for p-values
+                detector.keep_calibration_scores(self._load_scores(name, ID_VALIDATION)[SCORE_KEY])
+                entry = {**entry, "calibration": {**entry["calibration"], "p_value_cut": detector.p_value_cut}}
             detector.config.calibration = entry["calibration"]
             if detector.image_processor is None:
                 detector.image_processor = self.processor

@@ -104,6 +104,21 @@ def selection_text(selection: Mapping[str, Any]) -> str:
     return text + f" Rule: {selection['rule']}."
 
 
+def p_value_sentence(calibration: Mapping[str, Any] | None) -> str | None:
+    """What the threshold means as a p-value (:mod:`hf_gsc.utils.conformal`), from the calibration record's
+    ``p_value_cut`` and ``num_samples``; ``None`` when the record has no cut (calibration scores not kept)."""
+    cut = (calibration or {}).get("p_value_cut")
+    if cut is None:
+        return None
+    n = int(calibration["num_samples"])
+    at_or_below = round(cut * (n + 1)) - 1  # flagged iff at most this many calibration scores are <= the input's
+    return (f"Every output carries a `p_value`: (1 + the number of the {n} ID calibration images scoring at or "
+            f"below the input) / {n + 1}, the chance that an ID image scores this low. An input is flagged when "
+            f"its p-value is at most {cut:.4g}: when at most {at_or_below} of the {n} ID calibration images "
+            f"({at_or_below / n:.1%}) score at or below it. `detector.set_tpr(...)` moves the threshold without "
+            "new scores.")
+
+
 def render_model_card(
     values: Mapping[str, Any],
     repo_id: str | None = None,
@@ -147,6 +162,7 @@ def render_model_card(
         settings=sorted(hyperparameters.items()),
         calibration=values.get("calibration"),
         threshold=values.get("threshold"),
+        p_value_sentence=p_value_sentence(values.get("calibration")),
         data=data_description(results or {}),
         id_accuracy=(results or {}).get("id_accuracy"),
         results_table=results_table,
