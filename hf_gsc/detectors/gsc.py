@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput
 from .backbone_pass import BackbonePass, FitShards
 from ..gsc_math.backends import Backend, Linearization, select_backend
 from ..gsc_math.backends.shaped import shaped_backend
+from ..gsc_math.explanation import GSCExplanation, explain_short_circuit
 from ..utils.feature_shapings import feature_shaping
 from ..settings.config import GSCConfig
 from .interface import OODDetector, check_state, classifier_loss, register_detector
@@ -462,3 +463,27 @@ class GSCForImageClassification(OODDetector):
             fit_from_passes([self], data, name)
         finally:
             self._requested_fit = None
+
+    # ------------------------------------------------------------------ explanation
+    def explain(self, pixel_values: torch.Tensor, top_k: int = 10) -> GSCExplanation:
+        """Why each input scored as it did: the predicted class, the score before and after the short-circuit, the
+        short-circuited coordinates with each one's contribution ``g_i (F'_i - F_i)`` to the predicted logit (largest
+        ``|contribution|`` first, ``top_k`` of them), and, where the head reads ``F`` position by position (pooled
+        convolutional maps, token means), a map over positions resized to the input
+        (:func:`hf_gsc.gsc_math.explanation.explain_short_circuit`). A first-token head (ViT's CLS) has no map; the
+        explanation says so (``head_reads``, ``description``)."""
+        self.check_ready()
+        pixel_values = self._check_pixel_values(pixel_values)
+        linearization, step = self.step(self.backbone_pass(pixel_values))
+        features = linearization.features
+        spec = self.backend.split_point.head_spec
+        if linearization.layer_sizes is not None or (spec is not None and spec.pool == "identity"):
+            head_reads = "vector"
+        elif spec is not None:
+            head_reads = spec.pool
+        else:
+            head_reads = "map" if features.ndim == 4 else "vector"
+        return explain_short_circuit(
+            features, linearization.spread(step.gradient), linearization.spread(step.mask), step.logits,
+            step.gsc_logits, self.config, head_reads, tuple(pixel_values.shape[-2:]), top_k,
+        )
