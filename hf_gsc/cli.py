@@ -17,7 +17,12 @@ from typing import Sequence
 COMMANDS = {
     "evaluate": "OOD evaluation of GSC and baselines on an image classifier (results.json, results.md, plots)",
     "publish": "upload a saved detector (any method) or an evaluation's results, with a model card, to the Hub",
+    "demo": "a Gradio app for a saved or Hub detector: drop an image, see the verdict, p-value and GSC's map",
+    "space": "write a folder that runs the demo app as a Hugging Face Space",
 }
+#: Subcommands whose module has a ``main(argv)``, imported only when the subcommand runs (``hf-gsc --help`` imports
+#: no torch).
+MODULE_COMMANDS = {"demo": "hf_gsc.app.demo", "space": "hf_gsc.app.space"}
 PROG = "hf-gsc"
 #: Module -> the extra that installs it, for the modules of ``hf-gsc evaluate`` that a core install lacks.
 EVALUATION_MODULES = {"datasets": "evaluation", "accelerate": "evaluation", "sklearn": "evaluation",
@@ -119,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     if command == "publish":
         return publish(rest, prog=f"{PROG} publish")
+    if command in MODULE_COMMANDS:
+        import importlib
+
+        return importlib.import_module(MODULE_COMMANDS[command]).main(rest)
     print(f"{_usage()}\n\n{PROG}: error: unknown command {command!r}", file=sys.stderr)
     return 2
 
