@@ -20,9 +20,6 @@ from conftest import IMAGE_SIZE, make_tiny_model
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 gradio = pytest.importorskip("gradio", reason="the demo app needs the 'demo' extra (pip install 'hf_gsc[demo]')")
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
 def _image(path: Path, seed: int = 0) -> Path:
     Image.fromarray(np.random.default_rng(seed).integers(0, 256, (40, 30, 3), dtype=np.uint8)).save(path)
     return path
@@ -72,40 +69,24 @@ def test_the_api_answers_with_the_detectors_decision(served):
         assert len(rows["data"]) == 10 and summary["score_after_short_circuit"] == pytest.approx(expected["ood_score"])
 
 
-@pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
-                    reason=f"{CHROMIUM} or {CHROMEDRIVER} is missing (apt-get install chromium chromium-driver; "
-                           ".ci/run installs them)")
 def test_a_person_drops_an_image_and_reads_the_verdict(served, tmp_path):
     """Headless Chromium: load the page, upload an image, wait for the verdict, read it, save a screenshot
     (``HF_GSC_SCREENSHOT=PATH`` keeps it there too)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
+    from hf_gsc.app.browser import chromium_missing, start_chromium, upload_and_read_verdict
 
+    if chromium_missing():
+        pytest.skip(f"{chromium_missing()}; .ci/run installs them")
     app, detector, folder = served
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,1100"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    browser = start_chromium(tmp_path / "profile")
     try:
-        browser.get(app.local_url)
-        wait = WebDriverWait(browser, 30)
-        upload = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "input[type=file]"))
         path = _image(folder / "browser.png", seed=5)
-        upload.send_keys(str(path))
-        verdict_box = f"#{'verdict'} textarea"
-        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, verdict_box).get_attribute("value"))
-        verdict = browser.find_element(By.CSS_SELECTOR, verdict_box).get_attribute("value")
+        verdict = upload_and_read_verdict(browser, app.local_url, path)
         expected = _expected(detector, path)
         assert verdict.startswith(expected["verdict"]), verdict
         assert f"p-value {expected['p_value']:.3g}" in verdict
         screenshot = tmp_path / "demo.png"
         browser.save_screenshot(str(screenshot))
-        assert Image.open(screenshot).size[0] > 0
+        assert min(Image.open(screenshot).size) > 100  # a real page, not an empty frame
         if os.environ.get("HF_GSC_SCREENSHOT"):
             shutil.copyfile(screenshot, os.environ["HF_GSC_SCREENSHOT"])
     finally:

@@ -64,13 +64,14 @@ def score_figure(score: float, threshold: float | None, calibration_scores: Any,
     axes.axvline(score, color="tab:red" if flagged else "tab:green", linewidth=3, label=f"this image {score:.4g}")
     axes.set_xlabel(f"ood_score ({method}; higher = more in-distribution)")
     axes.set_yticks([])
-    axes.legend(loc="upper left", fontsize="small", frameon=False)
+    figure.legend(loc="outside upper center", ncols=3, fontsize="small", frameon=False)
     return figure
 
 
-def overlay(image: Any, contribution_map: Any) -> Any:
+def overlay(image: Any, contribution_map: Any, min_side: int = 256) -> Any:
     """``image`` (PIL) with the explanation's map (``(H, W)`` at the image's size) drawn over it: red where the
-    short-circuit lowered the predicted logit, blue where it raised it, in proportion to the largest magnitude."""
+    short-circuit lowered the predicted logit, blue where it raised it, in proportion to the largest magnitude;
+    enlarged (nearest neighbour) to at least ``min_side`` pixels on its longer side, so that a 28x28 image can be seen."""
     import numpy as np
     from matplotlib import colormaps
     from PIL import Image
@@ -79,7 +80,9 @@ def overlay(image: Any, contribution_map: Any) -> Any:
     scale = float(np.abs(values).max()) or 1.0
     colours = colormaps["RdBu"](0.5 + 0.5 * values / scale)[..., :3]  # -scale: red, 0: white, +scale: blue
     base = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0
-    return Image.fromarray(np.uint8(255 * (0.45 * base + 0.55 * colours)))
+    blended = Image.fromarray(np.uint8(255 * (0.45 * base + 0.55 * colours)))
+    factor = max(1, -(-min_side // max(blended.size)))
+    return blended.resize((blended.width * factor, blended.height * factor), Image.NEAREST)
 
 
 def coordinate_rows(explanation: dict[str, Any]) -> list[list[Any]]:
@@ -160,7 +163,7 @@ def build_app(detector: Any, title: str | None = None) -> Any:
                     "chance that an in-distribution image scores this low.")
         with gr.Row():
             with gr.Column():
-                image = gr.Image(type="pil", sources=["upload", "clipboard"], label="image")
+                image = gr.Image(type="pil", sources=["upload", "clipboard"], label="image", height=300)
                 labels = gr.Label(label="base model's top labels")
             with gr.Column():
                 verdict = gr.Textbox(label="verdict", elem_id=VERDICT_ID, interactive=False)
@@ -168,7 +171,7 @@ def build_app(detector: Any, title: str | None = None) -> Any:
                 summary = gr.JSON(label="details", elem_id=SUMMARY_ID)
         with gr.Row(visible=model.explains):
             shown = gr.Image(label="what the short-circuit took from the predicted logit (red: lowered it)",
-                             interactive=False)
+                             interactive=False, height=300)
             rows = gr.Dataframe(headers=["coordinate of F", "contribution to the predicted logit"],
                                 label="short-circuited coordinates, largest first", interactive=False)
         image.upload(model, inputs=image, outputs=[labels, verdict, figure, summary, shown, rows], api_name="predict")
