@@ -135,7 +135,7 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
         assert published["methods"] == local["methods"] and str(elsewhere) not in json.dumps(published)
 
     assert "usage: hf-gsc evaluate" in _run([str(command), "evaluate", "--help"], elsewhere, env)
-    assert "hf-gsc {evaluate,publish}" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
+    assert "hf-gsc {evaluate,publish,demo,space}" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
     assert "usage: python -m hf_gsc.method_table" in _run([str(python), "-m", "hf_gsc.method_table", "--help"],
                                                           elsewhere, env)
     # The evaluate metric loads from the installed package, by its documented path constant and function.

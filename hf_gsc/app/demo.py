@@ -64,7 +64,7 @@ def score_figure(score: float, threshold: float | None, calibration_scores: Any,
     axes.axvline(score, color="tab:red" if flagged else "tab:green", linewidth=3, label=f"this image {score:.4g}")
     axes.set_xlabel(f"ood_score ({method}; higher = more in-distribution)")
     axes.set_yticks([])
-    figure.legend(loc="outside upper center", ncols=3, fontsize="small", frameon=False)
+    figure.legend(loc="outside lower center", ncols=3, fontsize="small", frameon=False)
     return figure
 
 
@@ -170,8 +170,8 @@ def build_app(detector: Any, title: str | None = None) -> Any:
                 figure = gr.Plot(label="score against the threshold and the ID calibration scores")
                 summary = gr.JSON(label="details", elem_id=SUMMARY_ID)
         with gr.Row(visible=model.explains):
-            shown = gr.Image(label="what the short-circuit took from the predicted logit (red: lowered it)",
-                             interactive=False, height=300)
+            shown = gr.Image(label="what the short-circuit did to the predicted logit, per position (red: lowered "
+                                   "it, blue: raised it)", interactive=False, height=300)
             rows = gr.Dataframe(headers=["coordinate of F", "contribution to the predicted logit"],
                                 label="short-circuited coordinates, largest first", interactive=False)
         image.upload(model, inputs=image, outputs=[labels, verdict, figure, summary, shown, rows], api_name="predict")
