@@ -381,7 +381,8 @@ def test_outputs_land_under_a_relative_output_dir(tiny, tmp_path, monkeypatch): 
                        "run/detectors/react/fit.json", "run/results.json", "run/results.md",
                        *(f"run/scores/{m}/{s}.safetensors" for m in ("_base_model",) for s in ("id_test",)),
                        *(f"run/scores/react/{s}.safetensors" for s in ("id_test", "id_validation", "ood_noise",
-                                                                         "val_ood_val_jigsaw", "val_ood_val_noise")),
+                                                                         "p_value", "val_ood_val_jigsaw",
+                                                                         "val_ood_val_noise")),
                        "run/scores/timings.json"]
     assert not (tmp_path / "run" / "run").exists()  # folders are created under the output dir, not under it twice
 

@@ -342,8 +342,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         scores = self.calibration_scores
         threshold = threshold_for(scores, tpr, delta)
         record = dict(self.config.calibration or {})
-        record.update(tpr=tpr, delta=None if delta is None else float(delta),
-                      p_value_cut=p_value_cut(scores, threshold))
+        record.update(tpr=tpr, delta=None if delta is None else float(delta))
         if "method" in record:
             record["method"] = "quantile" if delta is None else "conformal"
         self.config.threshold = threshold
@@ -484,8 +483,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
             )
         self.config.threshold = threshold_for(all_scores, tpr, delta)
         self.keep_calibration_scores(all_scores)
-        self.config.calibration = calibration_record(split, all_scores.numel(), tpr, delta,
-                                                     p_value_cut=self.p_value_cut)
+        self.config.calibration = calibration_record(split, all_scores.numel(), tpr, delta)
         return self.config.threshold
 
     @property

@@ -104,13 +104,14 @@ def selection_text(selection: Mapping[str, Any]) -> str:
     return text + f" Rule: {selection['rule']}."
 
 
-def p_value_sentence(calibration: Mapping[str, Any] | None) -> str | None:
-    """What the threshold means as a p-value (:mod:`hf_gsc.utils.conformal`), from the calibration record's
-    ``p_value_cut`` and ``num_samples``; ``None`` when the record has no cut (calibration scores not kept)."""
-    cut = (calibration or {}).get("p_value_cut")
-    if cut is None:
+def p_value_sentence(p_value_cut: float | None, num_samples: int | None) -> str | None:
+    """What the threshold means as a p-value (:mod:`hf_gsc.utils.conformal`): ``p_value_cut`` of
+    :attr:`hf_gsc.OODDetector.p_value_cut` over ``num_samples`` calibration scores; ``None`` without a cut
+    (calibration scores not kept)."""
+    cut = p_value_cut
+    if cut is None or num_samples is None:
         return None
-    n = int(calibration["num_samples"])
+    n = int(num_samples)
     at_or_below = round(cut * (n + 1)) - 1  # flagged iff at most this many calibration scores are <= the input's
     return (f"Every output carries a `p_value`: (1 + the number of the {n} ID calibration images scoring at or "
             f"below the input) / {n + 1}, the chance that an ID image scores this low. An input is flagged when "
@@ -127,6 +128,7 @@ def render_model_card(
     plots: list[str] | tuple[str, ...] = (),
     license: str = DEFAULT_LICENSE,
     base_in_repo: bool = False,
+    p_value_cut: float | None = None,
 ) -> ModelCard:
     """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.storage.saved_format.config_values`):
     metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
@@ -162,7 +164,7 @@ def render_model_card(
         settings=sorted(hyperparameters.items()),
         calibration=values.get("calibration"),
         threshold=values.get("threshold"),
-        p_value_sentence=p_value_sentence(values.get("calibration")),
+        p_value_sentence=p_value_sentence(p_value_cut, (values.get("calibration") or {}).get("num_samples")),
         data=data_description(results or {}),
         id_accuracy=(results or {}).get("id_accuracy"),
         results_table=results_table,

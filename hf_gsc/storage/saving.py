@@ -69,7 +69,8 @@ def save_detector(
             results, table = public_results(results, table)
     values = config_values(detector, saved_base_reference(detector, save_base_model, repo_id))
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
-                             license=license or DEFAULT_LICENSE, base_in_repo=save_base_model)
+                             license=license or DEFAULT_LICENSE, base_in_repo=save_base_model,
+                             p_value_cut=detector.p_value_cut)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_config(values, directory)
