@@ -73,7 +73,11 @@ def explanation_maps(detectors: dict[str, object], chosen: list[tuple[str, objec
 
 
 def screenshot(detector, image, path: Path) -> None:
-    from hf_gsc.app.browser import chromium_missing, start_chromium, upload_and_read_verdict
+    from hf_gsc.app.browser import (
+        chromium_missing,
+        start_chromium,
+        upload_and_read_verdict,
+    )
     from hf_gsc.app.demo import build_app, launch
 
     if chromium_missing():

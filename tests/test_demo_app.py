@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 from PIL import Image
 from transformers import ViTImageProcessor
 
 from hf_gsc import AutoOODDetector, GSCForImageClassification
-
-from conftest import IMAGE_SIZE, make_tiny_model
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 gradio = pytest.importorskip("gradio", reason="the demo app needs the 'demo' extra (pip install 'hf_gsc[demo]')")
@@ -72,7 +71,11 @@ def test_the_api_answers_with_the_detectors_decision(served):
 def test_a_person_drops_an_image_and_reads_the_verdict(served, tmp_path):
     """Headless Chromium: load the page, upload an image, wait for the verdict, read it, save a screenshot
     (``HF_GSC_SCREENSHOT=PATH`` keeps it there too)."""
-    from hf_gsc.app.browser import chromium_missing, start_chromium, upload_and_read_verdict
+    from hf_gsc.app.browser import (
+        chromium_missing,
+        start_chromium,
+        upload_and_read_verdict,
+    )
 
     if chromium_missing():
         pytest.skip(f"{chromium_missing()}; .ci/run installs them")
@@ -100,7 +103,7 @@ def test_other_methods_have_no_map():
     detector.image_processor = ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     image = Image.new("RGB", (30, 40), (10, 200, 30))
     with pytest.warns(UserWarning, match="no threshold"):
-        labels, verdict, figure, summary, shown, rows = DemoModel(detector)(image)
+        _labels, verdict, _figure, summary, shown, rows = DemoModel(detector)(image)
     assert verdict.startswith("No decision") and shown is None and rows == []
     assert summary["p_value"] is None and "not calibrated" in summary["p_value_unavailable"]
 

@@ -102,10 +102,11 @@ def test_a_rerun_rebuilds_saved_detectors_from_cached_fits_and_scores(tiny, tmp_
     from hf_gsc.utils.conformal import conformal_p_value, sorted_calibration_scores
 
     p_values = load_file(tmp_path / "scores" / "knn" / "p_value.safetensors")
-    validation = sorted_calibration_scores(load_file(tmp_path / "scores" / "knn" / "id_validation.safetensors")["ood_score"])
+    scores_dir = tmp_path / "scores" / "knn"
+    validation = sorted_calibration_scores(load_file(scores_dir / "id_validation.safetensors")["ood_score"])
     assert "id_test" in p_values and len(p_values) > 1
     for split, values in p_values.items():
-        scores = load_file(tmp_path / "scores" / "knn" / f"{split}.safetensors")["ood_score"]
+        scores = load_file(scores_dir / f"{split}.safetensors")["ood_score"]
         assert torch.equal(values, conformal_p_value(scores, validation))
     assert again["methods"]["knn"]["threshold"] == first["methods"]["knn"]["threshold"]
     for name in ("msp", "knn", "react", "selected"):

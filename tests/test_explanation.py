@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 
 from hf_gsc import GSCForImageClassification
-
-from conftest import IMAGE_SIZE, make_tiny_model
 
 TOP_K = 7
 

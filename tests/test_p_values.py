@@ -7,14 +7,17 @@ import warnings
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 from safetensors.torch import load_file, save_file
+from test_pipeline import TASK, detector_dir  # noqa: F401  (fixture: a calibrated GSC folder with a processor)
 
 from hf_gsc import AutoOODDetector, GSCForImageClassification
-from hf_gsc.utils.conformal import conformal_p_value, p_value_cut, sorted_calibration_scores
+from hf_gsc.utils.conformal import (
+    conformal_p_value,
+    p_value_cut,
+    sorted_calibration_scores,
+)
 from hf_gsc.utils.thresholds import threshold_for
-
-from conftest import IMAGE_SIZE, make_tiny_model
-from test_pipeline import TASK, detector_dir  # noqa: F401  (fixture: a calibrated GSC folder with a processor)
 
 POOL = 3000  # ID images drawn from one distribution (pixels ~ N(0, 1)), scored once per method
 CALIBRATION = 19  # n + 1 = 20: the p-values are multiples of 0.05, so off-grid levels catch an off-by-one
@@ -77,7 +80,7 @@ def test_forward_gives_the_defined_p_value_and_the_threshold_is_its_cut():
     cut = detector.p_value_cut
     assert torch.equal(output.is_ood, output.p_value <= cut)
     # The output's tuple (what Trainer.predict returns): p_value right after is_ood.
-    assert [name for name in output.keys()] == ["logits", "ood_score", "is_ood", "p_value"]
+    assert [name for name in output] == ["logits", "ood_score", "is_ood", "p_value"]
     assert threshold == threshold_for(kept, 0.9)
 
 
@@ -177,7 +180,6 @@ def test_clear_calibration_drops_the_scores():
 
 def test_pipeline_gives_the_p_value(detector_dir):  # noqa: F811
     import transformers
-
     from PIL import Image
 
     ood = transformers.pipeline(TASK, model=str(detector_dir))

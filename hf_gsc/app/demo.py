@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 PROG = "hf-gsc demo"
 #: The element ids the browser test reads (and a person never sees).
@@ -71,7 +72,7 @@ def score_figure(score: float, threshold: float | None, calibration_scores: Any,
 def overlay(image: Any, contribution_map: Any, min_side: int = 256) -> Any:
     """``image`` (PIL) with the explanation's map (``(H, W)`` at the image's size) drawn over it: red where the
     short-circuit lowered the predicted logit, blue where it raised it, in proportion to the largest magnitude;
-    enlarged (nearest neighbour) to at least ``min_side`` pixels on its longer side, so that a 28x28 image can be seen."""
+    enlarged (nearest neighbour) to at least ``min_side`` pixels on its longer side, so that a 28x28 image shows."""
     import numpy as np
     from matplotlib import colormaps
     from PIL import Image

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..storage.repo_ids import is_hub_id
 from ..utils.confined_files import atomic_write_text

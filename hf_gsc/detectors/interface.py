@@ -55,9 +55,10 @@ class OODDetectorOutput(ModelOutput):
             no calibration scores (not calibrated, or loaded from a folder saved without them).
 
     ``Trainer.predict`` returns as ``predictions`` the fields other than ``loss`` that are not ``None``, in this
-    order: ``(logits, ood_score, is_ood, p_value)``, or ``(logits, ood_score)`` before calibration. ``ood_score`` is float32
-    whatever the base model's dtype (float64 only for a float64 base model). ``label_ids`` are the dataset's
-    ``labels``. GSC's output has fields of its own: ``(logits, gsc_logits, ood_score, is_ood, predicted_class)``
+    order: ``(logits, ood_score, is_ood, p_value)``, or ``(logits, ood_score)`` before calibration. ``ood_score`` is
+    float32 whatever the base model's dtype (float64 only for a float64 base model). ``label_ids`` are the dataset's
+    ``labels``. GSC's output has fields of its own:
+    ``(logits, gsc_logits, ood_score, is_ood, p_value, predicted_class)``
     (:class:`hf_gsc.GSCOutput`).
     """
 

@@ -173,5 +173,12 @@ def explain_short_circuit(
     )
 
 
-__all__ = ["GSCExplanation", "READS", "coordinate_contributions", "explain_short_circuit", "position_grid",
-           "position_map", "resized_map"]
+__all__ = [
+    "READS",
+    "GSCExplanation",
+    "coordinate_contributions",
+    "explain_short_circuit",
+    "position_grid",
+    "position_map",
+    "resized_map",
+]
