@@ -101,7 +101,7 @@ def test_a_rerun_rebuilds_saved_detectors_from_cached_fits_and_scores(tiny, tmp_
 
     from hf_gsc.utils.conformal import conformal_p_value, sorted_calibration_scores
 
-    p_values = load_file(tmp_path / "scores" / "knn" / "p_value.safetensors")
+    p_values = load_file(tmp_path / "p_values" / "knn.safetensors")
     scores_dir = tmp_path / "scores" / "knn"
     validation = sorted_calibration_scores(load_file(scores_dir / "id_validation.safetensors")["ood_score"])
     assert "id_test" in p_values and len(p_values) > 1

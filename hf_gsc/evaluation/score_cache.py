@@ -33,8 +33,9 @@ BASE_MODEL = "_base_model"
 #: Key of the number of images left out as unreadable, in :func:`~hf_gsc.evaluation.loop.score_split`'s output and in
 #: a score file.
 NUM_SKIPPED_KEY = "num_skipped"
-#: Beside a method's score files: per split, the conformal p-value of each score against the ID validation scores.
-P_VALUE_FILE = "p_value.safetensors"
+#: Subfolder of the output dir holding ``{method}.safetensors``: per split, the conformal p-value of each score
+#: against the ID validation scores (beside the score cache, not in it: p-values depend on two splits' scores).
+P_VALUES_DIR = "p_values"
 
 
 class ScoreCache:
@@ -86,12 +87,12 @@ class ScoreCache:
 
     def save_p_values(self, method: str, calibration_scores: torch.Tensor,
                       split_scores: Mapping[str, torch.Tensor]) -> Path:
-        """``scores/{method}/p_value.safetensors``: for each split of ``split_scores`` (split -> ``(N,)`` scores, in
+        """``p_values/{method}.safetensors``: for each split of ``split_scores`` (split -> ``(N,)`` scores, in
         the order of its score file), the p-values ``(1 + #{calibration_scores <= s}) / (n + 1)``, float64
         (:mod:`hf_gsc.utils.conformal`); written again on every run, from that run's score files."""
         calibration = sorted_calibration_scores(calibration_scores)
         tensors = {split: conformal_p_value(scores, calibration).contiguous() for split, scores in split_scores.items()}
-        return save_file(tensors, self.root / method / P_VALUE_FILE,
+        return save_file(tensors, self.output_dir / P_VALUES_DIR / f"{method}.safetensors",
                          {"calibration_scores": f"{calibration.numel()} ID validation scores"}, root=self.output_dir)
 
 
@@ -128,7 +129,7 @@ __all__ = [
     "BASE_MODEL",
     "FINGERPRINT_KEY",
     "NUM_SKIPPED_KEY",
-    "P_VALUE_FILE",
+    "P_VALUES_DIR",
     "PREDICTIONS_KEY",
     "SCORES_DIR",
     "SCORE_KEY",
