@@ -17,12 +17,16 @@ extras = {
     "plots": ["matplotlib>=3.7"],
     # The offline benchmarks' photo and texture sources (scikit-image ships its sample images).
     "benchmarks": ["scikit-image>=0.22"],
-    "test": ["pytest>=8"],
+    # hf-gsc demo / hf-gsc space: the Gradio app (hf_gsc.app) and its score figure.
+    "demo": ["gradio>=5.0", "matplotlib>=3.7"],
+    # selenium: the browser test of the demo app (with Debian's chromium-driver, installed by .ci/run).
+    "test": ["pytest>=8", "selenium>=4.10"],
     # make docs: the documentation site and its API reference from the docstrings (pymdown-extensions: GitHub's
     # heading ids, so that #anchors work on GitHub and on the site alike).
     "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.27", "pymdown-extensions>=10.0"],
 }
-extras["all"] = sorted({requirement for name in ("evaluation", "plots", "benchmarks") for requirement in extras[name]})
+extras["all"] = sorted({requirement for name in ("evaluation", "plots", "benchmarks", "demo")
+                        for requirement in extras[name]})
 
 setup(
     name="hf_gsc",

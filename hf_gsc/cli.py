@@ -32,6 +32,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "publish": ("hf_gsc.cli:publish",
                 "upload a saved detector (any method) or an evaluation's results, with a model card, to the Hub"),
     "docs": ("hf_gsc.utils.docs:docs_main", DOCS_HELP),
+    "demo": ("hf_gsc.app.demo",
+             "a Gradio app for a saved or Hub detector: drop an image, see the verdict, p-value and GSC's map"),
+    "space": ("hf_gsc.app.space", "write a folder that runs the demo app as a Hugging Face Space"),
 }
 PROG = "hf-gsc"
 #: Module -> the extra that installs it, for the modules of ``hf-gsc evaluate`` that a core install lacks.

@@ -3,7 +3,8 @@
     import hf_gsc, transformers
     ood = transformers.pipeline("ood-image-classification", model="user/gsc-detector")
     ood(["cat.png", pil_image, numpy_array], batch_size=8)
-    # -> per image {"predictions": [{"label", "score"}, ...], "ood_score": float, "is_ood": bool | None}
+    # -> per image {"predictions": [{"label", "score"}, ...], "ood_score": float, "is_ood": bool | None,
+    #               "p_value": float | None, "method": str}
 
 ``model`` is any saved detector (folder or Hub id, any method, base saved or referenced) or a loaded
 :class:`~hf_gsc.OODDetector`. Images are prepared by the base model's image processor.
@@ -24,11 +25,24 @@ from .utils.images import load_image, model_mode
 TASK = "ood-image-classification"
 
 
+def unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A flat index of ``F`` as its index in ``shape`` (channel, row, column for a map; token, channel for tokens)."""
+    position = []
+    for size in reversed(shape):
+        index, rest = divmod(index, size)
+        position.append(rest)
+    return tuple(reversed(position))
+
+
 class OODImageClassificationPipeline(Pipeline):
     """Top labels of the base classifier plus the detector's ``ood_score`` (higher = more in-distribution),
-    ``is_ood`` (``None``, with a warning, while the detector has no calibrated threshold) and ``method``.
+    ``is_ood`` (``None``, with a warning, while the detector has no calibrated threshold), ``p_value`` (the chance
+    that an ID image scores this low, :mod:`hf_gsc.utils.conformal`; ``None`` while the detector keeps no calibration
+    scores) and ``method``.
 
-    Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL).
+    Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL),
+    ``explain`` (GSC only: add ``"explanation"``, why the input scored as it did,
+    :meth:`hf_gsc.GSCForImageClassification.explain`, with its map over positions resized to the image as given).
     Each image is decoded by :func:`hf_gsc.utils.images.load_image`, as ``fit``, ``calibrate`` and ``hf-gsc evaluate``
     decode theirs (EXIF orientation, bit depth, alpha, the model's channels; docs/inputs.md). An image larger than
     ``HF_GSC_MAX_IMAGE_PIXELS`` pixels is refused before it is decoded
@@ -61,36 +75,84 @@ class OODImageClassificationPipeline(Pipeline):
                              "path, URL, PIL image or NumPy array)")
         return super().__call__(inputs, *args, **kwargs)
 
-    def _sanitize_parameters(self, top_k: int | None = None, timeout: float | None = None, **unknown: Any):
+    def _sanitize_parameters(self, top_k: int | None = None, timeout: float | None = None, explain: bool | None = None,
+                             **unknown: Any):
         if unknown:
-            raise TypeError(f"{TASK}: unknown arguments {sorted(unknown)}; it takes top_k, timeout and batch_size")
+            raise TypeError(f"{TASK}: unknown arguments {sorted(unknown)}; it takes top_k, timeout, explain and "
+                            "batch_size")
+        if explain is not None and not isinstance(explain, bool):
+            raise ValueError(f"{TASK}: explain must be True or False, got {explain!r}")
+        if explain and not hasattr(self.model, "explain"):
+            raise ValueError(f"{TASK}: explain=True explains GSC's short-circuit; this detector's method is "
+                             f"{self.model.method!r}, which has no explanation")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"{TASK}: top_k must be a positive int, got {top_k!r}")
         preprocess = {} if timeout is None else {"timeout": timeout}
         postprocess = {} if top_k is None else {"top_k": top_k}
-        return preprocess, {}, postprocess
+        forward = {} if explain is None else {"explain": explain}
+        return preprocess, forward, postprocess
 
     def preprocess(self, image: Any, timeout: float | None = None) -> dict[str, torch.Tensor]:
         if not isinstance(image, torch.Tensor):
             image = load_image(image, model_mode(self.model.num_channels), timeout=timeout)
-        return self.image_processor(images=image, return_tensors="pt").to(self.model.dtype)
+        inputs = self.image_processor(images=image, return_tensors="pt").to(self.model.dtype)
+        # (H, W) of the image as given, for the explanation's map
+        size = tuple(image.shape[-2:]) if isinstance(image, torch.Tensor) else (image.height, image.width)
+        inputs["image_size"] = torch.tensor([size])
+        return inputs
 
-    def _forward(self, model_inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
-        output = self.model(pixel_values=model_inputs["pixel_values"])
-        return {"logits": output.logits, "ood_score": output.ood_score, "is_ood": output.is_ood}
+    def _forward(self, model_inputs: dict[str, torch.Tensor], explain: bool = False) -> dict[str, Any]:
+        pixel_values = model_inputs["pixel_values"]
+        output = self.model(pixel_values=pixel_values)
+        outputs = {"logits": output.logits, "ood_score": output.ood_score, "is_ood": output.is_ood,
+                   "p_value": output.p_value, "image_size": model_inputs["image_size"]}
+        if explain:
+            explanation = self.model.explain(pixel_values)
+            outputs.update(predicted_class=explanation.predicted_class, score_before=explanation.score_before,
+                           score_after=explanation.score_after, coordinates=explanation.coordinates,
+                           contributions=explanation.contributions,
+                           position_map=explanation.position_map,
+                           # a list item per image: a batched pipeline hands postprocess item [i] of a list
+                           description=[explanation.description] * len(pixel_values),
+                           feature_shape=torch.tensor([explanation.feature_shape] * len(pixel_values)))
+        return outputs
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor | None], top_k: int = 5) -> dict[str, Any]:
         id2label = self.model.id2label
         probabilities = model_outputs["logits"][0].float().softmax(dim=-1)
         scores, classes = probabilities.topk(min(top_k, probabilities.numel()))
-        is_ood = model_outputs["is_ood"]
+        is_ood, p_value = model_outputs["is_ood"], model_outputs["p_value"]
         return {
             "predictions": [
                 {"label": id2label.get(int(c), str(int(c))), "score": float(s)} for s, c in zip(scores, classes)
             ],
             "ood_score": float(model_outputs["ood_score"][0]),
             "is_ood": None if is_ood is None else bool(is_ood[0]),
+            "p_value": None if p_value is None else float(p_value[0]),
             "method": self.model.method,
+            **({"explanation": self._explanation(model_outputs, id2label)} if "score_before" in model_outputs else {}),
+        }
+
+    @staticmethod
+    def _explanation(model_outputs: dict[str, Any], id2label: dict[int, str]) -> dict[str, Any]:
+        """The explanation of one image as plain values, its map resized to the image as given."""
+        from .gsc_math.explanation import resized_map
+
+        predicted = int(model_outputs["predicted_class"][0])
+        listed = [(int(i), float(c)) for i, c in zip(model_outputs["coordinates"][0], model_outputs["contributions"][0])
+                  if int(i) >= 0]
+        feature_shape = tuple(int(v) for v in model_outputs["feature_shape"][0])
+        description = model_outputs["description"]
+        position_map = model_outputs["position_map"]
+        size = tuple(int(v) for v in model_outputs["image_size"][0])
+        return {
+            "predicted_label": id2label.get(predicted, str(predicted)),
+            "score_before": float(model_outputs["score_before"][0]),
+            "score_after": float(model_outputs["score_after"][0]),
+            "head_reads": description if isinstance(description, str) else description[0],
+            "coordinates": [{"index": list(unravel(index, feature_shape)), "contribution": contribution}
+                            for index, contribution in listed],
+            "map": None if position_map is None else resized_map(position_map[:1], size)[0].float().numpy(),
         }
 
 

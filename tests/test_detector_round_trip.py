@@ -85,6 +85,7 @@ def _same_output(loaded: OODDetector, detector: OODDetector, x: torch.Tensor) ->
     assert torch.equal(got.ood_score, expected.ood_score), (got.ood_score, expected.ood_score)
     assert expected.is_ood is not None and torch.equal(got.is_ood, expected.is_ood)
     assert torch.equal(got.logits, expected.logits)
+    assert expected.p_value is not None and torch.equal(got.p_value, expected.p_value)
 
 
 def _same_state(a: OODDetector, b: OODDetector) -> None:
@@ -105,7 +106,8 @@ def test_save_load_and_hub_round_trip_is_identical(world, method, tmp_path):
     detector.save_pretrained(folder)
     saved = json.loads((folder / CONFIG_NAME).read_text())
     assert saved["method"] == method and saved["threshold"] == detector.config.threshold
-    assert (folder / STATE_FILE).is_file() == bool(detector.fitted_state())
+    # The fitted tensors and, calibrated, the ID calibration scores (p-values).
+    assert set(load_file(folder / STATE_FILE)) == {*detector.fitted_state(), "calibration_scores"}
     from_folder = AutoOODDetector.from_pretrained(folder, model=world.model)
     assert type(from_folder) is type(detector) and from_folder.method == method
     assert from_folder.hyperparameters == detector.hyperparameters

@@ -95,10 +95,27 @@ def test_a_rerun_rebuilds_saved_detectors_from_cached_fits_and_scores(tiny, tmp_
     argv = _argv(tiny, tmp_path, "msp,knn,react", "--save-detectors")
     first = evaluate_argv(argv)
     again = evaluate_argv(argv)  # every score cached: the fits are loaded to save the detectors again
+    # Beside the score files: the p-value of every ID test and OOD score against the ID validation scores.
+    import torch
+    from safetensors.torch import load_file
+
+    from hf_gsc.utils.conformal import conformal_p_value, sorted_calibration_scores
+
+    p_values = load_file(tmp_path / "p_values" / "knn.safetensors")
+    scores_dir = tmp_path / "scores" / "knn"
+    validation = sorted_calibration_scores(load_file(scores_dir / "id_validation.safetensors")["ood_score"])
+    assert "id_test" in p_values and len(p_values) > 1
+    for split, values in p_values.items():
+        scores = load_file(scores_dir / f"{split}.safetensors")["ood_score"]
+        assert torch.equal(values, conformal_p_value(scores, validation))
     assert again["methods"]["knn"]["threshold"] == first["methods"]["knn"]["threshold"]
     for name in ("msp", "knn", "react", "selected"):
         detector = AutoOODDetector.from_pretrained(tmp_path / "detectors" / name)
         assert detector.config.threshold is not None
+        # It keeps the ID validation scores its threshold came from: p-values, and the same threshold again.
+        threshold, calibration = detector.config.threshold, detector.config.calibration
+        assert detector.calibration_scores is not None and detector.p_value_cut is not None
+        assert detector.set_tpr(calibration["tpr"], calibration["delta"]) == threshold
         # The results a saved detector carries are the folder's, timings included.
         assert (tmp_path / "detectors" / name / "results.json").read_text() == (tmp_path / "results.json").read_text()
 

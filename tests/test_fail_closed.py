@@ -378,7 +378,8 @@ def test_outputs_land_under_a_relative_output_dir(tiny, tmp_path, monkeypatch): 
     evaluate_argv(argv)
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert written == ["run/detectors/react/detector_state.safetensors",
-                       "run/detectors/react/fit.json", "run/results.json", "run/results.md",
+                       "run/detectors/react/fit.json", "run/p_values/react.safetensors", "run/results.json",
+                       "run/results.md",
                        *(f"run/scores/{m}/{s}.safetensors" for m in ("_base_model",) for s in ("id_test",)),
                        *(f"run/scores/react/{s}.safetensors" for s in ("id_test", "id_validation", "ood_noise",
                                                                          "val_ood_val_jigsaw", "val_ood_val_noise")),

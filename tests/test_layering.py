@@ -27,7 +27,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("hf_gsc.detectors",),  # the detector interface, the shared backbone pass, every method (GSC included)
     ("hf_gsc.auto", "hf_gsc.pipeline"),  # entry points: a saved detector by its method, the pipeline
     ("hf_gsc.evaluation", "hf_gsc.method_table"),  # the evaluation
-    ("hf_gsc.analysis", "hf_gsc.cli", "hf_gsc.__main__"),  # the paper's analyses and the command
+    ("hf_gsc.analysis", "hf_gsc.app", "hf_gsc.cli", "hf_gsc.__main__"),  # analyses, the demo app, the command
     ("hf_gsc",),  # the public names
 )
 

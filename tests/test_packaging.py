@@ -136,7 +136,7 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
         assert published["methods"] == local["methods"] and str(elsewhere) not in json.dumps(published)
 
     assert "usage: hf-gsc evaluate" in _run([str(command), "evaluate", "--help"], elsewhere, env)
-    assert "usage: hf-gsc {evaluate,publish,docs" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
+    assert "usage: hf-gsc {evaluate,publish,docs,demo,space}" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
     # The documentation a pip user has: the pages inside the installed package, named by `hf-gsc docs`.
     listing = _run([str(command), "docs"], elsewhere, env)
     assert f"{Path(installed).parent / 'docs'}\n" in listing, listing

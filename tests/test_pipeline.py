@@ -141,7 +141,7 @@ def test_trainer_predict_keeps_labels(detector_dir, tmp_path):
 
 @pytest.mark.parametrize("calibrated", [False, True], ids=["uncalibrated", "calibrated"])
 def test_trainer_predict_layout_of_a_detector(calibrated, tmp_path):
-    """The layout OODDetectorOutput's docstring states: predictions = (logits, ood_score[, is_ood])."""
+    """The layout OODDetectorOutput's docstring states: predictions = (logits, ood_score[, is_ood, p_value])."""
     from hf_gsc import AutoOODDetector
 
     detector = AutoOODDetector.from_pretrained(make_tiny_model("vit").float(), method="energy")
@@ -151,10 +151,11 @@ def test_trainer_predict_layout_of_a_detector(calibrated, tmp_path):
     prediction = _trainer_predict(detector, pixel_values, tmp_path)
     expected = detector(pixel_values)
     assert prediction.label_ids.tolist() == [0, 1, 2, 0, 1, 2]
-    assert len(prediction.predictions) == (3 if calibrated else 2)
+    assert len(prediction.predictions) == (4 if calibrated else 2)
     logits, ood_score = prediction.predictions[:2]
     np.testing.assert_allclose(logits, expected.logits.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ood_score, expected.ood_score.numpy(), rtol=1e-5, atol=1e-6)
     assert ood_score.dtype == np.float32
     if calibrated:
         np.testing.assert_array_equal(prediction.predictions[2], expected.is_ood.numpy())
+        np.testing.assert_allclose(prediction.predictions[3], expected.p_value.numpy(), rtol=1e-12)

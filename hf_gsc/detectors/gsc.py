@@ -27,6 +27,7 @@ from transformers.utils import ModelOutput
 from .backbone_pass import BackbonePass, FitShards
 from ..gsc_math.backends import Backend, Linearization, select_backend
 from ..gsc_math.backends.shaped import shaped_backend
+from ..gsc_math.explanation import GSCExplanation, explain_short_circuit
 from ..utils.feature_shapings import feature_shaping
 from ..settings.config import GSCConfig
 from .interface import OODDetector, check_state, classifier_loss, register_detector
@@ -47,6 +48,7 @@ class GSCOutput(ModelOutput):
         gsc_logits: ``(B, K)`` logits after the short-circuit.
         ood_score: ``(B,)`` score of ``gsc_logits``; higher = more in-distribution.
         is_ood: ``(B,)`` bool, ``ood_score < threshold``; ``None`` while no threshold is set.
+        p_value: ``(B,)`` float64 conformal p-value of ``ood_score`` (:attr:`hf_gsc.OODDetectorOutput.p_value`).
         predicted_class: ``(B,)`` ``argmax logits``, the class whose gradient selects the mask.
         features: ``(B, *feature_shape)`` ``F`` (only with ``output_short_circuit=True``).
         gradient: ``(B, *feature_shape)`` ``g = d y_c / dF`` (only with ``output_short_circuit=True``).
@@ -58,6 +60,7 @@ class GSCOutput(ModelOutput):
     gsc_logits: torch.Tensor | None = None
     ood_score: torch.Tensor | None = None
     is_ood: torch.Tensor | None = None
+    p_value: torch.Tensor | None = None
     predicted_class: torch.Tensor | None = None
     features: torch.Tensor | None = None
     gradient: torch.Tensor | None = None
@@ -354,6 +357,7 @@ class GSCForImageClassification(OODDetector):
             gsc_logits=step.gsc_logits,
             ood_score=ood_score,
             is_ood=self.decide(ood_score),
+            p_value=self.p_value(ood_score),
             predicted_class=step.predicted_class,
             **extra,
         )
@@ -459,3 +463,27 @@ class GSCForImageClassification(OODDetector):
             fit_from_passes([self], data, name)
         finally:
             self._requested_fit = None
+
+    # ------------------------------------------------------------------ explanation
+    def explain(self, pixel_values: torch.Tensor, top_k: int = 10) -> GSCExplanation:
+        """Why each input scored as it did: the predicted class, the score before and after the short-circuit, the
+        short-circuited coordinates with each one's contribution ``g_i (F'_i - F_i)`` to the predicted logit (largest
+        ``|contribution|`` first, ``top_k`` of them), and, where the head reads ``F`` position by position (pooled
+        convolutional maps, token means), a map over positions resized to the input
+        (:func:`hf_gsc.gsc_math.explanation.explain_short_circuit`). A first-token head (ViT's CLS) has no map; the
+        explanation says so (``head_reads``, ``description``)."""
+        self.check_ready()
+        pixel_values = self._check_pixel_values(pixel_values)
+        linearization, step = self.step(self.backbone_pass(pixel_values))
+        features = linearization.features
+        spec = self.backend.split_point.head_spec
+        if linearization.layer_sizes is not None or (spec is not None and spec.pool == "identity"):
+            head_reads = "vector"
+        elif spec is not None:
+            head_reads = spec.pool
+        else:
+            head_reads = "map" if features.ndim == 4 else "vector"
+        return explain_short_circuit(
+            features, linearization.spread(step.gradient), linearization.spread(step.mask), step.logits,
+            step.gsc_logits, self.config, head_reads, tuple(pixel_values.shape[-2:]), top_k,
+        )

@@ -37,7 +37,8 @@ from ..utils.inputs import check_pixel_values, labelled_batches
 from ..settings.registry import DETECTORS, detector_class, get_detector, register_detector, suggest_names
 from ..storage.pretrained import DetectorFiles
 from ..classifier.split_points import SplitPoint
-from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, threshold_for
+from ..utils.conformal import conformal_p_value, p_value_cut, sorted_calibration_scores
+from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, check_tpr, threshold_for
 
 @dataclass
 class OODDetectorOutput(ModelOutput):
@@ -49,11 +50,15 @@ class OODDetectorOutput(ModelOutput):
         logits: ``(B, K)`` the base model's logits, unchanged.
         ood_score: ``(B,)`` higher = more in-distribution.
         is_ood: ``(B,)`` bool, ``not ood_score >= threshold`` (a NaN score is OOD); ``None`` while no threshold is set.
+        p_value: ``(B,)`` float64 conformal p-value, ``(1 + #{ID calibration scores <= ood_score}) / (n + 1)``: the
+            chance that an ID image scores this low (:mod:`hf_gsc.utils.conformal`); ``None`` while the detector keeps
+            no calibration scores (not calibrated, or loaded from a folder saved without them).
 
     ``Trainer.predict`` returns as ``predictions`` the fields other than ``loss`` that are not ``None``, in this
-    order: ``(logits, ood_score, is_ood)``, or ``(logits, ood_score)`` before calibration. ``ood_score`` is float32
-    whatever the base model's dtype (float64 only for a float64 base model). ``label_ids`` are the dataset's
-    ``labels``. GSC's output has fields of its own: ``(logits, gsc_logits, ood_score, is_ood, predicted_class)``
+    order: ``(logits, ood_score, is_ood, p_value)``, or ``(logits, ood_score)`` before calibration. ``ood_score`` is
+    float32 whatever the base model's dtype (float64 only for a float64 base model). ``label_ids`` are the dataset's
+    ``labels``. GSC's output has fields of its own:
+    ``(logits, gsc_logits, ood_score, is_ood, p_value, predicted_class)``
     (:class:`hf_gsc.GSCOutput`).
     """
 
@@ -61,6 +66,7 @@ class OODDetectorOutput(ModelOutput):
     logits: torch.Tensor | None = None
     ood_score: torch.Tensor | None = None
     is_ood: torch.Tensor | None = None
+    p_value: torch.Tensor | None = None
 
 
 def decide(ood_score: torch.Tensor, threshold: float | None) -> torch.Tensor | None:
@@ -140,6 +146,14 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         self.image_processor: Any = None
         self.fitted = not self.needs_fit
         self._warned_uncalibrated = False
+        # (n,) float64 ascending ID calibration scores on the CPU (hf_gsc.utils.conformal), saved in
+        # detector_state.safetensors. Not a buffer: detector.to(torch.bfloat16) would round them. A copy per device
+        # the scores were on is kept, so that a forward on a GPU copies nothing from the host.
+        self._calibration_scores: torch.Tensor | None = None
+        self._calibration_scores_on: dict[torch.device, torch.Tensor] = {}
+        # Why p_value is None although a threshold is set (a folder saved without calibration scores), warned once.
+        self._no_p_value_reason: str | None = None
+        self._warned_no_p_value = False
         base_config = getattr(model, "config", None)
         self._expected_channels: int | None = getattr(base_config, "num_channels", None)
         image_size = getattr(base_config, "image_size", None)
@@ -249,7 +263,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         ood_score = self.score_batch(batch).to(batch.pixel_values.device)
         logits = batch.model_logits()
         return OODDetectorOutput(
-            loss=classifier_loss(logits, labels), logits=logits, ood_score=ood_score, is_ood=self.decide(ood_score)
+            loss=classifier_loss(logits, labels), logits=logits, ood_score=ood_score, is_ood=self.decide(ood_score),
+            p_value=self.p_value(ood_score),
         )
 
     def decide(self, ood_score: torch.Tensor) -> torch.Tensor | None:
@@ -264,6 +279,85 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
                 stacklevel=3,
             )
         return decide(ood_score, threshold)
+
+    def p_value(self, ood_score: torch.Tensor) -> torch.Tensor | None:
+        """``(B,)`` float64 conformal p-values of ``ood_score`` against the kept ID calibration scores
+        (:func:`hf_gsc.utils.conformal.conformal_p_value`); ``None`` without them, with a warning once when a threshold
+        is set all the same (a folder saved without calibration scores)."""
+        scores = self._calibration_scores
+        if scores is None:
+            if self.config.threshold is not None and not self._warned_no_p_value:
+                self._warned_no_p_value = True
+                warnings.warn(f"detector {self.method!r}: p_value is None: {self.p_value_unavailable}", UserWarning,
+                              stacklevel=3)
+            return None
+        on_device = self._calibration_scores_on.get(ood_score.device)
+        if on_device is None:
+            on_device = self._calibration_scores_on[ood_score.device] = scores.to(ood_score.device)
+        return conformal_p_value(ood_score, on_device)
+
+    @property
+    def calibration_scores(self) -> torch.Tensor | None:
+        """``(n,)`` float64, ascending, on the CPU: the ``ood_score`` of every ID image the threshold was calibrated on
+        (saved as ``calibration_scores`` in ``detector_state.safetensors``); ``None`` when not kept."""
+        return self._calibration_scores
+
+    @property
+    def p_value_unavailable(self) -> str | None:
+        """Why :meth:`p_value` gives ``None`` (``None`` when p-values are available)."""
+        if self.calibration_scores is not None:
+            return None
+        if self.config.threshold is None:
+            return (self._no_p_value_reason or "the detector is not calibrated") + (
+                "; call .calibrate(id_validation_data) to keep the ID calibration scores p-values are computed from")
+        return self._no_p_value_reason or (
+            "the threshold was set without keeping the ID calibration scores (set by hand, or saved by a version that "
+            "did not keep them); call .calibrate(id_validation_data) to keep them")
+
+    @property
+    def p_value_cut(self) -> float | None:
+        """The p-value at and below which an input is flagged: ``is_ood == (p_value <= p_value_cut)`` for the
+        threshold ``calibrate`` or :meth:`set_tpr` set (:func:`hf_gsc.utils.conformal.p_value_cut`); ``None`` without
+        calibration scores or threshold."""
+        if self.calibration_scores is None or self.config.threshold is None:
+            return None
+        return p_value_cut(self.calibration_scores, self.config.threshold)
+
+    def keep_calibration_scores(self, scores: torch.Tensor | None, reason: str | None = None) -> None:
+        """Keep ``scores`` ``(n,)`` (the ``ood_score`` of the ID images the threshold was calibrated on: all of them,
+        sorted, float64) for p-values and :meth:`set_tpr`; ``None`` drops them, ``reason`` saying why."""
+        self._calibration_scores = None if scores is None else sorted_calibration_scores(scores)
+        self._calibration_scores_on = {}
+        self._no_p_value_reason = reason if scores is None else None
+        self._warned_no_p_value = False
+
+    def set_tpr(self, tpr: float, delta: float | None = None) -> float:
+        """Move the threshold to keep a fraction ``tpr`` of ID data, from the kept calibration scores (no new forward):
+        the threshold ``calibrate(data, tpr=tpr, delta=delta)`` would set on the same data
+        (:func:`hf_gsc.utils.thresholds.threshold_for`). Updates ``config.threshold`` and the ``tpr`` / ``delta`` of
+        ``config.calibration``; returns the threshold."""
+        tpr = check_tpr(tpr)
+        if self.calibration_scores is None:
+            raise RuntimeError(f"set_tpr: detector {self.method!r} keeps no ID calibration scores: "
+                               f"{self.p_value_unavailable}")
+        scores = self.calibration_scores
+        threshold = threshold_for(scores, tpr, delta)
+        record = dict(self.config.calibration or {})
+        record.update(tpr=tpr, delta=None if delta is None else float(delta))
+        if "method" in record:
+            record["method"] = "quantile" if delta is None else "conformal"
+        self.config.threshold = threshold
+        self.config.calibration = record
+        return threshold
+
+    def clear_calibration(self, reason: str) -> None:
+        """Drop the threshold, its calibration record and the kept calibration scores (``is_ood`` and ``p_value`` are
+        then ``None``, with the one-line warning), because of ``reason`` (e.g. a setting that changes the scores
+        was assigned)."""
+        self.config.threshold = None
+        self.config.calibration = None
+        self.keep_calibration_scores(None, reason)
+        self._warned_uncalibrated = False
 
     # ------------------------------------------------------------------ fitting (one pass shared by many detectors)
     def fit_begin(self) -> None:
@@ -341,7 +435,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         image_column: str | None = None,
         label_column: str | None = None,
     ) -> float:
-        """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID.
+        """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID, and keep the
+        ID validation scores (sorted) for p-values and :meth:`set_tpr`.
 
         Use ID *validation* data only, never the test split or OOD data. ``config.calibration`` records ``split``,
         ``num_samples`` and ``tpr``. Fewer than :data:`~hf_gsc.utils.thresholds.MIN_CALIBRATION_SAMPLES` samples warn.
@@ -388,6 +483,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
                 stacklevel=2,
             )
         self.config.threshold = threshold_for(all_scores, tpr, delta)
+        self.keep_calibration_scores(all_scores)
         self.config.calibration = calibration_record(split, all_scores.numel(), tpr, delta)
         return self.config.threshold
 

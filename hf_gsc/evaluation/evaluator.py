@@ -524,9 +524,12 @@ class OODEvaluator:
             self.id_scores[name] = id_test[SCORE_KEY]
             self.ood_scores[name] = {ood: self._load_scores(name, OOD_PREFIX + ood)[SCORE_KEY] for ood in plan.ood_names}
             if calibrated:
-                entry = method_results(self.id_scores[name], self._load_scores(name, ID_VALIDATION)[SCORE_KEY],
+                validation = self._load_scores(name, ID_VALIDATION)[SCORE_KEY]
+                entry = method_results(self.id_scores[name], validation,
                                        self.ood_scores[name], args.target_tpr, "validation", method=name,
                                        id_test_correct=correct, delta=args.conformal_delta, groups=groups)
+                self.cache.save_p_values(name, validation, {ID_TEST: self.id_scores[name], **{
+                    OOD_PREFIX + ood: scores for ood, scores in self.ood_scores[name].items()}})
             else:  # a saved detector at its own threshold: nothing calibrated
                 entry = method_results(self.id_scores[name], None, self.ood_scores[name], method=name,
                                        id_test_correct=correct, groups=groups, threshold=detector.config.threshold)
@@ -606,6 +609,8 @@ class OODEvaluator:
         for name, detector in self.detectors.items():
             entry = result.methods[name]
             detector.config.threshold = entry["threshold"]
+            if ID_VALIDATION in self.evaluation_plan.splits:  # the scores of that threshold, for p-values
+                detector.keep_calibration_scores(self._load_scores(name, ID_VALIDATION)[SCORE_KEY])
             detector.config.calibration = entry["calibration"]
             if detector.image_processor is None:
                 detector.image_processor = self.processor

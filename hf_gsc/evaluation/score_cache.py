@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from ..utils.confined_files import save_file
+from ..utils.conformal import conformal_p_value, sorted_calibration_scores
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ BASE_MODEL = "_base_model"
 #: Key of the number of images left out as unreadable, in :func:`~hf_gsc.evaluation.loop.score_split`'s output and in
 #: a score file.
 NUM_SKIPPED_KEY = "num_skipped"
+#: Subfolder of the output dir holding ``{method}.safetensors``: per split, the conformal p-value of each score
+#: against the ID validation scores (beside the score cache, not in it: p-values depend on two splits' scores).
+P_VALUES_DIR = "p_values"
 
 
 class ScoreCache:
@@ -81,6 +85,16 @@ class ScoreCache:
         """Write atomically and never through a link (:func:`hf_gsc.utils.confined_files.save_file`)."""
         return save_file(tensors, self.path(method, split), {FINGERPRINT_KEY: fp}, root=self.output_dir)
 
+    def save_p_values(self, method: str, calibration_scores: torch.Tensor,
+                      split_scores: Mapping[str, torch.Tensor]) -> Path:
+        """``p_values/{method}.safetensors``: for each split of ``split_scores`` (split -> ``(N,)`` scores, in
+        the order of its score file), the p-values ``(1 + #{calibration_scores <= s}) / (n + 1)``, float64
+        (:mod:`hf_gsc.utils.conformal`); written again on every run, from that run's score files."""
+        calibration = sorted_calibration_scores(calibration_scores)
+        tensors = {split: conformal_p_value(scores, calibration).contiguous() for split, scores in split_scores.items()}
+        return save_file(tensors, self.output_dir / P_VALUES_DIR / f"{method}.safetensors",
+                         {"calibration_scores": f"{calibration.numel()} ID validation scores"}, root=self.output_dir)
+
 
 def score_file_problem(method: str, tensors: Mapping[str, torch.Tensor], expected_rows: int | None) -> str | None:
     """What is wrong with the content of ``method``'s score file (``None``: nothing).
@@ -115,6 +129,7 @@ __all__ = [
     "BASE_MODEL",
     "FINGERPRINT_KEY",
     "NUM_SKIPPED_KEY",
+    "P_VALUES_DIR",
     "PREDICTIONS_KEY",
     "SCORES_DIR",
     "SCORE_KEY",

@@ -142,6 +142,22 @@ def calibration_text(calibration: Mapping[str, Any] | None, threshold: float | N
     return text
 
 
+def p_value_sentence(p_value_cut: float | None, num_samples: int | None) -> str | None:
+    """What the threshold means as a p-value (:mod:`hf_gsc.utils.conformal`): ``p_value_cut`` of
+    :attr:`hf_gsc.OODDetector.p_value_cut` over ``num_samples`` calibration scores; ``None`` without a cut
+    (calibration scores not kept)."""
+    cut = p_value_cut
+    if cut is None or num_samples is None:
+        return None
+    n = int(num_samples)
+    at_or_below = round(cut * (n + 1)) - 1  # flagged iff at most this many calibration scores are <= the input's
+    return (f"Every output carries a `p_value`: (1 + the number of the {n} ID calibration images scoring at or "
+            f"below the input) / {n + 1}, the chance that an ID image scores this low. An input is flagged when "
+            f"its p-value is at most {cut:.4g}: when at most {at_or_below} of the {n} ID calibration images "
+            f"({at_or_below / n:.1%}) score at or below it. `detector.set_tpr(...)` moves the threshold without "
+            "new scores.")
+
+
 def render_model_card(
     values: Mapping[str, Any],
     repo_id: str | None = None,
@@ -150,6 +166,7 @@ def render_model_card(
     plots: list[str] | tuple[str, ...] = (),
     license: str = DEFAULT_LICENSE,
     base_in_repo: bool = False,
+    p_value_cut: float | None = None,
 ) -> ModelCard:
     """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.storage.saved_format.config_values`):
     metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
@@ -185,6 +202,7 @@ def render_model_card(
         base_in_repo=base_in_repo,
         settings=sorted(hyperparameters.items()),
         calibration_text=calibration_text(values.get("calibration"), values.get("threshold")),
+        p_value_sentence=p_value_sentence(p_value_cut, (values.get("calibration") or {}).get("num_samples")),
         data=data_description(results or {}),
         id_accuracy=None if accuracy is None else percent(accuracy),
         results_table=results_table,

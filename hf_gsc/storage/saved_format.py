@@ -8,7 +8,9 @@ A detector folder (local or a Hub repo) holds, for every method:
   setting, defaults filled in), ``threshold`` and its ``calibration`` record, and the provenance
   (``base_model_name_or_path``, ``base_model_revision``, ``hf_gsc_version``);
 * ``detector_state.safetensors``: fitted tensors when there are any (KNN's bank, ViM's residual space, GSC's
-  ``fisher_diagonal`` / ``gradient_mass``, ...), checked at load against the base model; never pickle;
+  ``fisher_diagonal`` / ``gradient_mass``, ...), checked at load against the base model, and, for a calibrated
+  detector, ``calibration_scores`` (every ID calibration score, sorted, float64: p-values and ``set_tpr``; a folder
+  without them loads, with p-values unavailable); never pickle;
 * ``README.md``: the model card (:func:`hf_gsc.storage.model_card.render_model_card`);
 * ``config.json``: the base model's transformers config (labels, architecture), so that tools reading a
   model folder (``transformers.pipeline``) recognise it;
@@ -105,6 +107,10 @@ def write_config(values: Mapping[str, Any], directory: str | os.PathLike) -> Pat
 
 
 # ----------------------------------------------------------------------------- fitted state
+#: Key of the sorted float64 ID calibration scores in ``detector_state.safetensors`` (p-values, ``set_tpr``).
+CALIBRATION_SCORES_KEY = "calibration_scores"
+
+
 def save_state(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
     confined_files.save_file(state, path)
 
@@ -124,9 +130,20 @@ def read_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def load_state_from_dir(detector: "OODDetector", directory: str | os.PathLike) -> bool:
-    """Load ``detector_state.safetensors`` of ``directory`` into ``detector`` (checked); whether there was one."""
+    """Load ``detector_state.safetensors`` of ``directory`` into ``detector`` (checked), with its calibration scores;
+    whether there was one. A calibrated folder without calibration scores loads with p-values unavailable, saying so."""
     path = os.path.join(directory, STATE_FILE)
-    if not os.path.isfile(path):
-        return False
-    detector.load_fitted_state(read_state(path), source=path)
-    return True
+    state = read_state(path) if os.path.isfile(path) else None
+    calibration_scores = None if state is None else state.pop(CALIBRATION_SCORES_KEY, None)
+    if state is not None:
+        detector.load_fitted_state(state, source=path)
+    if calibration_scores is not None:
+        try:
+            detector.keep_calibration_scores(calibration_scores)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}; calibrate the detector again and save it") from None
+    elif detector.config.threshold is not None:
+        detector.keep_calibration_scores(None, f"{directory} was saved without the ID calibration scores "
+                                         f"({CALIBRATION_SCORES_KEY!r} in {STATE_FILE}), so p-values are unavailable "
+                                         "until .calibrate(id_validation_data) is run")
+    return state is not None

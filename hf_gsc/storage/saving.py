@@ -11,7 +11,7 @@ from ..utils import confined_files
 from ..settings.config import STATE_FILE
 from .results import check_results_match, copy_results, public_results, read_results
 from .repo_ids import is_hub_id, stored_reference
-from .saved_format import config_values, save_state, write_config
+from .saved_format import CALIBRATION_SCORES_KEY, config_values, save_state, write_config
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
@@ -70,11 +70,14 @@ def save_detector(
             results, table = public_results(results, table)
     values = config_values(detector, saved_base_reference(detector, save_base_model, repo_id))
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
-                             license=license or DEFAULT_LICENSE, base_in_repo=save_base_model)
+                             license=license or DEFAULT_LICENSE, base_in_repo=save_base_model,
+                             p_value_cut=detector.p_value_cut)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_config(values, directory)
-    state = detector.fitted_state()
+    state = dict(detector.fitted_state())
+    if detector.calibration_scores is not None:  # for p-values and set_tpr (hf_gsc.utils.conformal)
+        state[CALIBRATION_SCORES_KEY] = detector.calibration_scores
     if state:
         save_state(state, directory / STATE_FILE)
     elif (directory / STATE_FILE).is_file():
