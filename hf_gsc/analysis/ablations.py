@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..settings.config import GSCConfig
+from ..detectors.gsc import GSCConfig
 from ..evaluation.metrics import ood_metrics
 from ..evaluation.report import average_over_splits, table_lines
 from ..detectors.gsc import GSCForImageClassification

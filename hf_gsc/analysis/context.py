@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from ..gsc_math.backends import Linearization, split_point_backend
-from ..settings.config import GSCConfig
+from ..detectors.gsc import GSCConfig
 from ..gsc_math.step import gsc_step, updated_logits
 from ..utils.scores import ood_score
 from ..classifier.split_points import SplitPoint

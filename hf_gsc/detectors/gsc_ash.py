@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..settings.config import GSCConfig, feature_shaping_check, setting, split_point_check
+from ..settings.config import feature_shaping_check, setting, split_point_check
 from .interface import register_detector
-from .gsc import GSCForImageClassification
+from .gsc import GSCConfig, GSCDetector
 
 
 @dataclass
@@ -22,7 +22,7 @@ class GSCASHConfig(GSCConfig):
 
 
 @register_detector
-class GSCASHDetector(GSCForImageClassification):
+class GSCASHDetector(GSCDetector):
     """GSC on the ASH-shaped feature: ``F -> F_ash = ASH(F) -> GSC(F_ash) -> energy``.
 
     Exactly :class:`hf_gsc.GSCForImageClassification` with ``feature_shaping="ash_s"`` at ``split_point=
