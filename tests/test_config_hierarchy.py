@@ -68,11 +68,10 @@ def test_a_built_detector_keeps_its_settings_in_its_config_and_refuses_a_new_one
 
 
 def test_unknown_saved_hyperparameter_is_an_error_unless_a_newer_version_wrote_it(tmp_path):
-    config_from_values = DetectorConfig.from_dict
 
     values = {"method": "knn", "hyperparameters": {"k": 3, "metric": "cosine"}, "hf_gsc_version": "0.1.0"}
     with pytest.raises(ValueError, match=r"unknown knn hyperparameters \['metric'\]"):
-        config_from_values(values, "saved")
+        DetectorConfig.from_dict(values, "saved")
     with pytest.warns(UserWarning, match="newer than the installed"):
-        config = config_from_values({**values, "hf_gsc_version": "99.0"}, "saved")
+        config = DetectorConfig.from_dict({**values, "hf_gsc_version": "99.0"}, "saved")
     assert config.hyperparameters == {"k": 3}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import pickle
 import warnings
 
@@ -206,6 +207,13 @@ def test_the_calibration_record_names_what_was_read(setting, tmp_path):
     record = detector.config.calibration
     assert record["source"] == f"split 'validation' of dataset root {root.resolve()}"
     assert record["split"] == "validation" and record["num_samples"] == 5
+    # Saved as a push writes it: the record names the folder, not the local path.
+    from hf_gsc.storage.saving import save_detector
+
+    save_detector(detector, tmp_path / "pushed", repo_id="user/energy")
+    pushed = json.loads((tmp_path / "pushed" / "detector_config.json").read_text())["calibration"]
+    assert pushed["source"] == "split 'validation' of dataset root root (a local path, not published)"
+    assert str(tmp_path) not in (tmp_path / "pushed" / "detector_config.json").read_text()
     dataset = datasets.Dataset.from_dict({"image": [Image.open(p) for p in sorted(plain.iterdir())]})
     detector.calibrate(dataset)
     assert detector.config.calibration["source"] == "datasets.Dataset (4 rows)"

@@ -56,7 +56,7 @@ def gsc_logits(
 ) -> torch.Tensor:
     """Short-circuited logits ``(B, K)`` of one variant, head only.
 
-    ``steps == 1``: :func:`hf_gsc.gsc_math.step.gsc_step`, as :class:`hf_gsc.GSCForImageClassification` runs it with
+    ``steps == 1``: :func:`hf_gsc.gsc_math.step.gsc_step`, as :class:`hf_gsc.GSCDetector` runs it with
     a fixed mask size. ``steps > 1``: :func:`hf_gsc.analysis.iterative.iterative_short_circuit` (zero op, exact
     logits).
     """

@@ -108,7 +108,8 @@ class GSCConfig(DetectorConfig):
         "The shaping's percentile; ``None`` = its authors' value for the architecture.")
 
     #: Settings that decide what a detector builds (where ``F`` is taken, which backend linearises the head, the
-    #: attention kernel): assigning one on a detector's config rebuilds the detector (see :func:`bind_config`).
+    #: attention kernel): assigning one on a detector's config rebuilds the detector before it next scores or saves
+    #: (:meth:`GSCDetector.rebuild`).
     structural_names: ClassVar[tuple[str, ...]] = ("split_point", "earlier_split_point", "approximation", "selection",
                                                    "feature_shaping", "shaping_percentile")
 

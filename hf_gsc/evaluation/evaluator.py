@@ -605,7 +605,9 @@ class OODEvaluator:
         for name, detector in self.detectors.items():
             entry = result.methods[name]
             detector.config.threshold = entry["threshold"]
-            detector.config.calibration = entry["calibration"]
+            # The saved record also says what the threshold depends on, so that a load with other settings drops it.
+            detector.config.calibration = entry["calibration"] and {**entry["calibration"],
+                                                                    **detector.calibration_dependencies()}
             if detector.image_processor is None:
                 detector.image_processor = self.processor
             detector.save_pretrained(fit_dir(self.output_dir, name), results_dir=self.output_dir)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -49,6 +50,23 @@ def read_config(directory: str | os.PathLike) -> DetectorConfig | None:
     if os.path.isfile(legacy):
         return detector_class("gsc").config_class.from_json_file(legacy)
     return None
+
+
+#: The words before a local path in a calibration record's ``source`` (:attr:`hf_gsc.utils.image_data.ImageRows.source`).
+_LOCAL_SOURCE = re.compile(r"^(?P<kind>folder|file|split '[^']*' of dataset root|datasets\.Dataset saved in) "
+                           r"(?P<path>.+?)(?P<rows> \(\d+ rows\))?$")
+
+
+def public_config(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``detector_config.json`` as pushed: a calibration ``source`` read from a local path names the folder or file
+    only (``"folder test (a local path, not published)"``); everything else as saved."""
+    calibration = values.get("calibration")
+    match = _LOCAL_SOURCE.match(str((calibration or {}).get("source") or ""))
+    if match is None:
+        return dict(values)
+    source = (f"{match['kind']} {Path(match['path']).name} (a local path, not published)"
+              f"{match['rows'] or ''}")
+    return {**values, "calibration": {**calibration, "source": source}}
 
 
 def write_config(values: Mapping[str, Any], directory: str | os.PathLike) -> Path:

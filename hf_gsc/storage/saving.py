@@ -11,7 +11,7 @@ from ..utils import confined_files
 from ..settings.config import STATE_FILE
 from .results import check_results_match, copy_results, public_results, read_results
 from .repo_ids import is_hub_id
-from .saved_format import save_state, write_config
+from .saved_format import public_config, save_state, write_config
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
@@ -70,6 +70,8 @@ def save_detector(
         if repo_id is not None:  # pushed: no local path reaches the card or the copied results
             results, table = public_results(results, table)
     values = detector.config.to_dict(saved_base_reference(detector, save_base_model, repo_id))
+    if repo_id is not None:  # pushed: no local path (a calibration folder's) reaches the Hub
+        values = public_config(values)
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
                              license=license or DEFAULT_LICENSE, base_in_repo=save_base_model)
     directory = Path(directory)
