@@ -162,10 +162,20 @@ def test_a_setting_assigned_after_calibration_or_a_refit_drops_the_threshold(set
     knn = _calibrated(setting, "knn", k=3)
     knn.fit(setting.batches())  # the same data: the same fitted state, the threshold still holds
     assert knn.config.threshold is not None
-    knn.config.k = 5  # what the bank was fitted for: refused before the next score, and undone
-    with pytest.raises(ValueError, match="assignment is undone"):
+    knn.config.k = 5  # read when scoring: honoured, and the threshold calibrated at k=3 dropped
+    with pytest.warns(UserWarning, match=rf"{DROPPED} k \(3 -> 5\) changed since it was calibrated"):
+        out = knn(setting.x_test)
+    assert out.is_ood is None and torch.equal(out.ood_score, get_detector("knn", setting.model, k=5).fit(
+        setting.batches()).score(setting.x_test))
+    knn.config.k = 500  # more neighbours than the bank holds: refused before the next score, and undone
+    with pytest.raises(ValueError, match="k=500 neighbours"):
         knn(setting.x_test)
-    assert knn.config.k == 3 and knn(setting.x_test).is_ood is not None
+    assert knn.config.k == 5
+    react = _calibrated(setting, "react")
+    react.config.percentile = 50.0  # what the fit computed depends on it: refused, undone, the threshold kept
+    with pytest.raises(ValueError, match="assignment is undone"):
+        react(setting.x_test)
+    assert react.config.percentile == 90.0 and react(setting.x_test).is_ood is not None
 
 
 def test_a_folder_saved_today_loaded_with_another_setting_drops_its_threshold():

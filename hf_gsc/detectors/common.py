@@ -128,6 +128,13 @@ class FittedDetector(PenultimateDetector):
         self.min_fit_samples, self.fit_requirement_reason = self.fit_requirement()
         self._fit_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
+    def settings_changed(self, changed: dict[str, Any]) -> None:
+        # A setting that is not structural (KNN's k) changes what the fit needs and what is derived from it: both
+        # are derived again (a fitted state too small for the new value raises, and the change is undone).
+        self.min_fit_samples, self.fit_requirement_reason = self.fit_requirement()
+        if self.fitted:
+            self._prepare()
+
     def fit_requirement(self) -> tuple[int, str]:
         """``(minimum number of fitting samples, why)`` for this model and these hyperparameters."""
         return 1, "at least one sample"

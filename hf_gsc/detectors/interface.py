@@ -25,7 +25,7 @@ import hashlib
 import json
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import Any, ClassVar, Iterable
 
 import torch
 from torch import nn
@@ -164,8 +164,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         if config.base_model_name_or_path is None:
             config.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
         self.config = config
-        # The structural settings this detector was built with (check_config compares the config with them).
-        self._built_with = self._structure()
+        # The settings this detector was built with and last checked (check_config compares the config with them).
+        self._built_with = dict(config.hyperparameters)
         # Set by from_pretrained when the base model ships one; used to calibrate from images and by the pipeline.
         self.image_processor: Any = None
         self.fitted = not self.needs_fit
@@ -227,21 +227,23 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         return config
 
     # ------------------------------------------------------------------ the config: structure and threshold
-    def _structure(self) -> dict[str, Any]:
-        return {name: getattr(self.config, name) for name in self.config.structural_setting_names()}
-
     def check_config(self) -> None:
         """Bring this detector in line with its config before it scores or saves (the config itself is passive).
 
         A structural setting assigned since the detector was built (:attr:`DetectorConfig.structural_names`) is
-        rebuilt for (:meth:`rebuild`) or, when that is refused or fails, undone with the error. A threshold whose
-        calibration record no longer matches the settings is dropped (:meth:`clear_calibration`)."""
-        now = self._structure()
+        rebuilt for (:meth:`rebuild`), any other is checked against the fitted state (:meth:`settings_changed`); when
+        either refuses or fails, the assignments are undone and the error raised. A threshold whose calibration
+        record no longer matches the settings is dropped (:meth:`clear_calibration`)."""
+        now = dict(self.config.hyperparameters)
         changed = {name: (self._built_with[name], value) for name, value in now.items()
                    if value != self._built_with.get(name)}
         if changed:
+            structural = {name: values for name, values in changed.items()
+                          if name in self.config.structural_setting_names()}
             try:
-                self.rebuild(changed)
+                if structural:
+                    self.rebuild(structural)
+                self.settings_changed(changed)
             except Exception:
                 for name, (old, _) in changed.items():
                     object.__setattr__(self.config, name, old)  # already checked when it was first assigned
@@ -263,6 +265,10 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
             f"this detector built and fitted, so the assignment is undone: build a new detector instead, "
             f"AutoOODDetector.from_pretrained(model, method={self.method!r}, {name}={new!r})"
         )
+
+    def settings_changed(self, changed: dict[str, tuple[Any, Any]]) -> None:
+        """Called by :meth:`check_config` after settings changed (``name -> (before, now)``), structural ones
+        rebuilt for: re-derive what depends on them, or raise to have them undone. Default: nothing."""
 
     def calibration_settings(self) -> dict[str, Any]:
         """The values ``ood_score`` depends on besides the fitted tensors (the settings and fitted values other than
