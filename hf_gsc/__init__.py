@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 from .settings.registry import set_method_loader
@@ -19,17 +20,19 @@ from .utils.version import __version__
 if TYPE_CHECKING:  # the same names for type checkers and the API reference, which read the source, not imports
     from .auto import AutoOODDetector
     from .detectors import DETECTORS, DetectorBundle
-    from .detectors.gsc import GSCForImageClassification, GSCOutput
+    from .detectors.gsc import GSCConfig, GSCDetector, GSCForImageClassification, GSCOutput
     from .detectors.interface import OODDetector, OODDetectorOutput
     from .evaluation import EvaluationArguments, EvaluationResult, OODEvaluator
+    from .gsc_math.explanation import GSCExplanation
     from .pipeline import OODImageClassificationPipeline
-    from .settings.config import DetectorConfig, GSCConfig
+    from .settings.config import DetectorConfig
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "DetectorConfig": "settings.config", "GSCConfig": "settings.config",
+    "DetectorConfig": "settings.config",
     "OODDetector": "detectors.interface", "OODDetectorOutput": "detectors.interface",
-    "GSCForImageClassification": "detectors.gsc", "GSCOutput": "detectors.gsc",
+    "GSCDetector": "detectors.gsc", "GSCForImageClassification": "detectors.gsc", "GSCOutput": "detectors.gsc",
+    "GSCExplanation": "gsc_math.explanation",
     "AutoOODDetector": "auto",
     "DETECTORS": "detectors", "DetectorBundle": "detectors",  # importing detectors registers every method
     "OODImageClassificationPipeline": "pipeline",  # registers "ood-image-classification"
@@ -46,7 +49,21 @@ def _import_all() -> None:
         importlib.import_module(f".{module}", __name__)
 
 
+def _config_classes() -> dict[str, type]:
+    """Every registered method's config class by its name (``KNNConfig``, ``GSCConfig``, ...), read from the registry
+    so that a new method's file needs no line here."""
+    _import_all()
+    from .settings.registry import DETECTORS
+
+    return {cls.config_class.__name__: cls.config_class for cls in DETECTORS.values()}
+
+
 def __getattr__(name: str) -> Any:
+    if name.endswith("Config") and name not in _EXPORTS:
+        configs = _config_classes()
+        if name in configs:
+            globals()[name] = configs[name]
+            return configs[name]
     if name in _EVALUATION_EXPORTS:
         from . import evaluation
 
@@ -105,6 +122,7 @@ _register_with_pipelines()
 # A registry lookup from any floor (a saved config read by hf_gsc.storage alone) finds every method.
 set_method_loader(lambda: importlib.import_module(".detectors", __name__))
 
+#: The names every install has; ``hf_gsc.__all__`` adds every method's config class (:class:`_PublicNames`).
 __all__ = [
     "AutoOODDetector",
     "DETECTORS",
@@ -113,6 +131,8 @@ __all__ = [
     "EvaluationArguments",
     "EvaluationResult",
     "GSCConfig",
+    "GSCDetector",
+    "GSCExplanation",
     "GSCForImageClassification",
     "GSCOutput",
     "OODDetector",
@@ -121,3 +141,16 @@ __all__ = [
     "OODImageClassificationPipeline",
     "__version__",
 ]
+
+
+class _PublicNames(types.ModuleType):
+    """``hf_gsc.__all__`` (and ``from hf_gsc import *``) lists every registered method's config class too; they are
+    known once every method is imported, which ``import hf_gsc`` alone does not do (no torch for ``hf-gsc --help``)."""
+
+    @property
+    def __all__(self) -> list[str]:  # type: ignore[override]
+        return sorted({*_CORE_NAMES, *_config_classes()})
+
+
+_CORE_NAMES = tuple(__all__)
+sys.modules[__name__].__class__ = _PublicNames

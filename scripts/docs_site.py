@@ -22,12 +22,13 @@ MARKER = "<!-- method configs -->"
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER not in markdown:
         return markdown
-    from hf_gsc import DETECTORS, DetectorConfig
+    import hf_gsc
+    from hf_gsc import DETECTORS
 
     sections = []
     for method in sorted(DETECTORS):
         config_class = DETECTORS[method].config_class
-        if config_class.__module__ == DetectorConfig.__module__:
+        if config_class is hf_gsc.GSCConfig:
             continue  # DetectorConfig and GSCConfig have their own sections on the page
         # Settings declared on a shared base (ASHConfig for ash_p/b/s) are listed with each method's class.
         inherited = [spec.name for spec in dataclasses.fields(config_class)

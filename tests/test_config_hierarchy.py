@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from hf_gsc import DETECTORS, AutoOODDetector, DetectorConfig, GSCConfig
 from hf_gsc.settings.config import FITTED, PROVENANCE
@@ -51,9 +52,14 @@ def test_a_baseline_config_has_typed_fields_and_names_itself_in_errors():
 def test_a_built_detector_keeps_its_settings_in_its_config_and_refuses_a_new_one(tmp_path):
     detector = AutoOODDetector.from_pretrained(make_tiny_model("vit"), method="ash_p", percentile=80)
     assert type(detector.config).__name__ == "ASHPConfig" and detector.config.percentile == 80.0
-    with pytest.raises(AttributeError, match="build a new detector"):
-        detector.config.percentile = 95.0
+    detector.config.percentile = 95.0  # a config is passive: the detector refuses it before it scores or saves
+    with pytest.raises(ValueError, match="assignment is undone: build a new detector"):
+        detector.score(torch.zeros(2, 3, 16, 16, dtype=torch.float64))
     assert detector.config.percentile == 80.0
+    detector.config.percentile = 95.0
+    with pytest.raises(ValueError, match="build a new detector"):
+        detector.save_pretrained(tmp_path / "refused")
+    assert detector.config.percentile == 80.0 and not (tmp_path / "refused").exists()
     detector.config.threshold = 1.5  # a fitted field, not a setting: assignable
     detector.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "detector_config.json").read_text())
@@ -62,11 +68,10 @@ def test_a_built_detector_keeps_its_settings_in_its_config_and_refuses_a_new_one
 
 
 def test_unknown_saved_hyperparameter_is_an_error_unless_a_newer_version_wrote_it(tmp_path):
-    from hf_gsc.storage.saved_format import config_from_values
 
     values = {"method": "knn", "hyperparameters": {"k": 3, "metric": "cosine"}, "hf_gsc_version": "0.1.0"}
     with pytest.raises(ValueError, match=r"unknown knn hyperparameters \['metric'\]"):
-        config_from_values(values, "saved")
+        DetectorConfig.from_dict(values, "saved")
     with pytest.warns(UserWarning, match="newer than the installed"):
-        config = config_from_values({**values, "hf_gsc_version": "99.0"}, "saved")
+        config = DetectorConfig.from_dict({**values, "hf_gsc_version": "99.0"}, "saved")
     assert config.hyperparameters == {"k": 3}

@@ -213,7 +213,8 @@ def test_invalid_structural_value_raises_and_changes_nothing(world, name, value,
     old = getattr(detector.config, name)
     before = detector(world.x_test, output_short_circuit=True)
     with pytest.raises(ValueError, match=match):
-        setattr(detector.config, name, value)
+        setattr(detector.config, name, value)  # a value its field's check refuses: at once ...
+        detector(world.x_test)  # ... one only the model can refuse: before the next forward, and undone
     assert getattr(detector.config, name) == old
     after = detector(world.x_test, output_short_circuit=True)
     assert after.features.shape == before.features.shape and torch.equal(after.ood_score, before.ood_score)
@@ -222,8 +223,9 @@ def test_invalid_structural_value_raises_and_changes_nothing(world, name, value,
 def test_fitted_fisher_refuses_a_new_split_point(world):
     detector = world.build("gsc", **FISHER)
     assert detector.fisher_diagonal is not None
-    with pytest.raises(AttributeError, match="fisher_diagonal"):
-        detector.config.split_point = "final_encoder_output"
+    detector.config.split_point = "final_encoder_output"
+    with pytest.raises(ValueError, match="fisher_diagonal belongs to the split point .* assignment is undone"):
+        detector(world.x_test)
     assert detector.config.split_point == "penultimate"
 
 

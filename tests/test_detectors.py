@@ -368,7 +368,7 @@ def test_fit_without_some_class_raises(setting, name):
 
 
 def test_unknown_hyperparameter_and_bad_values_raise(setting):
-    with pytest.raises(ValueError, match="unknown hyperparameters"):
+    with pytest.raises(TypeError, match="unknown hyperparameters"):
         get_detector("knn", setting.model, K=5)
     with pytest.raises(ValueError, match="k must be"):
         get_detector("knn", setting.model, k=0)

@@ -96,7 +96,9 @@ def test_save_and_load_round_trip(base_dir, tmp_path):
         (split, metric) for split in ("mnist", "noise") for metric in ("auroc", "fpr95", "aupr_in", "aupr_out")
     }
     assert [e.metric_value for e in entries if e.dataset_config == "noise" and e.metric_type == "auroc"] == [0.99]
-    assert "calibrated on 3 samples of the ID `validation` split" in card.text
+    # Calibrated on tensors: the card names them, and claims no split (nor "never on test") the library did not choose.
+    assert "calibrated on 3 samples of tensors given by the caller\nto keep" in card.text
+    assert "never on test" not in card.text
     assert "plots/density_gsc.png" in card.text
 
 
@@ -137,7 +139,9 @@ def test_push_then_load_by_repo_id_end_to_end(base_dir, tmp_path):
         assert loaded.returncode == 0, loaded.stderr
         from_ref, from_full, calibration = json.loads(loaded.stdout.strip().splitlines()[-1])
         assert from_ref == expected and from_full == expected
-        assert calibration == {"split": "validation", "num_samples": 3, "tpr": 0.9, "method": "quantile", "delta": None}
+        assert {key: calibration[key] for key in ("split", "source", "num_samples", "tpr", "method", "delta")} == {
+            "split": None, "source": "tensors given by the caller", "num_samples": 3, "tpr": 0.9, "method": "quantile",
+            "delta": None}
         # Loaded once, the detectors (and the referenced base) load again from the cache with HF_HUB_OFFLINE=1.
         offline = _run(load_script, {**env, "HF_HUB_OFFLINE": "1"})
         assert offline.returncode == 0, offline.stderr

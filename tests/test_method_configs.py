@@ -26,9 +26,8 @@ def test_every_method_has_a_hand_written_config_class_in_its_file(method):
     config_class = detector.config_class
     # Written as a class statement (a class made by make_dataclass has none in any file) ...
     assert re.search(rf"^class {config_class.__name__}\(", _module_source(config_class), re.M), config_class
-    # ... in the method's own file (GSC's settings are GSCConfig, written beside the base DetectorConfig).
-    expected = {DetectorConfig.__module__} if method == "gsc" else {detector.__module__}
-    assert config_class.__module__ in expected
+    # ... in the method's own file.
+    assert config_class.__module__ == detector.__module__
     assert issubclass(config_class, DetectorConfig) and config_class.method == method == detector.method
 
 

@@ -73,5 +73,5 @@ def test_fdbd_defaults_and_grid_are_openoods():
 
 @pytest.mark.parametrize("value", ["yes", 1, 0, None])
 def test_fdbd_refuses_a_non_boolean_normaliser(setting, value):  # noqa: F811
-    with pytest.raises(ValueError, match="fdbd: distance_as_normalizer must be True or False"):
+    with pytest.raises(ValueError, match=r"FDBDConfig\.distance_as_normalizer must be True or False"):
         get_detector("fdbd", setting.model, distance_as_normalizer=value)

@@ -135,11 +135,11 @@ def test_float32_model_keeps_a_float32_bank(setting):  # noqa: F811
 def test_too_few_fitting_samples_and_bad_settings_fail_early(setting):  # noqa: F811
     with pytest.raises(NotEnoughSamplesError, match=r"nnguide.*at least 20.*k=20.*got 16"):
         get_detector("nnguide", setting.model, k=20).fit(setting.batches(limit=16))
-    with pytest.raises(ValueError, match=r"nnguide: k must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"NNGuideConfig\.k must be an integer >= 1, got 0"):
         get_detector("nnguide", setting.model, k=0)
-    with pytest.raises(ValueError, match=r"nnguide: alpha must be in \(0.0, 1.0\], got 0.0"):
+    with pytest.raises(ValueError, match=r"NNGuideConfig\.alpha must be in \(0.0, 1.0\], got 0.0"):
         get_detector("nnguide", setting.model, alpha=0.0)
-    with pytest.raises(ValueError, match=r"nnguide: alpha must be in \(0.0, 1.0\], got 1.5"):
+    with pytest.raises(ValueError, match=r"NNGuideConfig\.alpha must be in \(0.0, 1.0\], got 1.5"):
         get_detector("nnguide", setting.model, alpha=1.5)
 
 

@@ -158,7 +158,7 @@ def check_no_hyperparameters(method: str) -> None:
     detector = get_detector(method, data("resnet").model)
     assert detector.hyperparameters == {} and DETECTORS[method].search_space == {}
     assert DETECTORS[method].search_space_source.startswith("no hyperparameters (")
-    with pytest.raises(ValueError, match=f"unknown hyperparameters .* for detector '{method}'"):
+    with pytest.raises(TypeError, match=f"unknown hyperparameters .* for detector '{method}'"):
         get_detector(method, data("resnet").model, k=1)
 
 

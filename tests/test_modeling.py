@@ -373,8 +373,10 @@ def test_calibrate_keeps_the_requested_fraction_of_id(pixel_values):
     # 36 of 40 = 90% accepted: the threshold is the 36th largest score.
     assert threshold == pytest.approx(scores.sort(descending=True).values[35].item(), abs=1e-12)
     assert (~detector(validation).is_ood).sum() == 36
-    assert detector.config.calibration == {"split": "validation", "num_samples": 40, "tpr": 0.9, "method": "quantile",
-                                          "delta": None}
+    # Tensors: read as given, so no split is claimed; the settings it depends on are recorded.
+    assert detector.config.calibration == {"split": None, "source": "tensors given by the caller", "num_samples": 40,
+                                          "tpr": 0.9, "method": "quantile", "delta": None,
+                                          "settings": detector.calibration_settings(), "fitted_state": None}
     with pytest.raises(ValueError, match="empty"):
         detector.calibrate([])
     with pytest.raises(TypeError, match="batch 0 must be a tensor"):
@@ -523,9 +525,9 @@ def test_affine_heads_follow_config_and_weight_changes(split_point, pixel_values
 def test_output_behaves_like_a_model_output(pixel_values):
     """GSCOutput skips ModelOutput's per-instance checks; it must still index, iterate and tuple like one."""
     out = GSCForImageClassification(make_tiny_model("vit"))(pixel_values)
-    assert list(out.keys()) == ["logits", "gsc_logits", "ood_score", "predicted_class"]  # None fields left out
+    assert list(out.keys()) == ["logits", "ood_score", "gsc_logits", "predicted_class"]  # None fields left out
     assert out["ood_score"] is out.ood_score and out[0] is out.logits
     assert len(out.to_tuple()) == 4
     full = GSCForImageClassification(make_tiny_model("vit"), threshold=0.0)(pixel_values, output_short_circuit=True)
-    assert list(full.keys()) == ["logits", "gsc_logits", "ood_score", "is_ood", "predicted_class", "features",
+    assert list(full.keys()) == ["logits", "ood_score", "is_ood", "gsc_logits", "predicted_class", "features",
                                  "gradient", "mask"]

@@ -133,7 +133,7 @@ def test_trainer_predict_keeps_labels(detector_dir, tmp_path):
     pixel_values = torch.randn(6, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(3))
     prediction = _trainer_predict(detector, pixel_values, tmp_path)
     assert prediction.label_ids.tolist() == [0, 1, 2, 0, 1, 2]
-    logits, gsc_logits, ood_score = prediction.predictions[:3]
+    logits, ood_score, gsc_logits = prediction.predictions[:3]  # every method's fields first, then GSC's
     expected = detector(pixel_values)
     np.testing.assert_allclose(ood_score, expected.ood_score.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(logits, expected.logits.numpy(), rtol=1e-5, atol=1e-6)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from hf_gsc import GSCForImageClassification
-from hf_gsc.settings.config import GSCConfig
+from hf_gsc import GSCConfig
 from hf_gsc.gsc_math.step import gsc_step
 from hf_gsc.classifier.head_jacobians import PoolNormLinearHead
 from hf_gsc.gsc_math.shortcircuit import num_masked_adaptive, prefix_mask, repeated_top_k_counts, top_k_mask

@@ -29,10 +29,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..settings.config import GSCConfig
+from ..detectors.gsc import GSCConfig, GSCDetector
 from ..evaluation.metrics import ood_metrics
 from ..evaluation.report import average_over_splits, table_lines
-from ..detectors.gsc import GSCForImageClassification
 from ..classifier.architectures import registered_architecture
 from ..classifier.split_points import resolve_split_point
 from .approximation_error import approximation_outputs, summarise_errors
@@ -146,7 +145,7 @@ class _Scorer:
         self.generator = torch.Generator().manual_seed(seed)
         self.detector: Any = None
         if variant.kind == "multi_layer":
-            self.detector = GSCForImageClassification(
+            self.detector = GSCDetector(
                 model, GSCConfig(**{name: getattr(variant, name) for name in GSCConfig.setting_names()})
             )
         elif variant.kind in ("gsc_ash", "ash_s"):

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..settings.config import GSCConfig
+from ..detectors.gsc import GSCConfig
 from ..gsc_math.step import gsc_step
 from .context import HeadContext, scores_of
 

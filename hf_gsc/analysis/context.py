@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from ..gsc_math.backends import Linearization, split_point_backend
-from ..settings.config import GSCConfig
+from ..detectors.gsc import GSCConfig
 from ..gsc_math.step import gsc_step, updated_logits
 from ..utils.scores import ood_score
 from ..classifier.split_points import SplitPoint
@@ -56,7 +56,7 @@ def gsc_logits(
 ) -> torch.Tensor:
     """Short-circuited logits ``(B, K)`` of one variant, head only.
 
-    ``steps == 1``: :func:`hf_gsc.gsc_math.step.gsc_step`, as :class:`hf_gsc.GSCForImageClassification` runs it with
+    ``steps == 1``: :func:`hf_gsc.gsc_math.step.gsc_step`, as :class:`hf_gsc.GSCDetector` runs it with
     a fixed mask size. ``steps > 1``: :func:`hf_gsc.analysis.iterative.iterative_short_circuit` (zero op, exact
     logits).
     """

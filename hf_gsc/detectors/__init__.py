@@ -1,6 +1,6 @@
 """The registered OOD detection methods; importing this package registers all of them.
 
-The interface is :mod:`hf_gsc.detectors.interface`, the registry :mod:`hf_gsc.settings.registry`; GSC itself is :class:`hf_gsc.GSCForImageClassification`
+The interface is :mod:`hf_gsc.detectors.interface`, the registry :mod:`hf_gsc.settings.registry`; GSC itself is :class:`hf_gsc.GSCDetector`
 (:mod:`hf_gsc.detectors.gsc`); each other method has its own module here, found and imported
 without a list (a method is one file).
 """

@@ -25,7 +25,7 @@ from ..settings.config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, num
 from .penultimate import ClassStatistics, LinearHead, check_fit_samples, linear_head, penultimate_split
 from ..utils.scores import ood_score
 from ..classifier.split_points import SplitPoint
-from .interface import OODDetector, suggest_names
+from .interface import OODDetector
 
 
 class BaselineDetector(OODDetector):
@@ -33,7 +33,8 @@ class BaselineDetector(OODDetector):
 
     The config holds every value (defaults filled in), so a saved ``detector_config.json`` describes the method
     completely; each value is checked by its config field on assignment. Args: ``model``, an optional config of the
-    method's ``config_class`` (a saved one), and hyperparameters overriding it.
+    method's ``config_class`` (a saved one), and hyperparameters overriding it
+    (:meth:`hf_gsc.DetectorConfig.from_kwargs`, as for every method).
     """
 
     #: ``{setting: default}`` of ``config_class`` (read-only; derived from the config class, never written).
@@ -44,27 +45,10 @@ class BaselineDetector(OODDetector):
         if "config_class" in cls.__dict__:
             cls.defaults = cls.config_class().hyperparameters
 
-    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
-        if config is None:
-            config = self.config_class()
-        elif not isinstance(config, self.config_class):
-            raise ValueError(f"{self.method}: config must be a {self.config_class.__name__}, got {config!r}")
-        known = self.config_class.setting_names()
-        unknown = sorted(set(hyperparameters) - set(known))
-        if unknown:
-            raise ValueError(
-                f"unknown hyperparameters {unknown} for detector {self.method!r}{suggest_names(unknown, known)}; "
-                f"known: {sorted(known)}"
-            )
-        for name, value in self.resolve_defaults(model, {**config.hyperparameters, **hyperparameters}).items():
-            if getattr(config, name) != value or type(getattr(config, name)) is not type(value):
-                try:
-                    setattr(config, name, value)  # checked by the config field
-                except ValueError as error:
-                    message = str(error).removeprefix(f"{type(config).__name__}.")
-                    raise ValueError(f"{self.method}: {message}") from None
-        super().__init__(model, config)
-        self._bind_config()
+    def complete_config(self, model: nn.Module, config: DetectorConfig) -> DetectorConfig:
+        for name, value in self.resolve_defaults(model, dict(config.hyperparameters)).items():
+            setattr(config, name, value)  # checked by the config field
+        return config
 
     def resolve_defaults(self, model: nn.Module, hyperparameters: dict[str, Any]) -> dict[str, Any]:
         """Replace defaults that depend on the model (``None`` placeholders) by their values (default: none)."""
@@ -143,6 +127,13 @@ class FittedDetector(PenultimateDetector):
             self.register_buffer(name, None)
         self.min_fit_samples, self.fit_requirement_reason = self.fit_requirement()
         self._fit_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def settings_changed(self, changed: dict[str, Any]) -> None:
+        # A setting that is not structural (KNN's k) changes what the fit needs and what is derived from it: both
+        # are derived again (a fitted state too small for the new value raises, and the change is undone).
+        self.min_fit_samples, self.fit_requirement_reason = self.fit_requirement()
+        if self.fitted:
+            self._prepare()
 
     def fit_requirement(self) -> tuple[int, str]:
         """``(minimum number of fitting samples, why)`` for this model and these hyperparameters."""

@@ -1,4 +1,5 @@
-"""``GSCForImageClassification``: any ``transformers`` image classifier with Gradient Short-Circuit.
+"""``GSCDetector`` (alias ``GSCForImageClassification``): any ``transformers`` image classifier with Gradient
+Short-Circuit; its settings, :class:`GSCConfig`, first.
 
 Data flow (paper Algorithm 1)::
 
@@ -14,53 +15,130 @@ construction); everything after that is :func:`hf_gsc.gsc_math.step.gsc_step`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.utils import ModelOutput
 
 from .backbone_pass import BackbonePass, FitShards
 from ..gsc_math.backends import Backend, Linearization, select_backend
 from ..gsc_math.backends.shaped import shaped_backend
 from ..gsc_math.explanation import GSCExplanation, explain_short_circuit
+from ..gsc_math.shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from ..utils.feature_shapings import feature_shaping
-from ..settings.config import GSCConfig
-from .interface import OODDetector, check_state, classifier_loss, register_detector
+from ..utils.scores import SCORES
+from ..settings.config import (MIN_TEMPERATURE, DetectorConfig, choice_check, feature_shaping_check, fitted,
+                               number_check, setting, split_point_check)
+from .interface import OODDetector, OODDetectorOutput, check_state, classifier_loss, register_detector
 from ..gsc_math.step import GSCStep, gsc_step, ranking_gradient
 from ..gsc_math.shortcircuit import diagonal_fisher_sum, gradient_mass_for_mean_ratio
 from ..classifier.split_points import SplitPoint
 
 
+def _seed(name: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    return value
+
+
 @dataclass
-class GSCOutput(ModelOutput):
-    """Output of :class:`GSCForImageClassification`.
+class GSCConfig(DetectorConfig):
+    """Settings of Gradient Short-Circuit (paper Algorithm 1) and its fitted gradient mass, on the common fields of
+    :class:`DetectorConfig` (threshold, calibration, base-model reference). The paper's values are the defaults;
+    settings marked "beyond the paper" are this library's extensions (docs/gsc.md)."""
+
+    split_point: str = setting(
+        "final_encoder_output", split_point_check(),
+        "Where ``F`` is taken: ``\"final_encoder_output\"`` (before the final LayerNorm / pooler; input-dependent "
+        "gradients for ViT/Swin/ConvNeXt; the paper's feature), ``\"penultimate\"`` (input of the last "
+        "``nn.Linear``; linear head, ``g = W[c]``), or a dotted module path in the base model.")
+    earlier_split_point: str | None = setting(
+        None, split_point_check(optional=True),
+        "Multi-layer short-circuit (beyond the paper): an earlier encoder block (``\"vit.layers.-3\"``) "
+        "short-circuited together with ``split_point`` under one shared budget "
+        "``k = ceil(mask_ratio * (n_earlier + n_final))``, coordinates ranked by ``|g|`` normalised per layer.")
+    mask_ratio: float = setting(
+        0.05, number_check(0.0, 1.0),
+        "Fraction of the coordinates the head reads (nonzero gradient) to short-circuit; ``k = ceil(mask_ratio * n)`` "
+        "per sample (the paper's 5 %). With ``mask_size=\"adaptive\"`` it is the *mean* ratio on ID validation data "
+        "that ``calibrate_gradient_mass`` targets.")
+    mask_size: str = setting(
+        "fixed", choice_check(MASK_SIZES),
+        "``fixed`` (``k`` from ``mask_ratio``, the paper) or ``adaptive`` (per sample, the smallest ``k`` whose "
+        "top-``k`` ``|g|`` hold ``gradient_mass`` of the total; beyond the paper).")
+    gradient_mass: float | None = fitted(
+        None, number_check(0.0, 1.0, optional=True),
+        "The mass fraction of ``mask_size=\"adaptive\"``, set by ``calibrate_gradient_mass``.")
+    selection: str = setting(
+        "gradient", choice_check(SELECTIONS),
+        "``gradient`` (largest ``|g|``, the paper), ``fisher`` (largest ``|g_i|/sqrt(lambda_i)``, diagonal Fisher "
+        "fitted on ID training data by ``fit_fisher``; beyond the paper), ``random`` or ``reverse`` (ablation "
+        "controls).")
+    operation: str = setting(
+        "zero", choice_check(OPERATIONS),
+        "On the masked coordinates: ``zero`` (the paper) | ``perturb`` (``F - alpha*sign(g)``) | ``project`` (remove "
+        "the component along ``g``) | ``clip`` (to ``[-clip_bound, clip_bound]``) | ``scale`` (``beta * F``).")
+    alpha: float = setting(0.1, number_check(0.0, math.inf),
+                           "Step of ``operation=\"perturb\"``; the paper's \"small scaling factor\" ``alpha`` has no "
+                           "value given, 0.1 is this library's.")
+    clip_bound: float = setting(1.0, number_check(0.0, math.inf),
+                                "Bound of ``operation=\"clip\"`` (an ablation beyond the paper; 1.0 is this library's).")
+    beta: float = setting(0.5, number_check(0.0, 1.0),
+                          "Factor of ``operation=\"scale\"`` (the paper's partial scaling ``beta < 1``, Appendix "
+                          "A.1.2, has no value given; 0.5 is this library's).")
+    approximation: str = setting(
+        "first_order", choice_check(APPROXIMATIONS),
+        "``first_order`` (``y + J(F'-F)`` for all K logits, one Jacobian-vector product), ``predicted_logit`` (only "
+        "``y_c`` moves by ``g.(F'-F)``, the paper's O(d) update) or ``exact`` (a second pass through the head only).")
+    score: str = setting(
+        "energy", choice_check(SCORES),
+        "``energy`` (the paper) | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.")
+    temperature: float = setting(1.0, number_check(MIN_TEMPERATURE, math.inf),
+                                 "Softmax / energy temperature (the paper's 1).")
+    seed: int = setting(0, _seed, "Random source of ``selection=\"random\"`` (an ablation control).")
+    feature_shaping: str = setting(
+        "none", feature_shaping_check,
+        "``none`` (the paper), or a shaping of ``F`` before the gradient is taken, registered by the method that "
+        "defines it: ``ash_p`` / ``ash_b`` / ``ash_s`` (ASH), ``scale`` (SCALE); the paper's \"GSC + ASH\" row is "
+        "``ash_s`` at the penultimate feature (method ``gsc_ash``). Beyond the paper otherwise.")
+    shaping_percentile: float | None = setting(
+        None, number_check(0.0, 100.0, optional=True),
+        "The shaping's percentile; ``None`` = its authors' value for the architecture.")
+
+    #: Settings that decide what a detector builds (where ``F`` is taken, which backend linearises the head, the
+    #: attention kernel): assigning one on a detector's config rebuilds the detector before it next scores or saves
+    #: (:meth:`GSCDetector.rebuild`).
+    structural_names: ClassVar[tuple[str, ...]] = ("split_point", "earlier_split_point", "approximation", "selection",
+                                                   "feature_shaping", "shaping_percentile")
+
+    method: ClassVar[str] = "gsc"
+
+
+@dataclass
+class GSCOutput(OODDetectorOutput):
+    """Output of :class:`GSCDetector`: every detector's fields (:class:`hf_gsc.OODDetectorOutput`) first, then
+    GSC's own, so that ``Trainer.predict`` gives ``(logits, ood_score, is_ood, gsc_logits, predicted_class)``, the
+    first three in the positions of every method.
 
     Attributes:
         loss: ``()`` cross-entropy of ``logits`` against ``labels`` when labels are given (what ``Trainer.predict``
             expects of a classifier; GSC itself has no loss).
         logits: ``(B, K)`` the base model's logits, unchanged (in float32 for a bf16 / fp16 model, as every output:
             the step after the backbone runs in float32, see :mod:`hf_gsc.gsc_math.step`).
-        gsc_logits: ``(B, K)`` logits after the short-circuit.
         ood_score: ``(B,)`` score of ``gsc_logits``; higher = more in-distribution.
-        is_ood: ``(B,)`` bool, ``ood_score < threshold``; ``None`` while no threshold is set.
+        is_ood: ``(B,)`` bool, ``not ood_score >= threshold``; ``None`` while no threshold is set.
         p_value: ``(B,)`` float64 conformal p-value of ``ood_score`` (:attr:`hf_gsc.OODDetectorOutput.p_value`).
+        gsc_logits: ``(B, K)`` logits after the short-circuit.
         predicted_class: ``(B,)`` ``argmax logits``, the class whose gradient selects the mask.
         features: ``(B, *feature_shape)`` ``F`` (only with ``output_short_circuit=True``).
         gradient: ``(B, *feature_shape)`` ``g = d y_c / dF`` (only with ``output_short_circuit=True``).
         mask: ``(B, *feature_shape)`` bool, short-circuited coordinates (only with ``output_short_circuit=True``).
     """
 
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
     gsc_logits: torch.Tensor | None = None
-    ood_score: torch.Tensor | None = None
-    is_ood: torch.Tensor | None = None
-    p_value: torch.Tensor | None = None
     predicted_class: torch.Tensor | None = None
     features: torch.Tensor | None = None
     gradient: torch.Tensor | None = None
@@ -81,7 +159,7 @@ class _PerInstance:
 
 
 @register_detector
-class GSCForImageClassification(OODDetector):
+class GSCDetector(OODDetector):
     """Gradient Short-Circuit (ICCV 2025, Algorithm 1): at the feature ``F`` of the split point, the coordinates with
     the largest ``|d y_c / dF|`` (a fraction ``mask_ratio`` of those the head reads) are short-circuited, the logits
     updated to first order and scored (energy by default).
@@ -93,8 +171,12 @@ class GSCForImageClassification(OODDetector):
     be called from several threads at once: a forward registers nothing on the model and keeps no state.
 
     Assigning a setting that decides what is built (``split_point``, ``earlier_split_point``, ``approximation``,
-    ``selection``) on ``config`` rebuilds the detector at once, so the detector in memory and the one it saves
-    always score the same; a fitted diagonal Fisher belongs to its split point, so changing that is refused.
+    ``selection``, ``feature_shaping``, ``shaping_percentile``) on ``config`` rebuilds the detector before it next
+    scores or saves, so the detector in memory and the one it saves always score the same; a fitted diagonal Fisher
+    belongs to its split point, so changing that is refused (and the assignment undone).
+
+    ``GSCForImageClassification`` is the same class under the name of transformers' ``*ForImageClassification``
+    models.
 
     Args:
         model: a ``*ForImageClassification`` model returning ``.logits``.
@@ -114,46 +196,47 @@ class GSCForImageClassification(OODDetector):
     state_names = ("fisher_diagonal",)
 
     def __init__(self, model: PreTrainedModel, config: GSCConfig | None = None, **overrides: Any) -> None:
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module image classifier, got {type(model).__name__}")
-        config_class = self.config_class
-        config = config or config_class()
-        if not isinstance(config, config_class):
-            raise TypeError(f"config must be a {config_class.__name__}, got {type(config).__name__}")
-        if overrides:
-            unknown = sorted(set(overrides) - config_class.field_names())
-            if unknown:
-                from .interface import suggest_names
-
-                raise TypeError(f"unknown {config_class.__name__} fields {unknown}"
-                                f"{suggest_names(unknown, sorted(config_class.field_names()))}")
-            config = dataclasses.replace(config, **overrides)
-        if config.feature_shaping != "none" and config.shaping_percentile is None:  # saved with the value it used
-            config = dataclasses.replace(
-                config, shaping_percentile=feature_shaping(config.feature_shaping).default_percentile(model))
-        super().__init__(model, config)
+        super().__init__(model, config, **overrides)
         # (d,) diagonal Fisher of the feature, fitted on ID training data for selection="fisher".
         self.register_buffer("fisher_diagonal", None)
         self._requested_fit: str | None = None  # the kind fit_fisher / calibrate_gradient_mass run
         # How F is taken and the head linearised, for this split point (hf_gsc.gsc_math.backends).
-        self.backend: Backend = self._build_backend(config)
+        self.backend: Backend = self._build_backend(self.config)
         self._check_fit_options()
-        self._bind_config()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The backend is derived from the model and the config (and may hold closures, e.g. a feature shaping):
+        # rebuilt on unpickling (pickle, copy.deepcopy) instead of pickled.
+        state = super().__getstate__()
+        state["backend"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.backend = self._build_backend(self.config)
+
+    def complete_config(self, model: nn.Module, config: GSCConfig) -> GSCConfig:
+        """A shaping's percentile left ``None`` becomes its authors' value for the architecture (saved with the value
+        it used)."""
+        if config.feature_shaping != "none" and config.shaping_percentile is None:
+            config.shaping_percentile = feature_shaping(config.feature_shaping).default_percentile(model)
+        return config
 
     def _check_fit_options(self) -> None:
         if self.config.selection == "fisher" and self.config.mask_size == "adaptive" and self.config.gradient_mass is None:
             raise ValueError("selection='fisher' (fit on train) and mask_size='adaptive' (fit on validation) "
                              "cannot be fitted together; set gradient_mass explicitly for one of them")
 
-    def _rebuild_for(self, name: str, value: Any) -> None:
-        """Rebuild the backend for a new structural setting before it takes effect (an invalid one raises here and
-        the config keeps its old value)."""
-        if name in ("split_point", "earlier_split_point") and self.fisher_diagonal is not None:
-            raise AttributeError(
-                f"GSCForImageClassification.config.{name}: the fitted fisher_diagonal belongs to the current split "
-                "point; build a new detector with the new setting and fit it"
+    def rebuild(self, changed: dict[str, tuple[Any, Any]]) -> None:
+        """Rebuild the backend for the structural settings assigned since it was built (an invalid value raises
+        here, and :meth:`check_config` undoes the assignment)."""
+        moved = sorted({"split_point", "earlier_split_point"} & set(changed))
+        if moved and self.fisher_diagonal is not None:
+            raise ValueError(
+                f"{type(self).__name__}.config.{moved[0]}: the fitted fisher_diagonal belongs to the split point it "
+                "was fitted at, so the assignment is undone; build a new detector with the new setting and fit it"
             )
-        self.backend = self._build_backend(dataclasses.replace(self.config, **{name: value}))
+        self.backend = self._build_backend(self.config)
 
     def _build_backend(self, config: GSCConfig) -> Backend:
         """How ``F`` is taken and the head linearised (:func:`hf_gsc.gsc_math.backends.select_backend`), with ``F`` shaped
@@ -174,6 +257,7 @@ class GSCForImageClassification(OODDetector):
         return (self.backend.feature_split,)
 
     def check_ready(self) -> None:
+        self.check_config()
         config = self.config
         if config.selection == "fisher" and self.fisher_diagonal is None:
             raise RuntimeError("selection='fisher' needs a fitted diagonal Fisher: call fit_fisher(id_train_batches)")
@@ -487,3 +571,6 @@ class GSCForImageClassification(OODDetector):
             features, linearization.spread(step.gradient), linearization.spread(step.mask), step.logits,
             step.gsc_logits, self.config, head_reads, tuple(pixel_values.shape[-2:]), top_k,
         )
+
+#: The name of transformers' ``*ForImageClassification`` models, kept: the same class as :class:`GSCDetector`.
+GSCForImageClassification = GSCDetector

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..settings.config import GSCConfig, feature_shaping_check, setting, split_point_check
+from ..settings.config import feature_shaping_check, setting, split_point_check
 from .interface import register_detector
-from .gsc import GSCForImageClassification
+from .gsc import GSCConfig, GSCDetector
 
 
 @dataclass
@@ -22,10 +22,10 @@ class GSCASHConfig(GSCConfig):
 
 
 @register_detector
-class GSCASHDetector(GSCForImageClassification):
+class GSCASHDetector(GSCDetector):
     """GSC on the ASH-shaped feature: ``F -> F_ash = ASH(F) -> GSC(F_ash) -> energy``.
 
-    Exactly :class:`hf_gsc.GSCForImageClassification` with ``feature_shaping="ash_s"`` at ``split_point=
+    Exactly :class:`hf_gsc.GSCDetector` with ``feature_shaping="ash_s"`` at ``split_point=
     "penultimate"``: ``F`` is taken at the split point; ASH (:func:`hf_gsc.detectors.ash.ash_shape`, per sample,
     at ``shaping_percentile``, by default the ASH authors' value for the architecture) replaces it by ``F_ash``; the
     gradient ``g = d y_c / dF`` of the predicted logit is taken at ``F_ash``, the top ``mask_ratio`` of ``|g|`` is

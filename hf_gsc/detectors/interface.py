@@ -21,16 +21,18 @@ with ``.to(device)``.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import Any, ClassVar, Iterable
 
 import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
 from .backbone_pass import BackbonePass, FitShards, run_backbone
-from ..settings.config import DetectorConfig, bind_config
+from ..settings.config import DetectorConfig
 from ..storage.push import HubPush
 from ..utils.image_data import image_rows
 from ..utils.inputs import check_pixel_values, labelled_batches
@@ -57,9 +59,8 @@ class OODDetectorOutput(ModelOutput):
     ``Trainer.predict`` returns as ``predictions`` the fields other than ``loss`` that are not ``None``, in this
     order: ``(logits, ood_score, is_ood, p_value)``, or ``(logits, ood_score)`` before calibration. ``ood_score`` is
     float32 whatever the base model's dtype (float64 only for a float64 base model). ``label_ids`` are the dataset's
-    ``labels``. GSC's output has fields of its own:
-    ``(logits, gsc_logits, ood_score, is_ood, p_value, predicted_class)``
-    (:class:`hf_gsc.GSCOutput`).
+    ``labels``. GSC's output adds fields of its own after these: ``(logits, ood_score, is_ood, p_value, gsc_logits,
+    predicted_class)`` (:class:`hf_gsc.GSCOutput`).
     """
 
     loss: torch.Tensor | None = None
@@ -92,6 +93,28 @@ def _in_score_dtype(score_batch: Any) -> Any:
         return score_batch(self, batch).to(self.score_dtype)
 
     wrapped._in_score_dtype = True
+    return wrapped
+
+
+def _keeping_calibration_honest(fit_end: Any) -> Any:
+    """``fit_end`` followed, once per fit (not again in a subclass's ``super().fit_end()``), by dropping a threshold
+    calibrated for another fitted state."""
+
+    @functools.wraps(fit_end)
+    def wrapped(self: "OODDetector") -> None:
+        outer = not self.__dict__.get("_ending_fit", False)
+        self.__dict__["_ending_fit"] = True
+        try:
+            fit_end(self)
+        finally:
+            if outer:
+                self.__dict__["_ending_fit"] = False
+        if outer and self.config.threshold is not None:
+            recorded = (self.config.calibration or {}).get("fitted_state")
+            if recorded is None or recorded != fitted_state_digest(self.fitted_state()):
+                self.clear_calibration("the detector was fitted again after its threshold was calibrated")
+
+    wrapped._keeps_calibration_honest = True
     return wrapped
 
 
@@ -134,14 +157,20 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     reads_logits: ClassVar[bool] = False
     config_class: ClassVar[type] = DetectorConfig
 
-    def __init__(self, model: nn.Module, config: Any) -> None:
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **kwargs: Any) -> None:
+        """Args: ``model``, the base classifier; ``config``, the method's settings (a ``config_class``; ``None``:
+        defaults); ``kwargs``, its fields replacing those of ``config`` (``k=50``, ``threshold=...``,
+        ``base_model_name_or_path=...``): :meth:`hf_gsc.DetectorConfig.from_kwargs`, for every method."""
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module image classifier, got {type(model).__name__}")
+        config = self.complete_config(model, self.config_class.from_kwargs(config, **kwargs))
         self.model = model.eval().requires_grad_(False)
         if config.base_model_name_or_path is None:
             config.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
         self.config = config
+        # The settings this detector was built with and last checked (check_config compares the config with them).
+        self._built_with = dict(config.hyperparameters)
         # Set by from_pretrained when the base model ships one; used to calibrate from images and by the pipeline.
         self.image_processor: Any = None
         self.fitted = not self.needs_fit
@@ -172,6 +201,10 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         own = cls.__dict__.get("score_batch")
         if own is not None and not getattr(own, "_in_score_dtype", False):
             cls.score_batch = _in_score_dtype(own)
+        # A refit (however it is reached: fit, fit_together, fit_fisher, the evaluation) drops a stale threshold.
+        own = cls.__dict__.get("fit_end")
+        if own is not None and not getattr(own, "_keeps_calibration_honest", False):
+            cls.fit_end = _keeping_calibration_honest(own)
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -201,17 +234,101 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         the evaluation passes them unless the user set them. Default: none."""
         return {}
 
-    def _bind_config(self) -> None:
-        """From now on, assigning a structural setting on ``self.config`` rebuilds this detector."""
-        bind_config(self.config, self)
+    def complete_config(self, model: nn.Module, config: DetectorConfig) -> DetectorConfig:
+        """``config`` (a fresh copy, this detector's own) with the defaults that depend on ``model`` filled in
+        (ASH's percentile, GSC's shaping percentile). Default: unchanged."""
+        return config
 
-    def _rebuild_for(self, name: str, value: Any) -> None:
-        """Called before a structural field of ``self.config`` changes. Default: refuse, saying how to build a
-        detector with the new value (what was built and fitted depends on the old one)."""
-        raise AttributeError(
-            f"{type(self).__name__}.config.{name} decides what this detector built and fitted; build a new "
-            f"detector instead: AutoOODDetector.from_pretrained(model, method={self.method!r}, {name}=...)"
+    # ------------------------------------------------------------------ the config: structure and threshold
+    def check_config(self) -> None:
+        """Bring this detector in line with its config before it scores or saves (the config itself is passive).
+
+        A structural setting assigned since the detector was built (:attr:`DetectorConfig.structural_names`) is
+        rebuilt for (:meth:`rebuild`), any other is checked against the fitted state (:meth:`settings_changed`); when
+        either refuses or fails, the assignments are undone and the error raised. A threshold whose calibration
+        record no longer matches the settings is dropped (:meth:`clear_calibration`)."""
+        now = dict(self.config.hyperparameters)
+        changed = {name: (self._built_with[name], value) for name, value in now.items()
+                   if value != self._built_with.get(name)}
+        if changed:
+            structural = {name: values for name, values in changed.items()
+                          if name in self.config.structural_setting_names()}
+            try:
+                if structural:
+                    self.rebuild(structural)
+                self.settings_changed(changed)
+            except Exception:
+                for name, (old, _) in changed.items():
+                    object.__setattr__(self.config, name, old)  # already checked when it was first assigned
+                raise
+            self._built_with = now
+        calibration = self.config.calibration or {}
+        if self.config.threshold is not None and "settings" in calibration:
+            differ = changed_settings(calibration["settings"], self.calibration_settings())
+            if differ:
+                self.clear_calibration(f"{differ} changed since it was calibrated")
+
+    def rebuild(self, changed: dict[str, tuple[Any, Any]]) -> None:
+        """Rebuild what depends on the structural settings in ``changed`` (``name -> (built with, now)``).
+        Default: refuse (what was built and fitted depends on the old values); :meth:`check_config` then undoes the
+        assignment."""
+        name, (old, new) = next(iter(changed.items()))
+        raise ValueError(
+            f"{type(self).__name__}.config.{name} was set to {new!r} on a detector built with {old!r}; it decides what "
+            f"this detector built and fitted, so the assignment is undone: build a new detector instead, "
+            f"AutoOODDetector.from_pretrained(model, method={self.method!r}, {name}={new!r})"
         )
+
+    def settings_changed(self, changed: dict[str, tuple[Any, Any]]) -> None:
+        """Called by :meth:`check_config` after settings changed (``name -> (before, now)``), structural ones
+        rebuilt for: re-derive what depends on them, or raise to have them undone. Default: nothing."""
+
+    def calibration_settings(self) -> dict[str, Any]:
+        """The values ``ood_score`` depends on besides the fitted tensors (the settings and fitted values other than
+        the threshold and its record), as JSON stores them: what a calibration record keeps as ``settings``."""
+        return json.loads(json.dumps(self.config.score_hyperparameters()))
+
+    def calibration_dependencies(self) -> dict[str, Any]:
+        """What a threshold calibrated now depends on: ``settings`` (:meth:`calibration_settings`) and
+        ``fitted_state`` (:func:`fitted_state_digest` of :meth:`fitted_state`; ``None`` when nothing is fitted)."""
+        return {"settings": self.calibration_settings(), "fitted_state": fitted_state_digest(self.fitted_state())}
+
+    def clear_calibration(self, reason: str) -> None:
+        """Drop the threshold, its calibration record and the kept calibration scores, saying why in one warning;
+        ``is_ood`` and ``p_value`` are then ``None`` until :meth:`calibrate` runs again."""
+        self.config.threshold = None
+        self.config.calibration = None
+        self.keep_calibration_scores(None, reason)
+        self._warned_uncalibrated = True  # this warning says it: no second one at the next forward
+        warnings.warn(
+            f"detector {self.method!r}: its threshold was dropped because {reason}, so is_ood is None (no decision, "
+            f"not 'in-distribution'): call .calibrate(id_validation_data) with at least {MIN_CALIBRATION_SAMPLES} ID "
+            "validation images",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    def check_loaded_calibration(self, saved_settings: dict[str, Any]) -> None:
+        """After a load: keep the saved threshold only for the settings and fitted state it was calibrated for.
+
+        A record written with ``settings`` and ``fitted_state`` is checked against both; an older record (without
+        them) against ``saved_settings``, the settings saved beside it (a keyword given to ``from_pretrained``
+        that changes one drops the threshold); ``saved_settings`` holds the saved values of the settings given again
+        at load. Such a threshold is kept, without a warning, unverified against the fitted state (which that format
+        did not record): the folder and its state file were written together."""
+        calibration = self.config.calibration or {}
+        if self.config.threshold is None:
+            return
+        current = self.calibration_settings()
+        if "settings" in calibration:
+            recorded = calibration["settings"]
+        else:
+            recorded, current = saved_settings, {name: current.get(name) for name in saved_settings}
+        differ = changed_settings(recorded, current)
+        if differ:
+            self.clear_calibration(f"{differ} differ from the settings it was calibrated for")
+        elif "fitted_state" in calibration and calibration["fitted_state"] != fitted_state_digest(self.fitted_state()):
+            self.clear_calibration("the fitted state differs from the one it was calibrated with")
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
@@ -228,7 +345,9 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         raise NotImplementedError
 
     def check_ready(self) -> None:
-        """Raise when the detector cannot score yet (a method that needs fitting, not fitted)."""
+        """Raise when the detector cannot score yet (a method that needs fitting, not fitted); first
+        :meth:`check_config`."""
+        self.check_config()
         if self.needs_fit and not self.fitted:
             raise RuntimeError(
                 f"detector {self.method!r} must be fitted first: call .fit(batches) on ID {self.fit_split} data"
@@ -350,15 +469,6 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         self.config.calibration = record
         return threshold
 
-    def clear_calibration(self, reason: str) -> None:
-        """Drop the threshold, its calibration record and the kept calibration scores (``is_ood`` and ``p_value`` are
-        then ``None``, with the one-line warning), because of ``reason`` (e.g. a setting that changes the scores
-        was assigned)."""
-        self.config.threshold = None
-        self.config.calibration = None
-        self.keep_calibration_scores(None, reason)
-        self._warned_uncalibrated = False
-
     # ------------------------------------------------------------------ fitting (one pass shared by many detectors)
     def fit_begin(self) -> None:
         """Start a fit (called before the first :meth:`fit_update`)."""
@@ -438,8 +548,12 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID, and keep the
         ID validation scores (sorted) for p-values and :meth:`set_tpr`.
 
-        Use ID *validation* data only, never the test split or OOD data. ``config.calibration`` records ``split``,
-        ``num_samples`` and ``tpr``. Fewer than :data:`~hf_gsc.utils.thresholds.MIN_CALIBRATION_SAMPLES` samples warn.
+        Use ID *validation* data only, never the test split or OOD data. ``config.calibration`` records what was
+        read (``source``: ``"folder /abs/path"``, ``"split 'validation' of dataset root /abs/path"``,
+        ``"datasets.Dataset (N rows)"``, ``"tensors given by the caller"``, ...; ``split``: the split this call chose
+        from a dataset root, else ``None``), ``num_samples``, ``tpr``, ``delta``, and what the threshold depends on
+        (``settings``, ``fitted_state``): a later change of either drops it (:meth:`clear_calibration`). Fewer than
+        :data:`~hf_gsc.utils.thresholds.MIN_CALIBRATION_SAMPLES` samples warn.
 
         Args:
             id_validation_data: a ``(N, C, H, W)`` tensor; an iterable of batches (tensors, ``(pixel_values,
@@ -448,8 +562,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
                 ``image_processor``; or a dataset root (a folder with ``train/``, ``validation/``, ``test/``, a saved
                 ``DatasetDict`` or a ``DatasetDict``), read at ``split`` only (logged; refused when it has none).
             tpr: fraction of ID samples to keep, in ``(0, 1]``.
-            split: the split read from a dataset root, and the name recorded in the calibration record; never
-                ``"test"``.
+            split: the split read from a dataset root (recorded as ``split``); never ``"test"``. Other data is read
+                as it is, and recorded with ``split`` ``None``.
             batch_size: images per forward when images are given.
             image_column: the image column of a ``datasets.Dataset`` (default ``image``).
             label_column: its label column (default ``label``; calibration reads no labels, but names one that is
@@ -461,10 +575,12 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         Returns:
             The threshold.
         """
+        rows = image_rows(id_validation_data, "id_validation_data", None, False, split, image_column, label_column)
+        source, read_split = ("tensors given by the caller", None) if rows is None else (rows.source, rows.split)
         scores = []
-        for pixel_values, _ in labelled_batches(id_validation_data, "id_validation_data", self.image_processor,
-                                                batch_size, channels=self._expected_channels, split=split,
-                                                image_column=image_column, label_column=label_column):
+        for pixel_values, _ in labelled_batches(id_validation_data if rows is None else rows, "id_validation_data",
+                                                self.image_processor, batch_size, channels=self._expected_channels,
+                                                split=split, image_column=image_column, label_column=label_column):
             with torch.no_grad():
                 scores.append(self.score(pixel_values).double().cpu())
         all_scores = torch.cat(scores)
@@ -484,7 +600,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
             )
         self.config.threshold = threshold_for(all_scores, tpr, delta)
         self.keep_calibration_scores(all_scores)
-        self.config.calibration = calibration_record(split, all_scores.numel(), tpr, delta)
+        self.config.calibration = calibration_record(read_split, all_scores.numel(), tpr, delta, source=source,
+                                                     **self.calibration_dependencies())
         return self.config.threshold
 
     @property
@@ -502,6 +619,27 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         super().train(mode)
         self.model.eval()
         return self
+
+
+def fitted_state_digest(state: dict[str, torch.Tensor]) -> str | None:
+    """``"sha256:<hex>"`` of fitted tensors (names, dtypes, shapes and bytes, in name order), the identity a
+    calibration record keeps; ``None`` when nothing is fitted. The same on every device."""
+    if not state:
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def changed_settings(recorded: Any, current: dict[str, Any]) -> str:
+    """``""`` when ``recorded`` (a calibration record's ``settings``) equals ``current``; else the differing
+    settings, ``"k (50 -> 5)"``."""
+    recorded = recorded if isinstance(recorded, dict) else {}
+    names = sorted(name for name in set(recorded) | set(current) if recorded.get(name) != current.get(name))
+    return ", ".join(f"{name} ({recorded.get(name)!r} -> {current.get(name)!r})" for name in names)
 
 
 def check_state(
@@ -528,10 +666,12 @@ __all__ = [
     "DETECTORS",
     "OODDetector",
     "OODDetectorOutput",
+    "changed_settings",
     "check_state",
     "classifier_loss",
     "decide",
     "detector_class",
+    "fitted_state_digest",
     "get_detector",
     "register_detector",
     "suggest_names",

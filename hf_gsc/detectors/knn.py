@@ -36,6 +36,8 @@ class KNNConfig(DetectorConfig):
     """Settings of deep nearest neighbours (:class:`KNNDetector`)."""
 
     method: ClassVar[str] = "knn"
+    #: ``k`` is read when scoring, not fitting: assignable on a fitted detector (a bank smaller than ``k`` refuses it).
+    structural_names: ClassVar[tuple[str, ...]] = ()
     k: int = setting(50, integer_check(1), "The neighbour whose distance is the score: the ``k``-th nearest. 50: the "
                      "paper's CIFAR-10 setting (1000 with 1% of the training set on ImageNet).")
 

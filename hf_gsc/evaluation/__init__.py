@@ -18,7 +18,7 @@
 import importlib
 from typing import Any
 
-# Imported on first use (PEP 562): ``GSCForImageClassification.calibrate`` needs only :mod:`.calibration`, and a
+# Imported on first use (PEP 562): ``GSCDetector.calibrate`` needs only :mod:`.calibration`, and a
 # serving install has none of the evaluation extras (datasets, accelerate, scikit-learn) the rest imports.
 _EXPORTS = {
     "calibration_record": "calibration", "true_positive_rate": "calibration",

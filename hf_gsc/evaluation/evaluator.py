@@ -611,7 +611,9 @@ class OODEvaluator:
             detector.config.threshold = entry["threshold"]
             if ID_VALIDATION in self.evaluation_plan.splits:  # the scores of that threshold, for p-values
                 detector.keep_calibration_scores(self._load_scores(name, ID_VALIDATION)[SCORE_KEY])
-            detector.config.calibration = entry["calibration"]
+            # The saved record also says what the threshold depends on, so that a load with other settings drops it.
+            detector.config.calibration = entry["calibration"] and {**entry["calibration"],
+                                                                    **detector.calibration_dependencies()}
             if detector.image_processor is None:
                 detector.image_processor = self.processor
             detector.save_pretrained(fit_dir(self.output_dir, name), results_dir=self.output_dir)

@@ -8,7 +8,7 @@ Given the head linearised at ``F`` (its logits ``y``, ``v^T J``, ``J t`` and the
     gsc_logits = y + J(F' - F)  |  y + e_c g.(F' - F)  |  head(F')
     ood_score = score(gsc_logits)
 
-:meth:`hf_gsc.GSCForImageClassification.forward`, every analysis (:mod:`hf_gsc.analysis`) and GSC + ASH
+:meth:`hf_gsc.GSCDetector.forward`, every analysis (:mod:`hf_gsc.analysis`) and GSC + ASH
 (:mod:`hf_gsc.detectors.gsc_ash`) call :func:`gsc_step`; how ``F`` and the linearised head are obtained is the
 backend's business (:mod:`hf_gsc.gsc_math.backends`).
 

@@ -4,8 +4,8 @@
 :class:`DetectorConfig` is the base: the type field ``method`` (a class attribute of each method's config class,
 like PEFT's ``peft_type``), the fitted ``threshold`` with its ``calibration`` record, and a *reference* to the base
 model (name or path and revision) instead of the base model's own config. Each method has its own subclass whose
-dataclass fields are its settings: :class:`GSCConfig` for GSC, written here; every other method's class is written in
-the method's own file (``KNNConfig`` in :mod:`hf_gsc.detectors.knn`), so that a method stays one file. Each setting is
+dataclass fields are its settings, written in the method's own file (``KNNConfig`` in :mod:`hf_gsc.detectors.knn`,
+``GSCConfig`` in :mod:`hf_gsc.detectors.gsc`), so that a method stays one file. Each setting is
 declared with :func:`setting`: a type, a default, a check and a help string that names the authors' default and its
 source (``metadata["help"]``, collected into the class docstring, so ``help(KNNConfig)`` lists them). Every field is
 validated on every assignment by its check (``metadata["check"]``) and has one *kind* (its ``metadata["kind"]``):
@@ -17,6 +17,12 @@ validated on every assignment by its check (``metadata["check"]``) and has one *
 * ``provenance``: where the detector came from (base model reference and revision, hf_gsc version).
 
 Every list of fields elsewhere is derived from these kinds (:meth:`DetectorConfig.names`), never written by hand.
+
+A config is passive: assigning a field only checks and stores the value. The detector that holds it compares its
+config with what it was built with before it scores or saves (:meth:`hf_gsc.OODDetector.check_ready`), and
+rebuilds, refuses or drops a threshold that no longer applies there. :meth:`DetectorConfig.from_kwargs` is the one
+path from keyword arguments to a config (every detector's constructor and ``from_pretrained`` go through it);
+:meth:`DetectorConfig.to_dict` / :meth:`DetectorConfig.from_dict` are the one saved form (``detector_config.json``).
 """
 
 from __future__ import annotations
@@ -26,13 +32,12 @@ import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any, Callable, ClassVar
 
 from ..utils.version import __version__
 from ..utils.feature_shapings import feature_shaping
-from ..utils.scores import SCORES
-from ..gsc_math.shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from ..classifier.split_points import validate_split_point_name
 
 #: The saved detector's settings, for every method (its ``method`` field says which); see :mod:`hf_gsc.storage.saved_format`.
@@ -123,12 +128,6 @@ def _threshold(name: str, value: Any) -> Any:
     return None if value is None else float(number_check(-math.inf, math.inf)(name, value))
 
 
-def _seed(name: str, value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-    return value
-
-
 def _calibration(name: str, value: Any) -> Any:
     if value is not None and not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict or None, got {type(value).__name__}")
@@ -202,9 +201,9 @@ class DetectorConfig:
     Class attributes:
         method: the registered method these settings configure (the saved format's type field); the detector class
             that names this config class as its ``config_class`` takes its ``method`` from here.
-        structural_names: settings that decide what a detector built or fitted: assigning one on a detector's config
-            asks the detector first, which rebuilds itself or refuses (:func:`bind_config`). ``None`` (the default):
-            every setting.
+        structural_names: settings that decide what a detector built or fitted: when one is assigned on a
+            detector's config, the detector rebuilds itself or refuses (undoing the assignment) before it next scores
+            or saves (:meth:`hf_gsc.OODDetector.check_ready`). ``None`` (the default): every setting.
     """
 
     method: ClassVar[str] = ""
@@ -212,8 +211,9 @@ class DetectorConfig:
 
     threshold: float | None = fitted(None, _threshold, "``is_ood = not ood_score >= threshold``; set by ``calibrate`` "
                                                        "on ID validation data.")
-    calibration: dict[str, Any] | None = fitted(None, _calibration, "What the threshold was calibrated on "
-                                                "(``split``, ``num_samples``, ``tpr``, ``delta``).")
+    calibration: dict[str, Any] | None = fitted(None, _calibration, "What the threshold was calibrated on and what "
+                                                "it depends on (``source``, ``split``, ``num_samples``, ``tpr``, "
+                                                "``delta``, ``settings``, ``fitted_state``).")
     base_model_name_or_path: str | None = _field(None, PROVENANCE, _optional_string,
                                                  "The base classifier: a Hub id or a local path.")
     base_model_revision: str | None = _field(None, PROVENANCE, _optional_string,
@@ -237,7 +237,7 @@ class DetectorConfig:
                 value = check(name, value)
             except ValueError as error:
                 raise ValueError(f"{type(self).__name__}.{error}") from None
-        _assign(self, name, value)
+        object.__setattr__(self, name, value)
 
     @property
     def hyperparameters(self) -> "ReadOnlyDict":
@@ -273,33 +273,99 @@ class DetectorConfig:
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
 
+    @classmethod
+    def keyword_names(cls) -> tuple[str, ...]:
+        """The keyword arguments :meth:`from_kwargs` takes: every field but ``hf_gsc_version`` (written by the
+        library, never chosen): the settings, the fitted values (``threshold``, ``calibration``, GSC's
+        ``gradient_mass``) and the base-model reference."""
+        return tuple(name for name in cls.names(SETTING, FITTED, PROVENANCE) if name != "hf_gsc_version")
+
+    @classmethod
+    def from_kwargs(cls, config: "DetectorConfig | None" = None, **kwargs: Any) -> "DetectorConfig":
+        """The one path from keyword arguments to a config: a copy of ``config`` (defaults when ``None``) with
+        ``kwargs`` replacing its fields. Every detector's constructor and ``from_pretrained`` build their config
+        here, so the same mistakes raise the same exceptions for every method.
+
+        Raises:
+            TypeError: ``config`` is not exactly this class, or a keyword is none of :meth:`keyword_names` (the
+                message names the nearest one).
+            ValueError: a value fails its field's check (the message names the field and what it takes).
+        """
+        if config is None:
+            config = cls()
+        elif type(config) is not cls:
+            raise TypeError(f"config must be a {cls.__name__} (the settings of method {cls.method!r}), got "
+                            f"{type(config).__name__}")
+        known = cls.keyword_names()
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            from .registry import suggest_names
+
+            raise TypeError(f"unknown hyperparameters {unknown} for detector {cls.method!r}"
+                            f"{suggest_names(unknown, known)}; known: {sorted(known)}")
+        return dataclasses.replace(config, **kwargs)
+
     def score_hyperparameters(self) -> dict[str, Any]:
         """``{name: value}`` of every field that changes ``ood_score`` (:meth:`score_names`)."""
         return {name: getattr(self, name) for name in self.score_names()}
 
-    def settings(self) -> dict[str, Any]:
-        """``{name: value}`` of the settings only."""
-        return dict(self.hyperparameters)
+    @classmethod
+    def saved_keys(cls) -> tuple[str, ...]:
+        """The top-level keys of the saved form (:meth:`to_dict`): the type field, the settings as one object, and
+        the common fitted and provenance fields of :class:`DetectorConfig`."""
+        return ("method", "hyperparameters", *DetectorConfig.names(FITTED, PROVENANCE))
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every field and the type field, flat."""
-        return {"method": self.method, **{f.name: getattr(self, f.name) for f in fields(self)}}
+    def to_dict(self, base: "tuple[str | None, str | None] | None" = None) -> dict[str, Any]:
+        """The saved form, ``detector_config.json`` (PEFT's ``to_dict``): ``method``, ``hyperparameters`` (every
+        setting), ``threshold``, ``calibration``, the base-model reference (``base``, ``(name_or_path, revision)``,
+        replaces the config's: the repo itself when the base weights are pushed with it) and this hf_gsc's version
+        (the one that writes it). A method's own fitted values besides these (GSC's ``gradient_mass``) are saved
+        with the fitted tensors, not here."""
+        name, revision = base if base is not None else (self.base_model_name_or_path, self.base_model_revision)
+        common = {key: getattr(self, key) for key in DetectorConfig.names(FITTED)}
+        return {"method": self.method, "hyperparameters": dict(self.hyperparameters), **common,
+                "base_model_name_or_path": name, "base_model_revision": revision, "hf_gsc_version": __version__}
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str | None = None) -> "DetectorConfig":
-        """Build from saved values (fields, flat). Keys unknown to this version are an error, unless the values were
-        written by a newer hf_gsc: then they are dropped with a warning naming both versions (as PEFT does)."""
-        values = dict(values)
-        values.pop("method", None)
-        kept = drop_unknown(values, cls.field_names(), values.get("hf_gsc_version"), source or cls.__name__,
-                            f"{cls.__name__} fields")
-        return cls(**kept)
+        """The config a saved form (:meth:`to_dict`) describes, of the class its ``method`` names (on
+        :class:`DetectorConfig`, any registered method; on a method's class, that method only). Keys unknown to this
+        version are an error, unless a newer hf_gsc wrote them: then they are dropped with a warning naming both
+        versions (as PEFT does)."""
+        from .registry import detector_class
+
+        source = source or cls.__name__
+        method = values.get("method")
+        if not isinstance(method, str):
+            raise ValueError(f"{source}: 'method' must name a registered detector method, got {method!r}")
+        try:
+            config_class = detector_class(method).config_class
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
+        if not issubclass(config_class, cls):
+            raise ValueError(f"{source} holds {method!r} settings, not {cls.__name__}")
+        version = values.get("hf_gsc_version")
+        values = drop_unknown(values, cls.saved_keys(), version, source, "keys")
+        hyperparameters = values.get("hyperparameters") or {}
+        if not isinstance(hyperparameters, Mapping):
+            raise ValueError(f"{source}: 'hyperparameters' must be a JSON object, got {type(hyperparameters).__name__}")
+        common = {key: values[key] for key in cls.saved_keys()[2:] if key in values}
+        try:
+            # Hyperparameters a newer hf_gsc wrote are dropped with a warning; other unknown ones are an error.
+            hyperparameters = drop_unknown(hyperparameters, config_class.setting_names(), version, source,
+                                           f"{method} hyperparameters")
+            return config_class(**hyperparameters, **common)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{source}: {error}") from None
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "DetectorConfig":
         """A config saved as a flat JSON object of fields (GSC's ``gsc_config.json``, the format before every
-        method shared ``detector_config.json``)."""
-        return cls.from_dict(read_json_object(path, f"{cls.__name__} fields"), source=str(path))
+        method shared ``detector_config.json``); still read."""
+        values = read_json_object(path, f"{cls.__name__} fields")
+        values.pop("method", None)
+        kept = drop_unknown(values, cls.field_names(), values.get("hf_gsc_version"), str(path), f"{cls.__name__} fields")
+        return cls(**kept)
 
 
 DetectorConfig.__doc__ = _with_attributes(DetectorConfig.__doc__, [
@@ -340,78 +406,6 @@ def drop_unknown(values: Mapping[str, Any], known: set[str] | Sequence[str], ver
 MIN_TEMPERATURE = 1e-3
 
 
-@dataclass
-class GSCConfig(DetectorConfig):
-    """Settings of Gradient Short-Circuit (paper Algorithm 1) and its fitted gradient mass, on the common fields of
-    :class:`DetectorConfig` (threshold, calibration, base-model reference). The paper's values are the defaults;
-    settings marked "beyond the paper" are this library's extensions (docs/gsc.md)."""
-
-    split_point: str = setting(
-        "final_encoder_output", split_point_check(),
-        "Where ``F`` is taken: ``\"final_encoder_output\"`` (before the final LayerNorm / pooler; input-dependent "
-        "gradients for ViT/Swin/ConvNeXt; the paper's feature), ``\"penultimate\"`` (input of the last "
-        "``nn.Linear``; linear head, ``g = W[c]``), or a dotted module path in the base model.")
-    earlier_split_point: str | None = setting(
-        None, split_point_check(optional=True),
-        "Multi-layer short-circuit (beyond the paper): an earlier encoder block (``\"vit.layers.-3\"``) "
-        "short-circuited together with ``split_point`` under one shared budget "
-        "``k = ceil(mask_ratio * (n_earlier + n_final))``, coordinates ranked by ``|g|`` normalised per layer.")
-    mask_ratio: float = setting(
-        0.05, number_check(0.0, 1.0),
-        "Fraction of the coordinates the head reads (nonzero gradient) to short-circuit; ``k = ceil(mask_ratio * n)`` "
-        "per sample (the paper's 5 %). With ``mask_size=\"adaptive\"`` it is the *mean* ratio on ID validation data "
-        "that ``calibrate_gradient_mass`` targets.")
-    mask_size: str = setting(
-        "fixed", choice_check(MASK_SIZES),
-        "``fixed`` (``k`` from ``mask_ratio``, the paper) or ``adaptive`` (per sample, the smallest ``k`` whose "
-        "top-``k`` ``|g|`` hold ``gradient_mass`` of the total; beyond the paper).")
-    gradient_mass: float | None = fitted(
-        None, number_check(0.0, 1.0, optional=True),
-        "The mass fraction of ``mask_size=\"adaptive\"``, set by ``calibrate_gradient_mass``.")
-    selection: str = setting(
-        "gradient", choice_check(SELECTIONS),
-        "``gradient`` (largest ``|g|``, the paper), ``fisher`` (largest ``|g_i|/sqrt(lambda_i)``, diagonal Fisher "
-        "fitted on ID training data by ``fit_fisher``; beyond the paper), ``random`` or ``reverse`` (ablation "
-        "controls).")
-    operation: str = setting(
-        "zero", choice_check(OPERATIONS),
-        "On the masked coordinates: ``zero`` (the paper) | ``perturb`` (``F - alpha*sign(g)``) | ``project`` (remove "
-        "the component along ``g``) | ``clip`` (to ``[-clip_bound, clip_bound]``) | ``scale`` (``beta * F``).")
-    alpha: float = setting(0.1, number_check(0.0, math.inf),
-                           "Step of ``operation=\"perturb\"``; the paper's \"small scaling factor\" ``alpha`` has no "
-                           "value given, 0.1 is this library's.")
-    clip_bound: float = setting(1.0, number_check(0.0, math.inf),
-                                "Bound of ``operation=\"clip\"`` (an ablation beyond the paper; 1.0 is this library's).")
-    beta: float = setting(0.5, number_check(0.0, 1.0),
-                          "Factor of ``operation=\"scale\"`` (the paper's partial scaling ``beta < 1``, Appendix "
-                          "A.1.2, has no value given; 0.5 is this library's).")
-    approximation: str = setting(
-        "first_order", choice_check(APPROXIMATIONS),
-        "``first_order`` (``y + J(F'-F)`` for all K logits, one Jacobian-vector product), ``predicted_logit`` (only "
-        "``y_c`` moves by ``g.(F'-F)``, the paper's O(d) update) or ``exact`` (a second pass through the head only).")
-    score: str = setting(
-        "energy", choice_check(SCORES),
-        "``energy`` (the paper) | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.")
-    temperature: float = setting(1.0, number_check(MIN_TEMPERATURE, math.inf),
-                                 "Softmax / energy temperature (the paper's 1).")
-    seed: int = setting(0, _seed, "Random source of ``selection=\"random\"`` (an ablation control).")
-    feature_shaping: str = setting(
-        "none", feature_shaping_check,
-        "``none`` (the paper), or a shaping of ``F`` before the gradient is taken, registered by the method that "
-        "defines it: ``ash_p`` / ``ash_b`` / ``ash_s`` (ASH), ``scale`` (SCALE); the paper's \"GSC + ASH\" row is "
-        "``ash_s`` at the penultimate feature (method ``gsc_ash``). Beyond the paper otherwise.")
-    shaping_percentile: float | None = setting(
-        None, number_check(0.0, 100.0, optional=True),
-        "The shaping's percentile; ``None`` = its authors' value for the architecture.")
-
-    #: Settings that decide what a detector builds (where ``F`` is taken, which backend linearises the head, the
-    #: attention kernel): assigning one on a detector's config rebuilds the detector (see :func:`bind_config`).
-    structural_names: ClassVar[tuple[str, ...]] = ("split_point", "earlier_split_point", "approximation", "selection",
-                                                   "feature_shaping", "shaping_percentile")
-
-    method: ClassVar[str] = "gsc"
-
-
 def _is_newer(version: Any) -> bool:
     """Whether ``version`` is a valid version string newer than the installed hf_gsc."""
     from packaging.version import InvalidVersion, Version
@@ -432,25 +426,6 @@ def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"{path} must hold a JSON object of {what}")
     return values
-
-
-def _assign(config: Any, name: str, value: Any) -> None:
-    """Set a checked field; a structural field of a config bound to a detector first asks the detector, which
-    rebuilds what depends on it (or refuses, saying why) before the value takes effect."""
-    owner = config.__dict__.get("_owner")
-    if owner is not None and name in config.structural_setting_names() and name in config.__dict__:
-        detector = owner()
-        if detector is not None and getattr(config, name) != value:
-            detector._rebuild_for(name, value)
-    object.__setattr__(config, name, value)
-
-
-def bind_config(config: Any, detector: Any) -> None:
-    """Make ``detector`` rebuild itself when a structural field of ``config`` is assigned (weakly referenced, so the
-    config does not keep the detector alive)."""
-    import weakref
-
-    object.__setattr__(config, "_owner", weakref.ref(detector))
 
 
 class ReadOnlyDict(dict):

@@ -4,15 +4,16 @@ its base model, saved or given."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from ..settings.config import CONFIG_NAME, FITTED, LEGACY_GSC_CONFIG_NAME, SETTING, STATE_FILE, DetectorConfig
+from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig
 from ..utils.image_processors import converting_to_rgb, load_image_processor
 from .repo_ids import is_hub_id, looks_local, stored_reference
-from .saved_format import CONFIG_KEYS, load_state_from_dir, read_config
+from .saved_format import load_state_from_dir, read_config
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
@@ -67,11 +68,10 @@ def split_kwargs(
 
 
 def hyperparameter_names(cls: type) -> frozenset[str]:
-    """The keywords a detector class takes as settings: its config class's settings (and GSC's fitted
-    ``gradient_mass``), and the config fields every method has (threshold, calibration, base-model reference), so
-    that ``base_model_name_or_path=`` redirects any saved detector to another copy of its base model."""
-    return frozenset(cls.config_class.names(SETTING, FITTED)) | frozenset(CONFIG_KEYS[2:6])
-
+    """The keywords a detector class takes for its config (:meth:`hf_gsc.DetectorConfig.keyword_names`, as its
+    constructor does): its settings, fitted values and base-model reference, so that ``base_model_name_or_path=``
+    redirects any saved detector to another copy of its base model."""
+    return frozenset(cls.config_class.keyword_names())
 
 
 # ----------------------------------------------------------------------------- load
@@ -177,6 +177,10 @@ def load_detector(
         raise ValueError(f"{path} holds a saved {method!r} detector ({cls.__name__}), not a {expected_class.__name__}; "
                          f"load it with AutoOODDetector.from_pretrained({path!r})")
     overrides, hub, model_kwargs = split_kwargs(kwargs, hyperparameter_names(cls))
+    # The saved values of the settings given again here: an older calibration record (without the settings it
+    # depends on) keeps its threshold only where these are unchanged.
+    given_settings = {} if saved is None else json.loads(json.dumps(
+        {name: getattr(saved, name) for name in overrides if name in saved.score_names()}))
     if saved is not None:
         if model is None:
             base, base_hub = _base_reference(path, detector_dir, saved, overrides, hub)
@@ -206,19 +210,17 @@ def load_detector(
             # Its base weights are in the repo it came from: that repo is its base (it can be pushed on).
             detector.config.base_model_name_or_path = path
             detector.config.base_model_revision = hub.get("revision")
+    if saved is not None:
+        detector.check_loaded_calibration(given_settings)
     return detector
 
 
 def _build(cls: type, model: torch.nn.Module, config: Any, overrides: dict[str, Any], classifier_path: str | None,
            hub: Mapping[str, Any]) -> "OODDetector":
-    if config is None:
-        config = cls.config_class()
+    """The detector, built as its constructor builds it (:meth:`hf_gsc.DetectorConfig.from_kwargs`)."""
     if classifier_path is not None:
         overrides.setdefault("base_model_name_or_path", classifier_path)
         overrides.setdefault("base_model_revision", hub.get("revision"))
-    for key in ("threshold", "calibration", "base_model_name_or_path", "base_model_revision"):
-        if key in overrides:
-            setattr(config, key, overrides.pop(key))
     return cls(model, config, **overrides)
 
 

@@ -168,7 +168,7 @@ def render_model_card(
     base_in_repo: bool = False,
     p_value_cut: float | None = None,
 ) -> ModelCard:
-    """Model card of a detector from its saved config ``values`` (:func:`hf_gsc.storage.saved_format.config_values`):
+    """Model card of a detector from its saved config ``values`` (:meth:`hf_gsc.DetectorConfig.to_dict`):
     metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
     the threshold and, with ``results``, its evaluation."""
     template = template_path()

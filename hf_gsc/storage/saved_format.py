@@ -6,7 +6,8 @@ A detector folder (local or a Hub repo) holds, for every method:
 
 * ``detector_config.json``: ``method`` (the type field, like PEFT's ``peft_type``), ``hyperparameters`` (every
   setting, defaults filled in), ``threshold`` and its ``calibration`` record, and the provenance
-  (``base_model_name_or_path``, ``base_model_revision``, ``hf_gsc_version``);
+  (``base_model_name_or_path``, ``base_model_revision``, ``hf_gsc_version``): the config's own saved form,
+  :meth:`hf_gsc.DetectorConfig.to_dict` / :meth:`hf_gsc.DetectorConfig.from_dict`;
 * ``detector_state.safetensors``: fitted tensors when there are any (KNN's bank, ViM's residual space, GSC's
   ``fisher_diagonal`` / ``gradient_mass``, ...), checked at load against the base model, and, for a calibrated
   detector, ``calibration_scores`` (every ID calibration score, sorted, float64: p-values and ``set_tpr``; a folder
@@ -25,79 +26,49 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
 from ..utils import confined_files
-from ..utils.version import __version__
-from ..settings.config import (CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, GSCConfig, drop_unknown,
-                     read_json_object)
+from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, read_json_object
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
 
 
 # ----------------------------------------------------------------------------- the config file
-#: The top-level keys of ``detector_config.json``.
-CONFIG_KEYS = ("method", "hyperparameters", "threshold", "calibration", "base_model_name_or_path",
-               "base_model_revision", "hf_gsc_version")
-
-
-def config_values(detector: "OODDetector", base: tuple[str | None, str | None] | None = None) -> dict[str, Any]:
-    """The content of ``detector_config.json`` for ``detector``; ``base`` replaces its base-model reference
-    (``(name_or_path, revision)``), e.g. by the repo itself when the base weights are pushed with it."""
-    config = detector.config
-    name, revision = base if base is not None else (config.base_model_name_or_path, config.base_model_revision)
-    return {
-        "method": detector.method,
-        "hyperparameters": dict(detector.hyperparameters),
-        "threshold": config.threshold,
-        "calibration": config.calibration,
-        "base_model_name_or_path": name,
-        "base_model_revision": revision,
-        "hf_gsc_version": __version__,
-    }
-
-
-def config_from_values(values: Mapping[str, Any], source: str) -> DetectorConfig:
-    """The config a saved ``detector_config.json`` describes. Keys unknown to this version are an error, unless a
-    newer hf_gsc wrote them: then they are dropped with a warning naming both versions (as PEFT does)."""
-    from ..settings.registry import detector_class
-
-    method = values.get("method")
-    if not isinstance(method, str):
-        raise ValueError(f"{source}: 'method' must name a registered detector method, got {method!r}")
-    try:
-        cls = detector_class(method)
-    except ValueError as error:
-        raise ValueError(f"{source}: {error}") from None
-    values = drop_unknown(values, CONFIG_KEYS, values.get("hf_gsc_version"), source, "keys")
-    hyperparameters = values.get("hyperparameters") or {}
-    if not isinstance(hyperparameters, Mapping):
-        raise ValueError(f"{source}: 'hyperparameters' must be a JSON object, got {type(hyperparameters).__name__}")
-    common = {key: values.get(key) for key in CONFIG_KEYS[2:] if key in values}
-    config_class = cls.config_class
-    try:
-        # Hyperparameters a newer hf_gsc wrote are dropped with a warning; other unknown ones are an error.
-        hyperparameters = drop_unknown(hyperparameters, config_class.setting_names(), common.get("hf_gsc_version"),
-                                       source, f"{method} hyperparameters")
-        return config_class(**hyperparameters, **common)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{source}: {error}") from None
-
-
 def read_config(directory: str | os.PathLike) -> DetectorConfig | None:
     """The config of the detector saved in ``directory`` (``detector_config.json``, or a legacy GSC
     ``gsc_config.json``); ``None`` where there is neither."""
+    from ..settings.registry import detector_class
+
     path = os.path.join(directory, CONFIG_NAME)
     if os.path.isfile(path):
-        return config_from_values(read_json_object(path, "detector settings"), str(path))
+        return DetectorConfig.from_dict(read_json_object(path, "detector settings"), str(path))
     legacy = os.path.join(directory, LEGACY_GSC_CONFIG_NAME)
     if os.path.isfile(legacy):
-        return GSCConfig.from_json_file(legacy)
+        return detector_class("gsc").config_class.from_json_file(legacy)
     return None
+
+
+#: The words before a local path in a calibration record's ``source`` (:attr:`hf_gsc.utils.image_data.ImageRows.source`).
+_LOCAL_SOURCE = re.compile(r"^(?P<kind>folder|file|split '[^']*' of dataset root|datasets\.Dataset saved in) "
+                           r"(?P<path>.+?)(?P<rows> \(\d+ rows\))?$")
+
+
+def public_config(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``detector_config.json`` as pushed: a calibration ``source`` read from a local path names the folder or file
+    only (``"folder test (a local path, not published)"``); everything else as saved."""
+    calibration = values.get("calibration")
+    match = _LOCAL_SOURCE.match(str((calibration or {}).get("source") or ""))
+    if match is None:
+        return dict(values)
+    source = (f"{match['kind']} {Path(match['path']).name} (a local path, not published)"
+              f"{match['rows'] or ''}")
+    return {**values, "calibration": {**calibration, "source": source}}
 
 
 def write_config(values: Mapping[str, Any], directory: str | os.PathLike) -> Path:

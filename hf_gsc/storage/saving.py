@@ -11,7 +11,7 @@ from ..utils import confined_files
 from ..settings.config import STATE_FILE
 from .results import check_results_match, copy_results, public_results, read_results
 from .repo_ids import is_hub_id, stored_reference
-from .saved_format import CALIBRATION_SCORES_KEY, config_values, save_state, write_config
+from .saved_format import CALIBRATION_SCORES_KEY, public_config, save_state, write_config
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
@@ -37,7 +37,9 @@ def saved_base_reference(
 def check_savable(detector: "OODDetector", results_dir: str | os.PathLike | None = None) -> None:
     """Refuse to save (or push) a detector that needs a fit and has none (it would be saved without its state and
     fail only when loaded), or with a ``results_dir`` that is not this detector's or links outside itself: the local
-    checks a push makes before it reaches the Hub."""
+    checks a push makes before it reaches the Hub. First the detector is brought in line with its config
+    (:meth:`hf_gsc.OODDetector.check_config`), so that what is saved is what it scores with."""
+    detector.check_config()
     if detector.needs_fit and not detector.fitted:
         raise ValueError(f"the {detector.method!r} detector is not fitted, so it cannot be saved: call "
                          f".fit(id_{detector.fit_split}_batches) first")
@@ -68,7 +70,9 @@ def save_detector(
         check_results_match(results, detector, results_dir)
         if repo_id is not None:  # pushed: no local path reaches the card or the copied results
             results, table = public_results(results, table)
-    values = config_values(detector, saved_base_reference(detector, save_base_model, repo_id))
+    values = detector.config.to_dict(saved_base_reference(detector, save_base_model, repo_id))
+    if repo_id is not None:  # pushed: no local path (a calibration folder's) reaches the Hub
+        values = public_config(values)
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
                              license=license or DEFAULT_LICENSE, base_in_repo=save_base_model,
                              p_value_cut=detector.p_value_cut)

@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .images import describe
 from .label_names import generic_labels, generic_labels_error, label_mapping, name_key
@@ -49,6 +49,11 @@ class ImageRows:
     labels: list[int] | None
     origin: str  # how the data is named in messages: "id_validation_data", "the 'validation' split of photos"
     column: str | None = None
+    #: What was read, for records: "folder /abs/path", "split 'validation' of dataset root /abs/path",
+    #: "datasets.Dataset (N rows)", "3 images given by the caller".
+    source: str = ""
+    #: The split chosen from a dataset root by :func:`select_split`; ``None`` when the data was read as given.
+    split: str | None = None
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -124,8 +129,19 @@ def _split_folders(path: Path) -> dict[str, Path]:
     return found
 
 
-def select_split(data: Any, split: str | None, name: str) -> tuple[Any, str]:
-    """``(the data of split, how to name it)`` when ``data`` is a dataset root; ``(data, name)`` otherwise.
+class Selected(NamedTuple):
+    """What :func:`select_split` chose: the data to read, how to name it in messages, and for records the sentence
+    of what it is (``""``: the data as given, described by its reader) and the split chosen from a root."""
+
+    data: Any
+    name: str
+    source: str = ""
+    split: str | None = None
+
+
+def select_split(data: Any, split: str | None, name: str) -> Selected:
+    """``(the data of split, how to name it, what it is, split)`` when ``data`` is a dataset root; ``(data, name)``
+    otherwise.
 
     ``split=None`` (a caller that reads whatever it is given) refuses a root: it would read every split, test too.
 
@@ -137,26 +153,28 @@ def select_split(data: Any, split: str | None, name: str) -> tuple[Any, str]:
         raise ValueError(f"{name}: split={split!r}: fit and calibrate never read a test split; pass ID train or "
                          "validation data")
     if _is_dataset_dict(data):
-        splits, root, label = dict(data), "the DatasetDict", "the DatasetDict"
+        splits, label, root = dict(data), "the DatasetDict", "a DatasetDict given by the caller"
     elif isinstance(data, (str, os.PathLike)) and Path(data).is_dir():
         path = Path(data)
         if (path / "dataset_dict.json").is_file():
             import datasets
 
             with datasets_progress_bars_off():
-                splits, root = dict(datasets.load_from_disk(str(path))), str(path)
+                splits, root = dict(datasets.load_from_disk(str(path))), f"dataset root {path.resolve()}"
         elif (path / "dataset_info.json").is_file():
             import datasets
 
             with datasets_progress_bars_off():
-                return datasets.load_from_disk(str(path)), f"{name} (the dataset saved in {path})"
+                dataset = datasets.load_from_disk(str(path))
+            return Selected(dataset, f"{name} (the dataset saved in {path})",
+                            f"datasets.Dataset saved in {path.resolve()} ({len(dataset)} rows)")
         else:
-            splits, root = _split_folders(path), str(path)
+            splits, root = _split_folders(path), f"dataset root {path.resolve()}"
             if not splits:
-                return data, name
-        label = root
+                return Selected(data, name)
+        label = str(path)
     else:
-        return data, name
+        return Selected(data, name)
     if split is None:
         raise ValueError(f"{name}: {label} is a dataset root with the splits {sorted(splits)}; pass one split's data "
                          "(fit and calibrate read one split, and never test)")
@@ -170,7 +188,7 @@ def select_split(data: Any, split: str | None, name: str) -> tuple[Any, str]:
                          "itself")
     where = f" ({chosen})" if isinstance(chosen, Path) else ""
     logger.warning("%s: reading the %r split of %s%s; its other splits are not read", name, split, label, where)
-    return chosen, f"the {split!r} split of {label}"
+    return Selected(chosen, f"the {split!r} split of {label}", f"split {split!r} of {root}", split)
 
 
 # ----------------------------------------------------------------------------- images and labels
@@ -263,31 +281,45 @@ def image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None, 
     """
     if isinstance(data, ImageRows):
         return data
-    data, name = select_split(data, split, name)
+    selected = select_split(data, split, name)
+    rows = _rows(selected.data, selected.name, label2id, need_labels, image_column, label_column)
+    if rows is None:
+        return None
+    if selected.source:
+        return replace(rows, source=selected.source, split=selected.split)
+    return rows
+
+
+def _rows(data: Any, name: str, label2id: Mapping[str, int] | None, need_labels: bool, image_column: str | None,
+          label_column: str | None) -> ImageRows | None:
+    """:func:`image_rows` of data that is no dataset root, each described by what it is (``source``)."""
     if (image_column is not None or label_column is not None) and getattr(data, "column_names", None) is None:
         raise ValueError(f"{name}: image_column / label_column name columns of a datasets.Dataset; got "
                          f"{type(data).__name__}")
     if getattr(data, "column_names", None) is not None:  # a datasets.Dataset
-        return _dataset_rows(data, name, label2id, need_labels, image_column, label_column)
+        rows = _dataset_rows(data, name, label2id, need_labels, image_column, label_column)
+        return replace(rows, source=f"datasets.Dataset ({len(rows)} rows)")
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if path.is_dir():
-            return _folder_rows(path, name, label2id, need_labels)
+            return replace(_folder_rows(path, name, label2id, need_labels), source=f"folder {path.resolve()}")
         if not path.is_file():
             raise FileNotFoundError(f"{name}: no such file or folder: {path}")
         if need_labels:
             raise ValueError(f"{name}: this method fits per-class statistics; one image file has no label (pass a "
                              "class-folder tree, a datasets.Dataset with a 'label' column, or (pixel_values, labels) "
                              "batches)")
-        return ImageRows([path], None, name)
+        return ImageRows([path], None, name, source=f"file {path.resolve()}")
     images = [data] if _is_image(data) else list(data) if (
         isinstance(data, (list, tuple)) and data and all(_is_image(item) for item in data)) else None
     if images is not None and need_labels:
         raise ValueError(f"{name}: this method fits per-class statistics, and images alone carry no labels (pass a "
                          "class-folder tree, a datasets.Dataset with a 'label' column, or (pixel_values, labels) "
                          "batches)")
-    return None if images is None else ImageRows(images, None, name)
+    if images is None:
+        return None
+    return ImageRows(images, None, name, source=f"{len(images)} image{'s' * (len(images) != 1)} given by the caller")
 
 
-__all__ = ["IMAGE_EXTENSIONS", "SPLIT_FOLDERS", "ImageRows", "class_label_mapping", "image_rows", "labels_by_name",
+__all__ = ["IMAGE_EXTENSIONS", "SPLIT_FOLDERS", "ImageRows", "Selected", "class_label_mapping", "image_rows", "labels_by_name",
            "select_split"]
