@@ -63,11 +63,11 @@ def default_methods() -> list[str]:
 
 
 def command_line_flags() -> dict[str, dict[str, str]]:
-    """method -> its own flags (flag dest -> setting), from the classes' ``command_line_flags``."""
-    from ..settings.registry import command_line_flags as registered_flags
+    """method -> its own flags (field name -> setting): GSC's, declared in
+    :class:`~hf_gsc.evaluation.arguments.GSCArguments`."""
+    from .arguments import GSC_FLAGS, GSC_METHOD
 
-    registered_methods()
-    return registered_flags()
+    return {GSC_METHOD: dict(GSC_FLAGS)}
 
 
 def parse_methods(text: str | None) -> list[str]:
