@@ -31,12 +31,13 @@ tuning record and rebuilds the rest.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -199,6 +200,17 @@ class OODEvaluator:
         :class:`~hf_gsc.data.decoding.UndecodableImageError` at an unreadable image (without
         ``--skip-unreadable-images``), :class:`EverythingSkippedError` when no method is left to report.
         """
+        created = _first_missing(self.output_dir)
+        try:
+            return self._run()
+        except BaseException:
+            # A run that failed before writing anything leaves no empty folder behind; a folder that existed before
+            # this run, or holds anything, is kept.
+            if created is not None and os.environ.get("RANK", "0") == "0":
+                _remove_empty_folders(self.output_dir, created)
+            raise
+
+    def _run(self) -> EvaluationResult | None:
         start = time.perf_counter()
         self.seconds = {phase: 0.0 for phase in PHASES}
         self.load()
@@ -398,6 +410,8 @@ class OODEvaluator:
             validation_ood_source=description, shipped=self.shipped is not None)
         if ID_VALIDATION in plan.splits:
             _check_conformal_size(args, num_rows(plan.splits[ID_VALIDATION]))
+            if accelerator.is_main_process:
+                _warn_small_calibration(args, num_rows(plan.splits[ID_VALIDATION]))
         self.cache = ScoreCache(self.output_dir)
         self.missing = _broadcast(accelerator, missing_scores(plan, self.methods, self.cache, args.overwrite)
                                   if accelerator.is_main_process else None)
@@ -792,6 +806,48 @@ def _check_conformal_size(args: Any, num_validation: int | None) -> None:
         conformal_order(num_validation, args.target_tpr, args.conformal_delta)
     except ValueError as error:
         raise InputError(f"--conformal-delta {args.conformal_delta} with --tpr {args.target_tpr}: {error}") from None
+
+
+def _warn_small_calibration(args: Any, num_validation: int | None) -> None:
+    """The warning ``calibrate`` gives in Python below :data:`~hf_gsc.utils.thresholds.MIN_CALIBRATION_SAMPLES`,
+    for the thresholds this run calibrates on ID validation (naming ``--max-samples`` when it is the cause)."""
+    from ..utils.thresholds import MIN_CALIBRATION_SAMPLES
+
+    if num_validation is None or num_validation >= MIN_CALIBRATION_SAMPLES:
+        return
+    cause = (f" (--max-samples {args.max_samples})" if args.max_samples is not None
+             and args.max_samples < MIN_CALIBRATION_SAMPLES else "")
+    warnings.warn(f"the thresholds are calibrated on {num_validation} ID validation samples{cause}, too few for a "
+                  f"threshold to mean much (at least {MIN_CALIBRATION_SAMPLES}; with n samples the accepted fraction "
+                  "on new data varies by about sqrt(tpr*(1-tpr)/n))", UserWarning, stacklevel=2)
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` (``path`` itself or an ancestor) that does not exist yet: what this run
+    creates; ``None`` when ``path`` exists."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists() or folder.is_symlink():
+            break
+        missing = folder
+    return missing
+
+
+def _remove_empty_folders(path: Path, created: Path) -> None:
+    """Remove ``path`` and its ancestors up to ``created`` (the folders this run made), each only if it holds nothing
+    (empty sub-folders this run made inside ``path``, e.g. the score cache's, go first)."""
+    if path.is_dir() and not path.is_symlink():
+        for root, folders, _ in os.walk(path, topdown=False):
+            for name in folders:
+                with suppress(OSError):  # not empty, or not ours to remove: kept
+                    (Path(root) / name).rmdir()
+    for folder in (path, *path.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == created:
+            return
 
 
 def _quiet_libraries() -> None:

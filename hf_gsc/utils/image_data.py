@@ -124,6 +124,10 @@ def _split_folders(path: Path) -> dict[str, Path]:
     return found
 
 
+#: The call each data parameter belongs to: the name the console lines give it.
+_CALLS = {"id_train_batches": "fit", "id_validation_data": "calibrate"}
+
+
 def select_split(data: Any, split: str | None, name: str) -> tuple[Any, str]:
     """``(the data of split, how to name it)`` when ``data`` is a dataset root; ``(data, name)`` otherwise.
 
@@ -169,7 +173,9 @@ def select_split(data: Any, split: str | None, name: str) -> tuple[Any, str]:
                          f"the {split!r} split of a dataset root and never test: add it, or pass the {split} data "
                          "itself")
     where = f" ({chosen})" if isinstance(chosen, Path) else ""
-    logger.warning("%s: reading the %r split of %s%s; its other splits are not read", name, split, label, where)
+    # The console line names what the user called (fit, calibrate), not the parameter the data came in.
+    logger.warning("%s: reading the %r split of %s%s; its other splits are not read", _CALLS.get(name, name), split,
+                   label, where)
     return chosen, f"the {split!r} split of {label}"
 
 
