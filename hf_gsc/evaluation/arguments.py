@@ -202,6 +202,8 @@ class GSCArguments:
 #: Each :class:`GSCArguments` field -> the ``GSCConfig`` setting it gives (from the field's help, one source).
 GSC_FLAGS: dict[str, str] = {item.name: item.metadata["help"].split(" ", 1)[0].split(".", 1)[1]
                              for item in dataclasses.fields(GSCArguments)}
+#: method -> its own flags (field name -> setting): GSC's only; every method's settings are ``--hyperparameter``.
+METHOD_FLAGS: dict[str, dict[str, str]] = {GSC_METHOD: GSC_FLAGS}
 #: The argument groups in the order of the help (:class:`EvaluationArguments` inherits them all, in this order).
 ARGUMENT_GROUPS: tuple[type, ...] = (SourceArguments, DataArguments, RunArguments, DeviceArguments, GSCArguments)
 #: Fields given as a list of strings (a repeatable flag): one string is accepted as a list of one.
@@ -216,6 +218,11 @@ class EvaluationArguments(GSCArguments, DeviceArguments, RunArguments, DataArgum
     flags' names (``EvaluationArguments(benchmark="fmnist-ood", output_dir="runs/x", methods="gsc,msp")``) or parse it
     from a command line with :class:`EvaluationArgumentParser` (or ``HfArgumentParser((EvaluationArguments,))``);
     the checks run on construction."""
+
+    #: :data:`METHOD_FLAGS`, for the checks (:mod:`.validation`, which this module imports, not the reverse).
+    method_flag_settings: ClassVar[dict[str, dict[str, str]]] = METHOD_FLAGS
+    #: The values the checks parse (read through the properties below); set once, in ``__post_init__``.
+    _parsed: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         from .validation import validate
@@ -351,7 +358,7 @@ class EvaluationArgumentParser(HfArgumentParser):
             "`accelerate launch` (sharded over processes).")
         for action in self._actions:
             # The flag as spelled everywhere (--output-dir) first in the help, HfArgumentParser's --output_dir after.
-            action.option_strings.sort(key=lambda option: "_" in option)
+            action.option_strings = sorted(action.option_strings, key=lambda option: "_" in option)
         run = next(group for group in self._action_groups if group.title == RUN_GROUP)
         run.add_argument("--list-methods", action=_ListMethods,
                          help="list every registered method, one per line, and exit")
@@ -375,5 +382,5 @@ def is_evaluation_arguments(value: Any) -> bool:
 
 
 __all__ = ["ARGUMENT_GROUPS", "GSC_FLAGS", "DataArguments", "DeviceArguments", "EvaluationArgumentParser",
-           "EvaluationArguments", "GSCArguments", "RunArguments", "SourceArguments", "is_evaluation_arguments",
+           "EvaluationArguments", "GSCArguments", "METHOD_FLAGS", "RunArguments", "SourceArguments", "is_evaluation_arguments",
            "parse_arguments"]

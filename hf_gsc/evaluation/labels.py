@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..utils.label_names import SHOWN, label_mapping, listed, name_key
+from ..utils.label_names import SHOWN, listed, name_key
 
 #: ``label_check.status`` values: names and order agree / same names, other order / other names / not checkable.
 MATCH, ORDER_DIFFERS, NAMES_DIFFER, UNCHECKED = "match", "order_differs", "names_differ", "unchecked"

@@ -107,7 +107,8 @@ def fixing_flag(model: torch.nn.Module, method: str, hyperparameters: Mapping[st
     (GSC's ``--split-point penultimate``) or ``--hyperparameter METHOD.split_point=penultimate``; ``None`` when the
     split point is not what fails (or is set by hand)."""
     from ..detectors import get_detector
-    from .options import command_line_flags, registered_methods
+    from .arguments import METHOD_FLAGS
+    from .options import registered_methods
 
     config_class = registered_methods()[method].config_class
     if "split_point" not in config_class.field_names() or "split_point" in hyperparameters:
@@ -118,7 +119,7 @@ def fixing_flag(model: torch.nn.Module, method: str, hyperparameters: Mapping[st
         get_detector(method, model, **{**hyperparameters, "split_point": FALLBACK_SPLIT_POINT})
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    own = {name: dest for dest, name in command_line_flags().get(method, {}).items()}
+    own = {name: dest for dest, name in METHOD_FLAGS.get(method, {}).items()}
     if "split_point" in own:
         return f"--{own['split_point'].replace('_', '-')} {FALLBACK_SPLIT_POINT}"
     return f"--hyperparameter {method}.split_point={FALLBACK_SPLIT_POINT}"
