@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..utils.label_names import SHOWN, listed, name_key
+from ..utils.label_names import SHOWN, label_mapping, listed, name_key
 
 #: ``label_check.status`` values: names and order agree / same names, other order / other names / not checkable.
 MATCH, ORDER_DIFFERS, NAMES_DIFFER, UNCHECKED = "match", "order_differs", "names_differ", "unchecked"
@@ -156,6 +156,7 @@ __all__ = [
     "class_names_of",
     "compare_labels",
     "label_warning",
+    "label_mapping",
     "map_labels",
     "mapping_record",
     "parse_label_map",

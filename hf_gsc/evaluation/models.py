@@ -132,7 +132,34 @@ def effective_hyperparameters(detector: Any) -> dict[str, Any]:
     return jsonable(detector.config.score_hyperparameters())
 
 
-__all__ = [
+def processor_of(model: torch.nn.Module, args: Any) -> Any:
+    """The image processor saved with a loaded model (from its ``name_or_path``)."""
+    from ..data import load_image_processor
+
+    source = getattr(model, "name_or_path", None)
+    if not source:
+        raise InputError("the model object has no name_or_path to load its image processor from: pass "
+                         "image_processor= to OODEvaluator")
+    try:
+        return load_image_processor(source, backend=None if args.image_backend == "auto" else args.image_backend)
+    except (OSError, ValueError) as error:
+        raise InputError(f"no image processor for the model from {source!r}: {error}; pass image_processor= to "
+                         "OODEvaluator") from None
+
+
+def check_shipped(detector: Any, processor: Any) -> tuple[Any, Any]:
+    """A saved detector object given to :class:`OODEvaluator`: it needs a threshold and an image processor."""
+    if detector.config.threshold is None:
+        raise InputError(f"the {detector.method!r} detector has no threshold, so it makes no decision to check; "
+                         "calibrate it (detector.calibrate(...)) first")
+    processor = processor or detector.image_processor
+    if processor is None:
+        raise InputError("the detector has no image processor: pass image_processor= to OODEvaluator")
+    detector.model.eval().requires_grad_(False)
+    return detector, processor
+
+
+__all__ = ["processor_of", "check_shipped",
     "FALLBACK_SPLIT_POINT",
     "build_detectors",
     "fixing_flag",
