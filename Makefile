@@ -1,10 +1,11 @@
-# The expected spellings: make install, make test, make demo; make docs builds the documentation site.
+# The expected spellings: make install, make test, make demo; make lint runs the linter and the type checker, make
+# docs builds the documentation site.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Debian packages that hold the offline benchmark data (Fashion-MNIST, real digits, photos, fonts).
 DATA_PACKAGES := dataset-fashion-mnist opencv-doc fonts-dejavu-core fonts-liberation fonts-freefont-ttf
 
-.PHONY: install install-data test demo docs
+.PHONY: install install-data test lint demo docs
 install: install-data $(VENV)/.installed
 
 # Idempotent: installs the Debian data packages only when one is missing (needs root or sudo).
@@ -16,7 +17,7 @@ install-data:
 		$$sudo apt-get update -qq && $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(VENV)/.installed: setup.py
+$(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# torch first, from the local CPU wheel, so that no dependency pulls in a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
@@ -26,6 +27,11 @@ $(VENV)/.installed: setup.py
 test: install
 	$(PY) -m pytest -q tests
 
+# ruff and mypy (the test extra) with the settings in pyproject.toml.
+lint: install
+	$(PY) -m ruff check hf_gsc
+	$(PY) -m mypy
+
 demo: install
 	$(PY) scripts/demo.py
 
@@ -34,6 +40,6 @@ demo: install
 docs: install $(VENV)/.docs-installed
 	$(PY) -m mkdocs build --strict --site-dir site
 
-$(VENV)/.docs-installed: setup.py
+$(VENV)/.docs-installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[docs]'
 	touch $@

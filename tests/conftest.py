@@ -68,10 +68,6 @@ def pixel_values() -> torch.Tensor:
     return torch.randn(4, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: takes tens of seconds (builds and installs a wheel); -m 'not slow' skips it")
-
-
 def evaluate_argv(argv: list[str]) -> dict | None:
     """An evaluation run from a ``hf-gsc evaluate`` command line in this process: ``results.json``'s content (``None``
     on a process other than the main one)."""

@@ -56,21 +56,23 @@ def main(out: Path) -> None:
     from hf_gsc.data.decoding import UndecodableImageError
     from hf_gsc.detectors import get_detector
     from hf_gsc.evaluation.accelerator import make_accelerator
+    from hf_gsc.evaluation.context import RunContext
     from hf_gsc.evaluation.fitting import fit_detectors
 
     accelerator = make_accelerator("no")
     model = make_tiny_model("vit")
     detectors = {name: get_detector(name, model, **settings) for name, settings in METHODS.items()}
     data = fit_data()
-    outcome = fit_detectors(accelerator, detectors, list(METHODS), {name: data for name in METHODS},
-                            {name: f"fingerprint-{name}" for name in METHODS}, to_pixels, BATCH_SIZE, out / "run",
-                            seed=0, overwrite=False, on_error="skip", source="fit_on_processes")
+    context = RunContext(accelerator, to_pixels, BATCH_SIZE, on_error="skip", seed=0, output_dir=out / "run",
+                         source="fit_on_processes")
+    outcome = fit_detectors(context, detectors, list(METHODS), {name: data for name in METHODS},
+                            {name: f"fingerprint-{name}" for name in METHODS})
     save_file({f"{name}.{key}": value.detach().cpu().contiguous() for name, detector in detectors.items()
                for key, value in detector.fitted_state().items()}, str(out / f"state-{accelerator.process_index}.safetensors"))
     # Unreadable images raise: on every process, also on the one whose share holds none, naming the row.
     try:
-        fit_detectors(accelerator, {"knn": get_detector("knn", model, k=3)}, ["knn"], {"knn": data}, {}, to_pixels,
-                      BATCH_SIZE, None, seed=0, overwrite=False, on_error="raise", source="fit_on_processes")
+        fit_detectors(context.replace(output_dir=None, on_error="raise"), {"knn": get_detector("knn", model, k=3)},
+                      ["knn"], {"knn": data}, {})
         raised = ""
     except UndecodableImageError as error:
         raised = str(error)

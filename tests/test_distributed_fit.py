@@ -100,18 +100,19 @@ def test_an_unreadable_image_raises_on_every_process(runs):
 
 
 def test_a_tuning_grid_fits_without_saving_and_keeps_each_grid_point_apart(tmp_path, monkeypatch):
-    """``output_dir=None``: nothing written; failures are keyed by grid point, not by method."""
+    """``context.output_dir=None``: nothing written; failures are keyed by grid point, not by method."""
     from conftest import make_tiny_model
     from hf_gsc.detectors import get_detector
     from hf_gsc.evaluation.accelerator import make_accelerator
+    from hf_gsc.evaluation.context import RunContext
     from hf_gsc.evaluation.fitting import fit_detectors
 
     monkeypatch.chdir(tmp_path)
     model = make_tiny_model("vit")
     grid = {"knn[0]": get_detector("knn", model, k=2), "knn[1]": get_detector("knn", model, k=1000)}
     data = script.fit_data()
-    outcome = fit_detectors(make_accelerator("no"), grid, list(grid), {key: data for key in grid}, {},
-                            script.to_pixels, script.BATCH_SIZE, None, seed=0, overwrite=False, on_error="skip")
+    context = RunContext(make_accelerator("no"), script.to_pixels, script.BATCH_SIZE, on_error="skip", seed=0)
+    outcome = fit_detectors(context, grid, list(grid), {key: data for key in grid}, {})
     assert set(outcome) == {"knn[1]"} and "1000" in outcome["knn[1]"]
     assert grid["knn[0]"].fitted and grid["knn[0]"].bank.shape[0] == script.NUM_IMAGES - 1
     assert outcome.images_per_process == [script.NUM_IMAGES - 1] and not any(tmp_path.iterdir())

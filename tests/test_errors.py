@@ -158,7 +158,7 @@ def test_config_from_a_newer_version_loads_with_a_warning(base_dir, tmp_path):
 def test_missing_card_template_leaves_no_half_written_folder(base_dir, tmp_path, monkeypatch):
     from hf_gsc.storage import model_card
 
-    monkeypatch.setattr(model_card, "TEMPLATE_CANDIDATES", (tmp_path / "nowhere" / "ood_detector.md",))
+    monkeypatch.setattr(model_card, "TEMPLATE", tmp_path / "nowhere" / "ood_detector.md")
     with pytest.raises(FileNotFoundError, match="model card template ood_detector.md not found at .*nowhere"):
         GSCForImageClassification.from_pretrained(base_dir).save_pretrained(tmp_path / "detector")
     assert not (tmp_path / "detector").exists()

@@ -102,8 +102,10 @@ def test_fitting_batches_reach_the_accelerator_device(tmp_path: Path, monkeypatc
             member.devices += [(x.device.type, y.device.type) for x, y in batches]
 
     monkeypatch.setattr(hf_gsc.detectors, "fit_together", fit_together)
-    fitting.fit_detectors(MetaAccelerator(), {"recorder": detector}, ["recorder"], {"recorder": _dataset()},
-                          {"recorder": "fp"}, _to_tensor, 4, tmp_path, seed=0, overwrite=False)
+    from hf_gsc.evaluation.context import RunContext
+
+    fitting.fit_detectors(RunContext(MetaAccelerator(), _to_tensor, 4, seed=0, output_dir=tmp_path),
+                          {"recorder": detector}, ["recorder"], {"recorder": _dataset()}, {"recorder": "fp"})
     assert detector.devices == [("meta", "meta")] * 2
     assert fitting.saved_fit_info(tmp_path, "recorder") == {"num_samples": 7, "num_skipped": 0}
 

@@ -275,3 +275,33 @@ def test_two_processes_after_ctrl_c_the_same_command_resumes(tiny, tmp_path):  #
     assert "score files: 4 to compute" in resumed.stdout  # only the two OOD validation sets of the two methods
     assert json.loads((output_dir / "results.json").read_text())["num_processes"] == 2
     assert (output_dir / "detectors" / "selected").is_dir()
+
+
+# ------------------------------------------------------------------------------------------- the phases
+def test_a_phase_called_out_of_order_names_the_phase_it_needs(tiny, tmp_path):  # noqa: F811
+    """The phases are public: each one says which phase comes first, instead of an AttributeError on a missing
+    attribute; run in order by hand they give what ``evaluate()`` gives, through the declared state and context."""
+    from hf_gsc.evaluation.context import EvaluationState, RunContext
+
+    args = EvaluationArguments(model=tiny["model"], id_dataset=tiny["id"], ood_dataset=f"noise={tiny['noise']}",
+                               methods="msp,knn", hyperparameter="knn.k=3", output_dir=str(tmp_path),
+                               batch_size=8, no_plots=True, no_selection=True)
+    run = evaluator.OODEvaluator(args=args)
+    assert isinstance(run.state, EvaluationState) and run.context is None
+    with pytest.raises(RuntimeError, match=r"OODEvaluator\.fit\(\) needs plan\(\) first: the phases run in the order "
+                                           r"load, tune, plan, fit, score, select, collect, report, save"):
+        run.fit()
+    with pytest.raises(RuntimeError, match=r"OODEvaluator\.plan\(\) needs load\(\) first"):
+        run.plan()
+    run.load()
+    assert isinstance(run.context, RunContext) and run.context.batch_size == 8 and run.context.seed == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.context.batch_size = 4
+    with pytest.raises(RuntimeError, match=r"OODEvaluator\.score\(\) needs fit\(\) first"):
+        run.score()
+    for phase in ("tune", "plan", "fit", "score", "select"):
+        getattr(run, phase)()
+    result = run.collect()
+    run.report(result)
+    assert run.state.done == ["load", "tune", "plan", "fit", "score", "select", "collect", "report"]
+    assert set(result.methods) == {"msp", "knn"} and (tmp_path / "results.json").is_file()

@@ -23,9 +23,13 @@ def test_every_method_has_a_row_saying_what_it_reads_fits_and_keeps():
     assert "OpenOOD react.yml" in _row(table, "react")[5]
 
 
-def test_the_default_table_and_a_methods_own_flags_come_from_its_class(monkeypatch, tmp_path):
-    """``--methods``' default and a method's own flags are read from the classes (``in_default_table``,
-    ``command_line_flags``), never inherited, so that a new method's file is the only place that sets them."""
+def test_the_default_table_comes_from_the_classes_and_gscs_flags_are_its_settings(monkeypatch, tmp_path):
+    """``--methods``' default is read from the classes (``in_default_table``), never inherited, so that a new
+    method's file is the only place that sets it; a method's settings are ``--hyperparameter METHOD.NAME=VALUE``, and
+    GSC's also have flags (``GSCArguments``), which ``--hyperparameter`` overrides."""
+    import pytest
+
+    from hf_gsc.evaluation.errors import InputError
     from hf_gsc.evaluation.options import parse_methods
     from hf_gsc.settings.registry import default_methods
 
@@ -33,27 +37,23 @@ def test_the_default_table_and_a_methods_own_flags_come_from_its_class(monkeypat
     assert parse_methods(None) == default_methods()
     assert "gsc_ash" not in default_methods()  # a GSC subclass: not in the table unless it says so
 
-    class FlaggedKNN(DETECTORS["knn"]):
-        method = "flagged_knn"
+    class TabledKNN(DETECTORS["knn"]):
+        method = "tabled_knn"
         in_default_table = True
-        command_line_flags = {"flagged_k": "k"}
 
-    class Unflagged(FlaggedKNN):  # inherits neither
-        method = "unflagged_knn"
+    class Untabled(TabledKNN):  # does not inherit it
+        method = "untabled_knn"
 
-    monkeypatch.setitem(DETECTORS, "flagged_knn", FlaggedKNN)
-    monkeypatch.setitem(DETECTORS, "unflagged_knn", Unflagged)
-    assert parse_methods(None) == ["gsc", "ash_b", "energy", "max_logit", "msp", "odin", "react", "flagged_knn"]
-    argv = ["--model", "some/model", "--benchmark", "fmnist-ood", "--output-dir", str(tmp_path), "--no-plots",
-            "--flagged-k", "7"]
-    parsed = parse_arguments([*argv, "--methods", "flagged_knn,unflagged_knn"])
-    assert parsed.method_hyperparameters == {"flagged_knn": {"k": 7}, "unflagged_knn": {}}
+    monkeypatch.setitem(DETECTORS, "tabled_knn", TabledKNN)
+    monkeypatch.setitem(DETECTORS, "untabled_knn", Untabled)
+    assert parse_methods(None) == ["gsc", "ash_b", "energy", "max_logit", "msp", "odin", "react", "tabled_knn"]
+    argv = ["--model", "some/model", "--benchmark", "fmnist-ood", "--output-dir", str(tmp_path), "--no-plots"]
+    parsed = parse_arguments([*argv, "--methods", "tabled_knn,untabled_knn", "--hyperparameter", "tabled_knn.k=7"])
+    assert parsed.method_hyperparameters == {"tabled_knn": {"k": 7}, "untabled_knn": {}}
+    parsed = parse_arguments([*argv, "--methods", "gsc", "--mask-ratio", "0.1", "--gsc-seed", "3"])
+    assert parsed.method_hyperparameters == {"gsc": {"mask_ratio": 0.1, "seed": 3}}
     # The more specific --hyperparameter wins over the flag.
-    parsed = parse_arguments([*argv, "--methods", "flagged_knn", "--hyperparameter", "flagged_knn.k=3"])
-    assert parsed.method_hyperparameters == {"flagged_knn": {"k": 3}}
-    import pytest
-
-    from hf_gsc.evaluation.errors import InputError
-
-    with pytest.raises(InputError, match="flagged_knn options \\(k\\) given but 'flagged_knn' is not in --methods"):
-        parse_arguments([*argv, "--methods", "knn"])
+    parsed = parse_arguments([*argv, "--methods", "gsc", "--mask-ratio", "0.1", "--hyperparameter", "gsc.mask_ratio=0.2"])
+    assert parsed.method_hyperparameters == {"gsc": {"mask_ratio": 0.2}}
+    with pytest.raises(InputError, match="gsc options \\(mask_ratio\\) given but 'gsc' is not in --methods"):
+        parse_arguments([*argv, "--methods", "knn", "--mask-ratio", "0.1"])

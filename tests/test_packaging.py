@@ -78,12 +78,12 @@ def install_wheel(root: Path) -> tuple[Path, Path]:
     """Build the wheel from a copy of the package and install it (no deps) into a fresh venv whose other packages
     are the test interpreter's, after the venv's own: a plain path entry, so an editable hf_gsc of the checkout
     installed there is not activated. Built from a copy of what the package is made of (building writes build/
-    and *.egg-info next to setup.py), without PYTHONPATH (pip would take an hf_gsc found on it for an installed
+    and *.egg-info next to pyproject.toml), without PYTHONPATH (pip would take an hf_gsc found on it for an installed
     one). Returns ``(venv folder, wheel)``."""
     source = root / "source"
-    for name in ("hf_gsc", "model_cards", "docs"):
+    for name in ("hf_gsc", "docs"):
         shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("setup.py", "README.md"):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO_ROOT / name, source / name)
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     wheels = root / "wheels"
@@ -109,6 +109,16 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "hf_gsc/model_cards/ood_detector.md" in names
     assert {"hf_gsc/docs/index.md", "hf_gsc/docs/evaluation.md", "hf_gsc/docs/api/pipeline.md"} <= set(names)
+    # pyproject.toml's metadata: the version read from hf_gsc.utils.version, and the self-referencing extra.
+    from hf_gsc.utils.version import __version__
+
+    metadata = zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("METADATA"))).decode()
+    assert f"\nVersion: {__version__}\n" in metadata
+    all_extra = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra == \"all\"" in line]
+    assert len(all_extra) == 1 and "[benchmarks,demo,evaluation,plots]" in all_extra[0], all_extra
+    # Every package of hf_gsc is listed in pyproject.toml (the list is explicit because of hf_gsc.docs).
+    packages = {str(init.parent.relative_to(REPO_ROOT)).replace("/", ".") for init in (REPO_ROOT / "hf_gsc").rglob("__init__.py")}
+    assert {name.rsplit("/", 1)[0].replace("/", ".") for name in names if name.endswith("/__init__.py")} == packages
     assert any(name.endswith("entry_points.txt") for name in names)
     python = env_dir / "bin" / "python"
 

@@ -110,10 +110,10 @@ def tuned_run(tiny, tmp_path_factory):
     search = tuning.tune_hyperparameters
     make_dataloader = loaders.make_dataloader
 
-    def spy_search(accelerator, model, methods, hyperparameters, fixed, id_splits, *args, **kwargs):
+    def spy_search(context, model, hyperparameters, fixed, id_splits, *args, **kwargs):
         seen["splits"] = NoTestSplits(id_splits)
         seen["fixed"] = fixed
-        return search(accelerator, model, methods, hyperparameters, fixed, seen["splits"], *args, **kwargs)
+        return search(context, model, hyperparameters, fixed, seen["splits"], *args, **kwargs)
 
     def spy_loader(dataset, *args, **kwargs):
         seen["datasets"].append(dataset)

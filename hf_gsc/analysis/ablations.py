@@ -54,7 +54,7 @@ def _variant_key(self) -> str:
 #: (head only at ``split_point``), ``multi_layer`` (``earlier_split_point`` + ``split_point``), ``gsc_ash`` or
 #: ``ash_s`` (detectors) --, then every ``GSCConfig`` setting with the library's own default (so ablations vary one
 #: thing away from them), then ``steps`` (short-circuit steps sharing the budget). ``key()`` names it.
-Variant = dataclasses.make_dataclass(
+Variant: Any = dataclasses.make_dataclass(
     "Variant",
     [("kind", str, "gsc")]
     + [(name, Any, getattr(_GSC_DEFAULTS, name)) for name in GSCConfig.setting_names()]

@@ -59,7 +59,7 @@ def combined_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
         lines.append("")
 
     lines += ["### approximation error |score(approx) - score(exact)| (5% zero-out), mean +- std (max)", ""]
-    rows = []
+    error_rows = []
     for stem in stems:
         for point, result in summaries[stem]["approximation_error"].items():
             acc = result.get("id_accuracy") or {}
@@ -67,19 +67,21 @@ def combined_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
             for approximation, per_score in result["errors"].items():
                 for score, groups in per_score.items():
                     errors = [f"{g['mean']:.3g} +- {g['std']:.2g} ({g['max']:.3g})" for g in (groups["ID"], groups["OOD"])]
-                    rows.append([stem, point, approximation, score, *errors, accuracy])
+                    error_rows.append([stem, point, approximation, score, *errors, accuracy])
     lines += table_lines(["model", "split point", "approximation", "score", "ID", "OOD",
-                          "ID acc exact / first_order / predicted_logit"], rows)
+                          "ID acc exact / first_order / predicted_logit"], error_rows)
     lines.append("")
     lines += ["### gradient concentration: mean TopKRatio(k = f n), ID vs all OOD", ""]
-    rows = []
+    concentration_rows = []
     for stem in stems:
         for point, result in summaries[stem]["gradient_concentration"].items():
             curves = result["curves"]
             id_curve = next(c for name, c in curves.items() if name.startswith("ID"))
             ood_curve = curves["OOD (all)"]
             cols = [column_of(f, result["fractions"]) for f in TABLE_FRACTIONS]
-            rows.append([stem, point, *(f"{id_curve['mean'][c]:.3f} / {ood_curve['mean'][c]:.3f}" for c in cols)])
-    lines += table_lines(["model", "split point", *(f"f={100 * f:g}% ID / OOD" for f in TABLE_FRACTIONS)], rows)
+            concentration_rows.append([stem, point, *(f"{id_curve['mean'][c]:.3f} / {ood_curve['mean'][c]:.3f}"
+                                                      for c in cols)])
+    lines += table_lines(["model", "split point", *(f"f={100 * f:g}% ID / OOD" for f in TABLE_FRACTIONS)],
+                         concentration_rows)
     lines.append("")
     return "\n".join(lines)

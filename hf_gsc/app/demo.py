@@ -83,7 +83,7 @@ def overlay(image: Any, contribution_map: Any, min_side: int = 256) -> Any:
     base = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0
     blended = Image.fromarray(np.uint8(255 * (0.45 * base + 0.55 * colours)))
     factor = max(1, -(-min_side // max(blended.size)))
-    return blended.resize((blended.width * factor, blended.height * factor), Image.NEAREST)
+    return blended.resize((blended.width * factor, blended.height * factor), Image.Resampling.NEAREST)
 
 
 def coordinate_rows(explanation: dict[str, Any]) -> list[list[Any]]:

@@ -73,7 +73,7 @@ def render_letter(letter: str, font: Path, rng: np.random.Generator) -> np.ndarr
     draw = ImageDraw.Draw(canvas)
     draw.text((_DRAW_SIZE / 2, _DRAW_SIZE / 2), letter, fill=int(rng.integers(170, 256)),
               font=_font(font), anchor="mm")
-    canvas = canvas.rotate(float(rng.uniform(-15, 15)), resample=Image.BILINEAR)
+    canvas = canvas.rotate(float(rng.uniform(-15, 15)), resample=Image.Resampling.BILINEAR)
     box = canvas.getbbox()
     if box is None:  # cannot happen for fonts that passed _draws_letters; keep the image valid
         box = (0, 0, _DRAW_SIZE, _DRAW_SIZE)
@@ -85,7 +85,7 @@ def render_letter(letter: str, font: Path, rng: np.random.Generator) -> np.ndarr
     aspect = rng.uniform(0.85, 1.15)
     w = max(1, min(SIZE, round(glyph.width * scale * aspect)))
     h = max(1, min(SIZE, round(glyph.height * scale)))
-    glyph = glyph.resize((w, h), resample=Image.BOX)
+    glyph = glyph.resize((w, h), resample=Image.Resampling.BOX)
     out = Image.new("L", (SIZE, SIZE), 0)
     left = int(np.clip((SIZE - w) // 2 + rng.integers(-2, 3), 0, SIZE - w))
     top = int(np.clip((SIZE - h) // 2 + rng.integers(-2, 3), 0, SIZE - h))

@@ -97,7 +97,7 @@ def generate_textures(num_images: int = 5_000, seed: int = 0) -> tuple[np.ndarra
         side = int(max(SIZE, rng.uniform(0.24, 0.5) * short))
         top = int(rng.integers(0, gray.shape[0] - side + 1))
         left = int(rng.integers(0, gray.shape[1] - side + 1))
-        crop = Image.fromarray(gray[top:top + side, left:left + side]).resize((SIZE, SIZE), Image.BOX)
+        crop = Image.fromarray(gray[top:top + side, left:left + side]).resize((SIZE, SIZE), Image.Resampling.BOX)
         arr = np.asarray(crop, dtype=np.uint8)
         if rng.random() < 0.5:
             arr = arr[:, ::-1]

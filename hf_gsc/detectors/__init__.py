@@ -14,8 +14,9 @@ from . import gsc  # noqa: F401  (registers "gsc")
 # Every module of this package registers its method(s) on import: a new method is a new file, nothing else.
 for _module in sorted(_info.name for _info in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
-from .backbone_pass import fit_together
-from .bundle import BundleOutput, DetectorBundle
+# After the registration loop, which imports these modules among the others.
+from .backbone_pass import fit_together  # noqa: E402
+from .bundle import BundleOutput, DetectorBundle  # noqa: E402
 
 __all__ = [
     "DETECTORS",

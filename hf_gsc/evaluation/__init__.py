@@ -2,11 +2,11 @@
 
 * :mod:`.metrics`, :mod:`.calibration`: FPR@95%TPR, AUROC, AUPR-In/Out (and the offline ``evaluate``
   module), thresholds calibrated on ID validation data.
-* :mod:`.arguments` (:data:`EvaluationArguments`, one field per flag, checked by :mod:`.validation`),
+* :mod:`.arguments` (:class:`EvaluationArguments`, one field per flag, checked by :mod:`.validation`),
   :mod:`.models` (model, image processor, detectors), :mod:`.plan` (splits, subsets, fingerprints),
   :mod:`.fitting`, :mod:`.tuning`, :mod:`.loop` (the ``accelerate`` scoring loop and score cache), :mod:`.scoring`,
-  :mod:`.selection`, :mod:`.report` / :mod:`.plots`, tied together by :class:`OODEvaluator` (:mod:`.evaluator`);
-  :func:`main` (:mod:`.cli`) is the command line.
+  :mod:`.selection`, :mod:`.report` / :mod:`.plots`, tied together by :class:`OODEvaluator` (:mod:`.evaluator`,
+  sharing a :class:`~.context.RunContext`); :func:`main` (:mod:`.cli`) is the command line.
 
 >>> from hf_gsc import EvaluationArguments, OODEvaluator
 >>> args = EvaluationArguments(benchmark="fmnist-ood", methods="gsc,msp,energy", output_dir="outputs/run",
@@ -18,8 +18,8 @@
 import importlib
 from typing import Any
 
-# Imported on first use (PEP 562): ``GSCDetector.calibrate`` needs only :mod:`.calibration`, and a
-# serving install has none of the evaluation extras (datasets, accelerate, scikit-learn) the rest imports.
+# Imported on first use (PEP 562): a serving install has none of the evaluation extras (datasets, accelerate,
+# scikit-learn) that most of these modules import.
 _EXPORTS = {
     "calibration_record": "calibration", "true_positive_rate": "calibration",
     "conformal_threshold": "calibration", "fpr_at_tpr_ood_positive": "metrics", "aurc": "selective",
@@ -30,7 +30,7 @@ _EXPORTS = {
     "threshold_at_tpr": "metrics",
     "InputError": "errors", "default_methods": "options",
     "EvaluationArguments": "arguments", "EvaluationArgumentParser": "arguments",
-    "OODEvaluator": "evaluator", "EvaluationResult": "evaluator",
+    "OODEvaluator": "evaluator", "EvaluationResult": "result",
     "markdown_table": "report", "method_results": "report", "write_report": "report",
 }
 

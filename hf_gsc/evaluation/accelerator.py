@@ -49,4 +49,13 @@ def make_accelerator(mixed_precision: str | None = None) -> Any:
     return accelerator
 
 
-__all__ = ["make_accelerator"]
+def quiet_libraries() -> None:
+    """No progress bars from ``datasets`` / ``transformers`` on processes other than the main one."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+
+
+__all__ = ["quiet_libraries", "make_accelerator"]

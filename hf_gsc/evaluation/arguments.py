@@ -2,13 +2,19 @@
 ``TrainingArguments``, and :class:`EvaluationArgumentParser` (a ``transformers.HfArgumentParser``) that reads them from
 the command line.
 
-Every check that needs neither model nor data runs once, in ``__post_init__``, so a bad argument fails in well under
-a second with one line naming the flag (:class:`~hf_gsc.evaluation.errors.InputError`); the instance is frozen
-afterwards. The values the checks parse (the method list, each method's settings, the named OOD sets) are read-only
-properties.
+The fields are declared here, in groups that are the help's sections (:class:`SourceArguments`,
+:class:`DataArguments`, :class:`RunArguments`, :class:`DeviceArguments`, and GSC's own settings,
+:class:`GSCArguments`); :class:`EvaluationArguments` inherits them all, so that
+``HfArgumentParser((EvaluationArguments,))`` parses every flag of ``hf-gsc evaluate``, and the command line parses the
+groups (``HfArgumentParser``'s ``_argument_group_name``) and joins them into one :class:`EvaluationArguments`.
 
-A method's own flags (its class's ``command_line_flags``: GSC's ``--split-point``, ``--mask-ratio``, ...) are fields
-too, added from the registry when this module is imported, so that a flag, its field and its setting keep one name.
+Every check that needs neither model nor data runs once, in ``__post_init__``: a value of the wrong type (a field
+accepts its natural Python types: one string or a list of them for a repeatable flag, a list or a comma string for
+``methods``) or a bad value fails in well under a second with one line naming the field's flag
+(:class:`~hf_gsc.evaluation.errors.InputError`); the instance is frozen afterwards. The values the checks parse (the
+method list, each method's settings, the named OOD sets) are read-only properties.
+
+No torch import here: ``hf-gsc evaluate --help`` prints without it.
 """
 
 from __future__ import annotations
@@ -17,36 +23,47 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional, Union, get_type_hints
 
 from transformers import HfArgumentParser
 
-from .options import (
-    DEFAULT_TPR,
-    IMAGE_BACKENDS,
-    PRECISIONS,
-    command_line_flags,
-    default_methods,
-    method_lines,
-    registered_methods,
-)
+from .errors import InputError
+from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, default_methods, method_lines
 
-#: The help's argument groups: field name -> group title (the other fields are listed first).
+#: The help's argument groups (the source options come first, in the parser's own group).
 DATA_GROUP, RUN_GROUP, DEVICE_GROUP = "data", "run", "device and throughput"
+#: The method whose settings have their own flags (:class:`GSCArguments`).
+GSC_METHOD = "gsc"
 
 
-def _option(default: Any = None, help: str = "", group: str | None = None, **parser_kwargs: Any) -> Any:  # noqa: A002
-    """A dataclass field with its ``--help`` text (``metadata["help"]``, read by ``HfArgumentParser``); ``group``
-    places it in the help (:data:`_GROUPS`), ``parser_kwargs`` go to ``add_argument`` (``metavar``, ``action``)."""
+def _option(default: Any = None, help: str = "", **parser_kwargs: Any) -> Any:  # noqa: A002
+    """A dataclass field with its ``--help`` text (``metadata["help"]``, read by ``HfArgumentParser``);
+    ``parser_kwargs`` go to ``add_argument`` (``metavar``, ``action``)."""
     metadata = {"help": help, **parser_kwargs}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
+class _GroupTitle:
+    """``_argument_group_name`` (the help section ``HfArgumentParser`` puts a dataclass's fields in), seen on the class
+    that declares it only: :class:`EvaluationArguments`, which inherits every group, is parsed as one group."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.owner = owner
+
+    def __get__(self, instance: Any, owner: type) -> str:
+        if owner is not self.owner:
+            raise AttributeError("_argument_group_name")
+        return self.title
+
+
 @dataclass(frozen=True, kw_only=True)
-class _RunArguments:
-    """The options every evaluation has (the method flags are added by :data:`EvaluationArguments`)."""
+class SourceArguments:
+    """What is evaluated: an image classifier (``model``) or a saved detector as it is (``detector``)."""
 
     model: Optional[str] = _option(
         help="image classifier (or a saved detector, whose settings become the defaults): local path or Hub id; the "
@@ -55,25 +72,31 @@ class _RunArguments:
         help="instead of --model: evaluate this saved detector as it is (its method, settings, fitted state and "
         "threshold; no refit, no recalibration), with the TPR and FPR at its threshold", metavar="FOLDER_OR_REPO_ID")
     revision: Optional[str] = _option(help="Hub revision of --model or --detector")
-    # data
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataArguments:
+    """The ID and OOD data, and how much of it is read."""
+
+    _argument_group_name: ClassVar[Any] = _GroupTitle(DATA_GROUP)
     benchmark: Optional[str] = _option(help="registered benchmark, e.g. fmnist-ood or fmnist-openset")
-    ood_splits: Optional[str] = _option(help="comma list: only these ood_splits of --benchmark (default: all)")
+    ood_splits: Union[list[str], str, None] = _option(help="comma list: only these ood_splits of --benchmark (default: all)")
     id_dataset: Optional[str] = _option(
         help="instead of --benchmark: ID data with train/validation/test splits: a folder with train/, validation/, "
         "test/ subfolders of class folders (image folders), a local save_to_disk DatasetDict, or a Hub "
         "'dataset_id[:config]'")
-    ood_dataset: list[str] = _option(
+    ood_dataset: list[str] | str = _option(
         [], help="an OOD split, repeatable: 'dataset_id[:config]:split' or a local path; NAME defaults from SPEC; "
         "it belongs to no near/far group (see --near-ood-dataset, --far-ood-dataset)",
         metavar="[NAME=]SPEC", action="extend")
-    near_ood_dataset: list[str] = _option(
+    near_ood_dataset: list[str] | str = _option(
         [], help="like --ood-dataset, an OOD split of the near-OOD group (semantic shift, close to the ID classes): "
         "results.json and results.md average it with the benchmark's near-OOD splits", metavar="[NAME=]SPEC",
         action="extend")
-    far_ood_dataset: list[str] = _option(
+    far_ood_dataset: list[str] | str = _option(
         [], help="like --ood-dataset, an OOD split of the far-OOD group (other kinds of images): averaged with the "
         "benchmark's far-OOD splits", metavar="[NAME=]SPEC", action="extend")
-    val_ood_dataset: list[str] = _option(
+    val_ood_dataset: list[str] | str = _option(
         [], help="an OOD *validation* split for choosing the detector (the selection record), repeatable, like "
         "--ood-dataset; default: OOD sets generated from half of ID validation, as --tune does (never a test split)",
         metavar="[NAME=]SPEC", action="extend")
@@ -96,8 +119,14 @@ class _RunArguments:
         "at the first one")
     streaming: bool = _option(False, help="stream Hub datasets (datasets.IterableDataset) instead of downloading them "
                               "whole")
-    # run
-    methods: Optional[str] = _option(
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunArguments:
+    """The methods, their settings, the thresholds and the output folder."""
+
+    _argument_group_name: ClassVar[Any] = _GroupTitle(RUN_GROUP)
+    methods: Union[list[str], str, None] = _option(
         help="comma list of registered methods, or 'all' (every method that can be built on the model; the others "
         "are skipped with the reason), or 'all,-NAME,-NAME' (every method but those; default: "
         f"{','.join(default_methods())}; --list-methods shows them all)")
@@ -110,7 +139,7 @@ class _RunArguments:
     conformal_delta: Optional[float] = _option(
         help="split-conformal thresholds: keep ID TPR >= --tpr on new ID data with probability >= 1 - DELTA (default: "
         "the plain --tpr quantile of the ID validation scores)", metavar="DELTA")
-    hyperparameter: list[str] = _option(
+    hyperparameter: list[str] | str = _option(
         [], help="a method hyperparameter, repeatable, e.g. odin.temperature=1000 (VALUE parsed as JSON if it can be)",
         metavar="METHOD.NAME=VALUE", action="extend")
     tune: bool = _option(
@@ -124,7 +153,13 @@ class _RunArguments:
         False, help="save every evaluated method as a detector (fitted, threshold calibrated on ID validation, model "
         "card with its results) under OUTPUT_DIR/detectors/METHOD, loadable with "
         "hf_gsc.AutoOODDetector.from_pretrained and publishable with hf-gsc publish --detector-dir")
-    # device and throughput
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceArguments:
+    """Precision, data-loading workers and the image backend."""
+
+    _argument_group_name: ClassVar[Any] = _GroupTitle(DEVICE_GROUP)
     mixed_precision: Optional[str] = _option(
         help="backbone under accelerate's autocast (default: accelerate's config / ACCELERATE_MIXED_PRECISION, else no)",
         metavar="{" + ",".join(PRECISIONS) + "}")
@@ -134,9 +169,70 @@ class _RunArguments:
     image_backend: str = _option("auto", help="image processor backend (default auto: torchvision when installed, "
                                  "else PIL)", metavar="{" + ",".join(IMAGE_BACKENDS) + "}")
 
+
+def _gsc(default: Any, setting: str) -> Any:
+    """A GSC setting's flag: unset (``None``) unless given, so that the saved detector's config or ``GSCConfig``'s
+    default applies; its help names the setting and that default (checked against ``GSCConfig`` by the tests)."""
+    return field(default=None, metadata={"help": f"GSCConfig.{setting} (default {default!r})"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class GSCArguments:
+    """GSC's settings as flags (``--mask-ratio``, ``--split-point``, ...), each unset unless given. A setting whose
+    flag would clash with a run option (``--seed``) or read as another method's (``--score``, ``--temperature``) has a
+    ``gsc`` prefix; :data:`GSC_FLAGS` maps each field to its ``GSCConfig`` setting. Every other method's settings are
+    given with ``--hyperparameter METHOD.NAME=VALUE``."""
+
+    _argument_group_name: ClassVar[Any] = _GroupTitle(
+        f"{GSC_METHOD} options (default: GSCConfig defaults, or the saved detector's config)")
+
+    split_point: Optional[str] = _gsc("final_encoder_output", "split_point")
+    earlier_split_point: Optional[str] = _gsc(None, "earlier_split_point")
+    mask_ratio: Optional[float] = _gsc(0.05, "mask_ratio")
+    mask_size: Optional[str] = _gsc("fixed", "mask_size")
+    selection: Optional[str] = _gsc("gradient", "selection")
+    operation: Optional[str] = _gsc("zero", "operation")
+    alpha: Optional[float] = _gsc(0.1, "alpha")
+    clip_bound: Optional[float] = _gsc(1.0, "clip_bound")
+    beta: Optional[float] = _gsc(0.5, "beta")
+    approximation: Optional[str] = _gsc("first_order", "approximation")
+    gsc_score: Optional[str] = _gsc("energy", "score")
+    gsc_temperature: Optional[float] = _gsc(1.0, "temperature")
+    gsc_seed: Optional[int] = _gsc(0, "seed")
+    feature_shaping: Optional[str] = _gsc("none", "feature_shaping")
+    shaping_percentile: Optional[float] = _gsc(None, "shaping_percentile")
+
+
+#: Each :class:`GSCArguments` field -> the ``GSCConfig`` setting it gives (from the field's help, one source).
+GSC_FLAGS: dict[str, str] = {item.name: item.metadata["help"].split(" ", 1)[0].split(".", 1)[1]
+                             for item in dataclasses.fields(GSCArguments)}
+#: method -> its own flags (field name -> setting): GSC's only; every method's settings are ``--hyperparameter``.
+METHOD_FLAGS: dict[str, dict[str, str]] = {GSC_METHOD: GSC_FLAGS}
+#: The argument groups in the order of the help (:class:`EvaluationArguments` inherits them all, in this order).
+ARGUMENT_GROUPS: tuple[type, ...] = (SourceArguments, DataArguments, RunArguments, DeviceArguments, GSCArguments)
+#: Fields given as a list of strings (a repeatable flag): one string is accepted as a list of one.
+_LIST_FIELDS = ("ood_dataset", "near_ood_dataset", "far_ood_dataset", "val_ood_dataset", "hyperparameter")
+#: Fields given as a comma list: a list of strings is accepted and joined.
+_COMMA_FIELDS = ("methods", "ood_splits")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluationArguments(GSCArguments, DeviceArguments, RunArguments, DataArguments, SourceArguments):
+    """The options of an OOD evaluation (``hf-gsc evaluate``), one field per flag. Construct it in Python with the
+    flags' names (``EvaluationArguments(benchmark="fmnist-ood", output_dir="runs/x", methods="gsc,msp")``) or parse it
+    from a command line with :class:`EvaluationArgumentParser` (or ``HfArgumentParser((EvaluationArguments,))``);
+    the checks run on construction."""
+
+    #: :data:`METHOD_FLAGS`, for the checks (:mod:`.validation`, which this module imports, not the reverse).
+    method_flag_settings: ClassVar[dict[str, dict[str, str]]] = METHOD_FLAGS
+    #: The values the checks parse (read through the properties below); set once, in ``__post_init__``.
+    _parsed: dict[str, Any] = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         from .validation import validate
 
+        for name, value in _natural_values(self).items():
+            object.__setattr__(self, name, value)
         object.__setattr__(self, "_parsed", validate(self))
 
     # ------------------------------------------------------------------ values parsed by the checks (read-only)
@@ -149,7 +245,7 @@ class _RunArguments:
     def explicit_methods(self) -> bool:
         """Whether ``--methods`` names its methods (``gsc,knn``) rather than ``all`` or the default table: a named
         method that cannot be built on the model is refused, one of ``all`` is skipped with the reason."""
-        return self.methods is not None and not self.methods.strip().startswith("all")
+        return self.methods is not None and not str(self.methods).strip().startswith("all")
 
     @property
     def method_hyperparameters(self) -> dict[str, dict[str, Any]]:
@@ -197,59 +293,51 @@ class _RunArguments:
         return "skip" if self.skip_unreadable_images else "raise"
 
     def method_flags(self) -> dict[str, Any]:
-        """Every method flag given (flag dest -> value)."""
-        return {dest: getattr(self, dest) for flags in command_line_flags().values() for dest in flags
-                if getattr(self, dest, None) is not None}
+        """Every method flag given (field name -> value)."""
+        return {name: getattr(self, name) for name in GSC_FLAGS if getattr(self, name) is not None}
 
     def to_dict(self) -> dict[str, Any]:
         """The options as given (``results.json``'s ``config``, with ``methods`` as run)."""
         return {item.name: getattr(self, item.name) for item in dataclasses.fields(self) if item.init}
 
 
-def _method_fields() -> list[tuple[str, Any, Any]]:
-    """One optional field per method flag (its class's ``command_line_flags``), typed and documented from its config
-    class's default."""
-    fields = []
-    for method, flags in command_line_flags().items():
-        config_class = registered_methods()[method].config_class
-        defaults = config_class()
-        for dest, name in flags.items():
-            default = getattr(defaults, name)
-            kind = str if default is None else type(default)
-            fields.append((dest, Optional[kind], field(default=None, metadata={
-                "help": f"{config_class.__name__}.{name} (default {default!r})",
-                "group": f"{method} options (default: {config_class.__name__} defaults, or the saved detector's config)",
-            })))
-    return fields
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def arguments_class() -> type:
-    """The :data:`EvaluationArguments` class of the methods registered now: a method registered after this module was
-    imported (a plugin) has its flags too. One class per set of flags."""
-    fields = _method_fields()
-    key = tuple(name for name, _, _ in fields)
-    if key not in _CLASSES:
-        _CLASSES[key] = dataclasses.make_dataclass(
-            "EvaluationArguments", fields, bases=(_RunArguments,), frozen=True, kw_only=True,
-            namespace={"__module__": __name__, "__doc__": _RunArguments.__doc__.replace(
-                " (the method flags are added by :data:`EvaluationArguments`)", ", and each method's own flags")})
-    return _CLASSES[key]
+def _natural_values(args: Any) -> dict[str, Any]:
+    """The fields given in another natural Python type, in the field's own type: one string for a repeatable flag
+    (``ood_dataset="photos=data/ood"``) becomes a list of one, a list for a comma list (``methods=["gsc", "knn"]``)
+    becomes ``"gsc,knn"``; any other type is an :class:`InputError` naming the field and its flag."""
+    changed: dict[str, Any] = {}
+    for name in _LIST_FIELDS:
+        value = getattr(args, name)
+        if isinstance(value, str):
+            changed[name] = [value]
+        elif isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+            if not isinstance(value, list):
+                changed[name] = list(value)
+        else:
+            raise InputError(f"{name} ({_flag(name)}) must be a string or a list of strings, got {value!r}")
+    for name in _COMMA_FIELDS:
+        value = getattr(args, name)
+        if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+            changed[name] = ",".join(value)
+        elif value is not None and not isinstance(value, str):
+            raise InputError(f"{name} ({_flag(name)}) must be a comma-separated string or a list of strings, "
+                             f"got {value!r}")
+    for name in _string_fields():
+        value = getattr(args, name)
+        if value is not None and not isinstance(value, str):
+            raise InputError(f"{name} ({_flag(name)}) must be a string, got {value!r}")
+    return changed
 
 
-_CLASSES: dict[tuple[str, ...], type] = {}
-#: The options of an OOD evaluation (``hf-gsc evaluate``), one field per flag. Construct it in Python with the flags'
-#: names (``EvaluationArguments(benchmark="fmnist-ood", output_dir="runs/x", methods="gsc,msp")``) or parse it from a
-#: command line with :class:`EvaluationArgumentParser`; the checks run on construction.
-EvaluationArguments = arguments_class()
-
-_GROUPS = {
-    **dict.fromkeys(("benchmark", "ood_splits", "id_dataset", "ood_dataset", "near_ood_dataset", "far_ood_dataset",
-                     "val_ood_dataset", "label_map", "labels_by_order", "no_selection", "max_samples", "max_fit_samples",
-                     "skip_unreadable_images", "streaming"), DATA_GROUP),
-    **dict.fromkeys(("methods", "output_dir", "batch_size", "seed", "tpr", "conformal_delta", "hyperparameter",
-                     "tune", "overwrite", "no_plots", "save_detectors"), RUN_GROUP),
-    **dict.fromkeys(("mixed_precision", "num_workers", "image_backend"), DEVICE_GROUP),
-}
+def _string_fields() -> list[str]:
+    """The fields typed ``str`` or ``Optional[str]`` (paths, ids, names)."""
+    hints = get_type_hints(EvaluationArguments)
+    return [item.name for item in dataclasses.fields(EvaluationArguments)
+            if hints[item.name] in (str, Optional[str]) and item.name not in _COMMA_FIELDS]
 
 
 class _ListMethods(argparse.Action):
@@ -264,62 +352,39 @@ class _ListMethods(argparse.Action):
 
 
 class EvaluationArgumentParser(HfArgumentParser):
-    """``HfArgumentParser(EvaluationArguments)`` with the help in groups and ``--list-methods``:
-    ``EvaluationArgumentParser().parse_args_into_dataclasses(argv)[0]`` is the :data:`EvaluationArguments`."""
+    """``HfArgumentParser`` of the argument groups (:data:`ARGUMENT_GROUPS`, one help section each) with
+    ``--list-methods``: :meth:`parse` joins the groups into one :class:`EvaluationArguments`."""
 
     def __init__(self, prog: str | None = None) -> None:
         super().__init__(
-            arguments_class(), prog=prog, formatter_class=argparse.HelpFormatter,
+            ARGUMENT_GROUPS, prog=prog, formatter_class=argparse.HelpFormatter,
             description="OOD evaluation of GSC and baselines on a Hugging Face image classifier. Runs with `python` or "
             "`accelerate launch` (sharded over processes).")
-        self._groups["run"].add_argument(
-            "--list-methods", action=_ListMethods, help="list every registered method, one per line, and exit")
-
-    def _add_dataclass_arguments(self, dtype: Any) -> None:
-        # HfArgumentParser puts every field in one group; the help reads better in today's groups.
-        from typing import get_type_hints
-
-        self._groups: dict[str, Any] = {}
-        hints = get_type_hints(dtype)
-        for item in dataclasses.fields(dtype):
-            if not item.init:
-                continue
-            item.type = hints[item.name]
-            title = _GROUPS.get(item.name) or item.metadata.get("group")
-            parser = self if title is None else self._groups.setdefault(title, self.add_argument_group(title))
-            metadata = {key: value for key, value in item.metadata.items() if key != "group"}
-            if metadata != dict(item.metadata):
-                item = _with_metadata(item, metadata)
-            self._parse_dataclass_field(parser, item)
+        for action in self._actions:
             # The flag as spelled everywhere (--output-dir) first in the help, HfArgumentParser's --output_dir after.
-            action = self._actions[-1]
-            action.option_strings.sort(key=lambda option: "_" in option)
+            action.option_strings = sorted(action.option_strings, key=lambda option: "_" in option)
+        run = next(group for group in self._action_groups if group.title == RUN_GROUP)
+        run.add_argument("--list-methods", action=_ListMethods,
+                         help="list every registered method, one per line, and exit")
 
-    def parse(self, argv: Sequence[str] | None = None) -> Any:
-        """The :data:`EvaluationArguments` of ``argv`` (``sys.argv[1:]`` when ``None``); bad input raises
+    def parse(self, argv: Sequence[str] | None = None) -> EvaluationArguments:
+        """The :class:`EvaluationArguments` of ``argv`` (``sys.argv[1:]`` when ``None``); bad input raises
         :class:`~hf_gsc.evaluation.errors.InputError`."""
-        return self.parse_args_into_dataclasses(list(argv) if argv is not None else None, look_for_args_file=False)[0]
+        groups = self.parse_args_into_dataclasses(list(argv) if argv is not None else None, look_for_args_file=False)
+        return EvaluationArguments(**{item.name: getattr(group, item.name)
+                                      for group in groups for item in dataclasses.fields(group)})
 
 
-def _with_metadata(item: dataclasses.Field, metadata: dict[str, Any]) -> dataclasses.Field:
-    """A copy of the dataclass field ``item`` with other ``metadata`` (the class's own field is left as it is)."""
-    import copy
-    import types
-
-    clone = copy.copy(item)
-    clone.metadata = types.MappingProxyType(metadata)
-    return clone
-
-
-def parse_arguments(argv: Sequence[str] | None = None) -> Any:
-    """``argv`` (a ``hf-gsc evaluate`` command line without the program name) -> :data:`EvaluationArguments`."""
+def parse_arguments(argv: Sequence[str] | None = None) -> EvaluationArguments:
+    """``argv`` (a ``hf-gsc evaluate`` command line without the program name) -> :class:`EvaluationArguments`."""
     return EvaluationArgumentParser().parse(argv)
 
 
 def is_evaluation_arguments(value: Any) -> bool:
-    """Whether ``value`` is an :data:`EvaluationArguments` (of any set of registered methods)."""
-    return isinstance(value, _RunArguments)
+    """Whether ``value`` is an :class:`EvaluationArguments`."""
+    return isinstance(value, EvaluationArguments)
 
 
-__all__ = ["EvaluationArgumentParser", "EvaluationArguments", "arguments_class", "is_evaluation_arguments",
+__all__ = ["ARGUMENT_GROUPS", "GSC_FLAGS", "DataArguments", "DeviceArguments", "EvaluationArgumentParser",
+           "EvaluationArguments", "GSCArguments", "METHOD_FLAGS", "RunArguments", "SourceArguments", "is_evaluation_arguments",
            "parse_arguments"]

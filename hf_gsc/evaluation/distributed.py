@@ -225,4 +225,15 @@ class ProcessShards:
         return [tensor.to(device) for _, tensor in ordered]
 
 
-__all__ = ["CHUNK_BYTES", "ProcessShards", "shard_loader"]
+def broadcast(accelerator: Any, value: Any) -> Any:
+    """The main process's ``value`` on every process (a no-op with one process)."""
+    if accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    holder = [value]
+    broadcast_object_list(holder, from_process=0)
+    return holder[0]
+
+
+__all__ = ["broadcast", "CHUNK_BYTES", "ProcessShards", "shard_loader"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from ..settings.config import STATE_FILE
-from ..data.decoding import OnError
 from ..utils.confined_files import atomic_write_text, make_dirs
 from ..storage.saved_format import read_state, save_state
+from .context import RunContext
 from .loaders import make_dataloader
 from .score_cache import NUM_SKIPPED_KEY
 
@@ -98,37 +98,30 @@ def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Ma
 
 
 def fit_detectors(
-    accelerator: Any,
+    context: RunContext,
     detectors: Mapping[str, Any],
     to_fit: Sequence[str],
     fit_data: Mapping[str, Any],
     fit_fingerprints: Mapping[str, str],
-    transform: Callable[[list], torch.Tensor],
-    batch_size: int,
-    output_dir: Path | None,
-    seed: int,
-    overwrite: bool,
-    num_workers: int = 0,
-    on_error: OnError = "raise",
-    source: str = "",
 ) -> FitOutcome:
     """Every process: load each valid saved fit; fit the others, one backbone pass per batch of its share of each
     fit split for every method fitted on it (see the module docstring); the main process saves them.
 
     ``detectors``, ``to_fit``, ``fit_data`` (name -> data) and ``fit_fingerprints`` are keyed by name (a method, or a
-    tuning grid point). ``output_dir=None``: nothing is loaded or saved (a tuning grid; ``fit_fingerprints`` unused).
-    A fit that fails (too few samples, a class without samples, ...) is not saved: it is returned, mapped to the
-    reason, on every process, and the others are fitted and saved as usual.
-    ``on_error``: an unreadable image raises, naming ``ID {split} ({source})``, its row and file (on every process,
-    with several), or is left out.
+    tuning grid point). ``context.output_dir=None``: nothing is loaded or saved (``fit_fingerprints`` unused);
+    ``context.overwrite``: saved fits are not reused. A fit that fails (too few samples, a class without samples,
+    ...) is not saved: it is returned, mapped to the reason, on every process, and the others are fitted and saved as
+    usual. ``context.on_error``: an unreadable image raises, naming ``ID {split} ({context.source})``, its row and
+    file (on every process, with several), or is left out.
     """
     from tqdm.auto import tqdm
 
     from ..detectors import fit_together
     from .distributed import ProcessShards, shard_loader
 
+    accelerator, output_dir, seed = context.accelerator, context.output_dir, context.seed
     pending = list(to_fit)
-    if output_dir is not None and not overwrite:
+    if output_dir is not None and not context.overwrite:
         # The main process decides which saved fits are valid, so that all processes agree; each loads those.
         states = {}
         if accelerator.is_main_process:
@@ -151,12 +144,12 @@ def fit_detectors(
         torch.manual_seed(seed)
         np.random.seed(seed)
         dataset, split = fit_data[group[0]], detectors[group[0]].fit_split
-        dataset_name = f"ID {split} ({source})"
+        dataset_name = f"ID {split} ({context.source})"
         loader, keys = shard_loader(
-            lambda rank, world: make_dataloader(dataset, transform, batch_size, num_workers, accelerator.device, rank,
-                                                world, dataset_name=dataset_name),
+            lambda rank, world: make_dataloader(dataset, context.transform, context.batch_size, context.num_workers,
+                                                accelerator.device, rank, world, dataset_name=dataset_name),
             dataset, accelerator.process_index, accelerator.num_processes)
-        shards = ProcessShards(accelerator, on_error)
+        shards = ProcessShards(accelerator, context.on_error)
         bar = tqdm(loader, desc=f"fit {', '.join(group)}", leave=False, disable=not accelerator.is_local_main_process)
         errors: dict[str, str] = {}
         with accelerator.autocast():
@@ -187,4 +180,15 @@ def fit_detectors(
     return FitOutcome(failed, passes, accelerator.num_processes)
 
 
-__all__ = ["DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
+def fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
+    """``num_samples`` (images the fit used) and ``num_skipped`` (unreadable ones left out) of a method's fit."""
+    from .plan import num_rows
+
+    saved = saved_fit_info(output_dir, method)
+    num_skipped = saved.get(NUM_SKIPPED_KEY, 0)
+    rows = num_rows(dataset)
+    return {"num_samples": rows - num_skipped if rows is not None else saved.get("num_samples"),
+            NUM_SKIPPED_KEY: num_skipped}
+
+
+__all__ = ["fit_record", "DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]

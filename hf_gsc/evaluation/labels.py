@@ -240,6 +240,7 @@ __all__ = [
     "class_names_of",
     "compare_labels",
     "label_warning",
+    "label_mapping",
     "labels_note",
     "map_labels",
     "mapping_line",

@@ -107,7 +107,8 @@ def fixing_flag(model: torch.nn.Module, method: str, hyperparameters: Mapping[st
     (GSC's ``--split-point penultimate``) or ``--hyperparameter METHOD.split_point=penultimate``; ``None`` when the
     split point is not what fails (or is set by hand)."""
     from ..detectors import get_detector
-    from .options import command_line_flags, registered_methods
+    from .arguments import METHOD_FLAGS
+    from .options import registered_methods
 
     config_class = registered_methods()[method].config_class
     if "split_point" not in config_class.field_names() or "split_point" in hyperparameters:
@@ -118,7 +119,7 @@ def fixing_flag(model: torch.nn.Module, method: str, hyperparameters: Mapping[st
         get_detector(method, model, **{**hyperparameters, "split_point": FALLBACK_SPLIT_POINT})
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    own = {name: dest for dest, name in command_line_flags().get(method, {}).items()}
+    own = {name: dest for dest, name in METHOD_FLAGS.get(method, {}).items()}
     if "split_point" in own:
         return f"--{own['split_point'].replace('_', '-')} {FALLBACK_SPLIT_POINT}"
     return f"--hyperparameter {method}.split_point={FALLBACK_SPLIT_POINT}"
@@ -131,7 +132,34 @@ def effective_hyperparameters(detector: Any) -> dict[str, Any]:
     return jsonable(detector.config.score_hyperparameters())
 
 
-__all__ = [
+def processor_of(model: torch.nn.Module, args: Any) -> Any:
+    """The image processor saved with a loaded model (from its ``name_or_path``)."""
+    from ..data import load_image_processor
+
+    source = getattr(model, "name_or_path", None)
+    if not source:
+        raise InputError("the model object has no name_or_path to load its image processor from: pass "
+                         "image_processor= to OODEvaluator")
+    try:
+        return load_image_processor(source, backend=None if args.image_backend == "auto" else args.image_backend)
+    except (OSError, ValueError) as error:
+        raise InputError(f"no image processor for the model from {source!r}: {error}; pass image_processor= to "
+                         "OODEvaluator") from None
+
+
+def check_shipped(detector: Any, processor: Any) -> tuple[Any, Any]:
+    """A saved detector object given to :class:`OODEvaluator`: it needs a threshold and an image processor."""
+    if detector.config.threshold is None:
+        raise InputError(f"the {detector.method!r} detector has no threshold, so it makes no decision to check; "
+                         "calibrate it (detector.calibrate(...)) first")
+    processor = processor or detector.image_processor
+    if processor is None:
+        raise InputError("the detector has no image processor: pass image_processor= to OODEvaluator")
+    detector.model.eval().requires_grad_(False)
+    return detector, processor
+
+
+__all__ = ["processor_of", "check_shipped",
     "FALLBACK_SPLIT_POINT",
     "build_detectors",
     "fixing_flag",

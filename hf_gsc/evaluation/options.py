@@ -1,5 +1,5 @@
-"""The vocabulary of the evaluation's options: the registered methods (``--methods``, ``--list-methods``), their own
-flags, ``--hyperparameter`` parsing, and the allowed values of the device options. The options themselves are
+"""The vocabulary of the evaluation's options: the registered methods (``--methods``, ``--list-methods``),
+``--hyperparameter`` parsing, and the allowed values of the device options. The options themselves are
 :data:`~hf_gsc.evaluation.arguments.EvaluationArguments`; their checks, :mod:`.validation`.
 """
 
@@ -60,14 +60,6 @@ def default_methods() -> list[str]:
 
     registered_methods()  # every method's module imported, so that each has registered
     return registered_defaults()
-
-
-def command_line_flags() -> dict[str, dict[str, str]]:
-    """method -> its own flags (flag dest -> setting), from the classes' ``command_line_flags``."""
-    from ..settings.registry import command_line_flags as registered_flags
-
-    registered_methods()
-    return registered_flags()
 
 
 def parse_methods(text: str | None) -> list[str]:
@@ -137,7 +129,6 @@ __all__ = [
     "IMAGE_BACKENDS",
     "PRECISIONS",
     "InputError",
-    "command_line_flags",
     "default_methods",
     "describe_method",
     "method_lines",

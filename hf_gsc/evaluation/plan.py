@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from ..utils.version import __version__
+from .context import RunContext
 from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
 from .score_cache import BASE_MODEL, ScoreCache
 from .models import effective_hyperparameters
@@ -158,26 +160,24 @@ class EvaluationPlan:
 
 
 def make_plan(
+    context: RunContext,
     model: torch.nn.Module,
     detectors: Mapping[str, Any],
     id_splits: Mapping[str, Any],
     ood_splits: Mapping[str, Any],
-    *,
-    source: str,
-    ood_sources: Mapping[str, str],
-    max_samples: int | None,
-    max_fit_samples: int,
-    seed: int,
-    validation_ood: Mapping[str, Any] | None = None,
-    validation_ood_source: str = "",
+    validation_ood: tuple[Mapping[str, Any], str] | None = None,
     shipped: bool = False,
 ) -> EvaluationPlan:
-    """Subsample the splits and fingerprint what each score depends on: the weights, the method and
-    its settings (and fit), the exact samples. ``source``: the benchmark or ID dataset; ``ood_sources``: the SPEC of
-    each OOD split given by hand. ``validation_ood``: the OOD validation sets of the selection
-    (:mod:`.selection`), already subsampled, planned as ``val_ood_{name}``. ``shipped``: the detectors are saved ones
-    evaluated as they are (``--detector``): nothing is fitted, nothing calibrated (no ID validation split unless
-    ``id_splits`` has one), and their scores follow their saved fitted state."""
+    """Subsample the splits (``context.max_samples``, ``context.max_fit_samples``, ``context.seed``) and fingerprint
+    what each score depends on: the weights, the method and its settings (and fit), the exact samples.
+    ``context.source``: the benchmark or ID dataset; ``context.ood_sources``: the SPEC of each OOD split given by hand.
+    ``validation_ood``: the OOD validation sets of the selection (:mod:`.selection`), already subsampled, planned as
+    ``val_ood_{name}``, and what they are. ``shipped``: the detectors are saved ones evaluated as they are
+    (``--detector``): nothing is fitted, nothing calibrated (no ID validation split unless ``id_splits`` has one),
+    and their scores follow their saved fitted state."""
+    max_samples, max_fit_samples, seed, source = (context.max_samples, context.max_fit_samples, context.seed,
+                                                  context.source)
+    validation_sets, validation_ood_source = validation_ood if validation_ood is not None else ({}, "")
     model_fp = model_fingerprint(model)
     splits = {
         ID_TEST: subset(id_splits["test"], max_samples, seed, "test"),
@@ -187,9 +187,10 @@ def make_plan(
             OOD_PREFIX + name: subset(dataset, max_samples, seed, OOD_PREFIX + name)
             for name, dataset in ood_splits.items()
         },
-        **{VAL_OOD_PREFIX + name: dataset for name, dataset in (validation_ood or {}).items()},
+        **{VAL_OOD_PREFIX + name: dataset for name, dataset in validation_sets.items()},
     }
-    ood_sources = dict(ood_sources)
+    ood_sources = dict(context.ood_sources)
+
     def split_source(split: str) -> str:
         if split.startswith(VAL_OOD_PREFIX):
             return f"{validation_ood_source} ({split[len(VAL_OOD_PREFIX):]})"
@@ -286,7 +287,34 @@ def missing_scores(
     }
 
 
-__all__ = [
+def check_conformal_size(args: Any, num_validation: int | None) -> None:
+    """Refuse ``--conformal-delta`` before any scoring when the ID validation split is too small for it
+    (a streamed split's size is known only after scoring; the report raises then)."""
+    if args.conformal_delta is None or num_validation is None:
+        return
+    from .calibration import conformal_order
+
+    try:
+        conformal_order(num_validation, args.target_tpr, args.conformal_delta)
+    except ValueError as error:
+        raise InputError(f"--conformal-delta {args.conformal_delta} with --tpr {args.target_tpr}: {error}") from None
+
+
+def warn_small_calibration(args: Any, num_validation: int | None) -> None:
+    """The warning ``calibrate`` gives in Python below :data:`~hf_gsc.utils.thresholds.MIN_CALIBRATION_SAMPLES`,
+    for the thresholds this run calibrates on ID validation (naming ``--max-samples`` when it is the cause)."""
+    from ..utils.thresholds import MIN_CALIBRATION_SAMPLES
+
+    if num_validation is None or num_validation >= MIN_CALIBRATION_SAMPLES:
+        return
+    cause = (f" (--max-samples {args.max_samples})" if args.max_samples is not None
+             and args.max_samples < MIN_CALIBRATION_SAMPLES else "")
+    warnings.warn(f"the thresholds are calibrated on {num_validation} ID validation samples{cause}, too few for a "
+                  f"threshold to mean much (at least {MIN_CALIBRATION_SAMPLES}; with n samples the accepted fraction "
+                  "on new data varies by about sqrt(tpr*(1-tpr)/n))", UserWarning, stacklevel=2)
+
+
+__all__ = ["check_conformal_size", "warn_small_calibration",
     "BASE_MODEL",
     "ID_TEST",
     "ID_VALIDATION",

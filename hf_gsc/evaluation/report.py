@@ -205,7 +205,7 @@ def markdown_table(
         f"ID test accuracy: {100 * results['id_accuracy']:.2f}%. "
         f"Cells: {metric_label} in %. FPR95 (ID+): OOD accepted at 95% ID kept (ID = positive class, the paper's); "
         "FPR95 (OOD+): ID rejected at 95% OOD caught (OOD = positive class, OpenOOD's). "
-        f"{rule[:1].upper() + rule[1:]} calibrated on ID {results.get('calibration_split', 'validation')} only.",
+        + _calibration_sentence(results, rule),
         "",
         *table_lines(["Method", *map(title, columns)], map(cells, methods)),
         "",
@@ -278,6 +278,26 @@ def skipped_images_line(num_skipped: Mapping[str, Any]) -> str:
               *((f"fit of {name}", n) for name, n in num_skipped.get("fit", {}).items())]
     parts = [f"{label} {n}" for label, n in counts if n]
     return f"Unreadable images left out (--skip-unreadable-images): {', '.join(parts)}." if parts else ""
+
+
+def _calibration_sentence(results: Mapping[str, Any], rule: str) -> str:
+    """Where the thresholds come from: calibrated in this run on the ID split it read, or (``--detector``) the saved
+    detector's own, described by its calibration record (never a split this run did not read)."""
+    if results.get("detector"):
+        record = results["detector"].get("calibration")
+        if not record:
+            return "The threshold is the saved detector's own, set by hand (no calibration record); not recalibrated."
+        read = record.get("source") or (f"ID {record['split']} data" if record.get("split") else "data it does not name")
+        details = ", ".join(part for part in (
+            f"{record['num_samples']} samples" if record.get("num_samples") is not None else "",
+            f"target ID TPR {100 * record['tpr']:.0f}%" if record.get("tpr") is not None else "") if part)
+        return (f"The threshold is the saved detector's own, calibrated before this run on {read}"
+                f"{f' ({details})' if details else ''}; not recalibrated.")
+    first = next(iter(results.get("methods", {}).values()), {})
+    split = results.get("calibration_split") or (first.get("calibration") or {}).get("split")
+    if split is None:  # results written without the record: say so rather than name a split
+        return f"{rule[:1].upper() + rule[1:]}: the results do not record the data they were calibrated on."
+    return f"{rule[:1].upper() + rule[1:]} calibrated on ID {split} only."
 
 
 def _target_tpr(methods: Mapping[str, Any]) -> float:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import InputError
+from .plan import ID_TEST, ID_VALIDATION, OOD_PREFIX, VAL_OOD_PREFIX, num_rows
 
 
 def check_process_count(accelerator: Any, environ: Mapping[str, str] | None = None) -> None:
@@ -86,4 +87,40 @@ def data_description(benchmark: str | None, id_dataset: str | None, extra_ood: S
     return ", ".join(parts)
 
 
-__all__ = ["check_process_count", "data_description", "run_header"]
+def split_label(split: str) -> str:
+    """``id_test`` -> ``ID test``, ``ood_far`` -> ``OOD far``: the split names of the run header."""
+    if split.startswith(OOD_PREFIX):
+        return f"OOD {split[len(OOD_PREFIX):]}"
+    if split.startswith(VAL_OOD_PREFIX):
+        return f"OOD validation {split[len(VAL_OOD_PREFIX):]}"
+    return {ID_TEST: "ID test", ID_VALIDATION: "ID validation"}.get(split, split)
+
+
+
+def evaluation_header(evaluator: Any, plan: Any) -> str:
+    """:func:`run_header` of an :class:`~hf_gsc.evaluation.evaluator.OODEvaluator` about to fit and score ``plan``
+    (its :class:`~hf_gsc.evaluation.plan.EvaluationPlan`)."""
+    import torch
+
+    from .models import image_backend_of
+
+    args, state, context = evaluator.args, evaluator.state, evaluator.context
+    shipped = state.shipped
+    return run_header({
+        "model": evaluator.model_name(),
+        "data": data_description(args.benchmark, args.id_dataset, args.named_ood_datasets),
+        **({"shipped": f"the saved {shipped.method!r} detector as it is: its settings, fitted state and "
+                       f"threshold {shipped.config.threshold:.6g} (no refit, no recalibration)"}
+           if shipped is not None else {}),
+        "device": context.accelerator.device, "num_processes": context.accelerator.num_processes,
+        "mixed_precision": context.accelerator.mixed_precision, "num_workers": context.num_workers,
+        "image_backend": image_backend_of(state.processor), "methods": state.methods,
+        "split_sizes": {split_label(split): num_rows(dataset) for split, dataset in plan.splits.items()},
+        "fit_sizes": {name: num_rows(dataset) for name, dataset in plan.fit_data.items()},
+        "num_to_score": sum(map(len, state.missing.values())),
+        "num_scores": sum(len(state.methods) + (split == ID_TEST) for split in plan.splits),
+        "visible_gpus": torch.cuda.device_count(),
+    })
+
+
+__all__ = ["evaluation_header", "split_label", "check_process_count", "data_description", "run_header"]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import loop
-from ..data.decoding import OnError
+from .context import RunContext
 from .loaders import make_dataloader
 from .score_cache import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY, ScoreCache
 from .metrics import NonFiniteScoreError, check_finite_scores
@@ -23,22 +23,18 @@ from .plan import BASE_MODEL, EvaluationPlan, num_rows
 
 
 def score_missing(
-    accelerator: Any,
+    context: RunContext,
     plan: EvaluationPlan,
     missing: Mapping[str, Sequence[str]],
     detectors: Mapping[str, Any],
     model: torch.nn.Module,
-    transform: Callable[[list], torch.Tensor],
     cache: ScoreCache,
-    batch_size: int,
-    num_workers: int = 0,
-    on_error: OnError = "raise",
     skipped: dict[str, str] | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """Score each split with its missing methods (one backbone pass per batch for all of them, see
     :func:`batch_scorer`) and save the files (main process).
 
-    ``on_error``: what an image that cannot be decoded does (see :func:`~hf_gsc.evaluation.loop.score_split`).
+    ``context.on_error``: what an image that cannot be decoded does (see :func:`~hf_gsc.evaluation.loop.score_split`).
     ``skipped``: method -> reason. A method whose scoring raises, or whose scores on a split are not all finite, is
     added to it (the same on every process: the decision is taken on the gathered scores), its file for that split
     is not written, and it is not scored on the later splits; the other methods go on.
@@ -47,6 +43,7 @@ def score_missing(
     :data:`BACKBONE_KEY`), split -> {"seconds", "num_samples", "images_per_second"})``: the split's wall time covers
     loading, preprocessing, the backbone, every method and the gathering across processes.
     """
+    accelerator = context.accelerator
     seconds: dict[str, dict[str, float]] = {name: {} for name in [BACKBONE_KEY, *detectors]}
     throughput: dict[str, dict[str, float]] = {}
     skipped = {} if skipped is None else skipped
@@ -57,13 +54,13 @@ def score_missing(
         errors: dict[str, str] = {}
         scorer = batch_scorer(model, {name: detectors[name] for name in names if name != BASE_MODEL},
                               BASE_MODEL in names, seconds, split, errors)
-        dataloader = make_dataloader(dataset, transform, batch_size, num_workers, accelerator.device,
-                                     accelerator.process_index, accelerator.num_processes,
+        dataloader = make_dataloader(dataset, context.transform, context.batch_size, context.num_workers,
+                                     accelerator.device, accelerator.process_index, accelerator.num_processes,
                                      dataset_name=f"{split} ({plan.sources[split]})")
         size = num_rows(dataset) or "streamed"
         begin = time.perf_counter()
         outputs = loop.score_split(accelerator, dataloader, {SHARED: scorer},
-                                   description=f"{split} ({size})", on_error=on_error)
+                                   description=f"{split} ({size})", on_error=context.on_error)
         outputs = {key[1] if isinstance(key, tuple) else key: value for key, value in outputs.items()}
         elapsed = time.perf_counter() - begin
         count = int(outputs["labels"].shape[0])

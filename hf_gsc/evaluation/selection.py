@@ -50,8 +50,8 @@ def selection_sets(validation: Any, *, given: Sequence[tuple[str, str]], benchma
         return {}, None, "none: a streamed ID validation split cannot be split in halves; pass --val-ood-dataset"
     fit_rows, select_rows = split_halves(len(validation), seed)
     sets = validation_ood_sets(benchmark, validation.select(fit_rows), len(select_rows), VALIDATION_SEED)
-    return sets, select_rows, ("generated from half of the ID validation subset (tune_fit), against the other half "
-                               "(tune_select), as --tune does")
+    return sets, select_rows, ("OOD sets generated from a random half of the ID validation subset, against its "
+                               "other half")
 
 
 def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: Mapping[str, Mapping[str, torch.Tensor]],

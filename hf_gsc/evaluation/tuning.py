@@ -38,13 +38,12 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..data.decoding import OnError
-
+from .context import RunContext
 from .ranking import RANKING_RULE, best_index, validation_metrics
 from .validation_sets import VALIDATION_SEED, split_halves, validation_ood_sets
 
@@ -84,31 +83,22 @@ def grid_points(method: str, fixed: Sequence[str] = (), grids: Mapping[str, Mapp
 
 # ---------------------------------------------------------------------------------------------------- the search
 def tune_hyperparameters(
-    accelerator: Any,
+    context: RunContext,
     model: torch.nn.Module,
-    methods: Sequence[str],
     hyperparameters: Mapping[str, Mapping[str, Any]],
     fixed: Mapping[str, Sequence[str]],
     id_splits: Mapping[str, Any],
-    transform: Callable[[list], torch.Tensor],
-    *,
     benchmark: str | None,
-    max_samples: int | None,
-    max_fit_samples: int,
-    seed: int,
-    batch_size: int,
-    num_workers: int = 0,
-    on_error: OnError = "raise",
-    output_dir: str | Path,
 ) -> dict[str, Any]:
     """Search every method's grid on validation data (see the module docstring) and return the record that
-    ``results.json`` keeps as ``tuning``: ``methods[m]["chosen"]`` holds the values to evaluate ``m`` with.
+    ``results.json`` keeps as ``tuning``: ``methods[m]["chosen"]`` holds the values to evaluate ``m`` with. The
+    methods searched are the keys of ``hyperparameters``.
 
     Reads ``id_splits["validation"]`` and the ``fit_split`` of the fitted methods (``"train"``), nothing else;
     runs on every process (scoring is sharded); the grid points are fitted like the evaluation's own detectors, by
     :func:`~hf_gsc.evaluation.fitting.fit_detectors`, and kept under ``OUTPUT/tuning/`` for a rerun
-    (:data:`TUNING_FITS`); ``hyperparameters`` are each method's settings, which every grid point starts from;
-    ``fixed`` names the settings not to search.
+    (:data:`TUNING_FITS` in ``context.output_dir``); ``hyperparameters`` are each method's settings, which every
+    grid point starts from; ``fixed`` names the settings not to search.
     """
     from ..utils.version import __version__
     from ..detectors import get_detector
@@ -121,6 +111,8 @@ def tune_hyperparameters(
     from .scoring import batch_scorer
 
     start = time.perf_counter()
+    accelerator, seed, max_samples = context.accelerator, context.seed, context.max_samples
+    methods = list(hyperparameters)
     validation = subset(id_splits["validation"], max_samples, seed, "validation")
     fit_rows, select_rows = split_halves(len(validation), seed)
     tune_fit, tune_select = validation.select(fit_rows), validation.select(select_rows)
@@ -157,7 +149,7 @@ def tune_hyperparameters(
         if split == "validation":
             data = tune_fit
         elif split in id_splits:
-            data = subset(id_splits[split], max_fit_samples, seed, f"fit_{split}")
+            data = subset(id_splits[split], context.max_fit_samples, seed, f"fit_{split}")
         else:
             problems.update({key: f"needs the ID {split!r} split, which is not loaded" for key in keys})
             continue
@@ -173,9 +165,10 @@ def tune_hyperparameters(
             "model": model_fp, "method": key, "hf_gsc": __version__, "fit_split": split, "seed": seed,
             "hyperparameters": candidates[key].config.score_hyperparameters(), "content": dataset_fingerprint(data)}))
             for key in keys}
-        problems.update(fit_detectors(accelerator, candidates, keys, dict.fromkeys(keys, data), prints, transform,
-                                      batch_size, Path(output_dir) / TUNING_FITS, seed, False, num_workers, on_error,
-                                      source=f"tuning fit of ID {split}"))
+        assert context.output_dir is not None  # the grid's fits are kept for a rerun
+        fits = context.replace(output_dir=Path(context.output_dir) / TUNING_FITS, overwrite=False,
+                               source=f"tuning fit of ID {split}")
+        problems.update(fit_detectors(fits, candidates, keys, dict.fromkeys(keys, data), prints))
     for key in problems:
         candidates.pop(key, None)
 
@@ -185,10 +178,11 @@ def tune_hyperparameters(
     if candidates:
         for name, dataset in {"tune_select": tune_select, **ood_sets}.items():
             scorer = batch_scorer(model, candidates, False, {}, name)
-            loader = make_dataloader(dataset, transform, batch_size, num_workers, accelerator.device,
-                                     accelerator.process_index, accelerator.num_processes,
+            loader = make_dataloader(dataset, context.transform, context.batch_size, context.num_workers,
+                                     accelerator.device, accelerator.process_index, accelerator.num_processes,
                                      dataset_name=f"{name} (tuning)")
-            outputs = score_split(accelerator, loader, {"tune": scorer}, description=f"tune {name}", on_error=on_error)
+            outputs = score_split(accelerator, loader, {"tune": scorer}, description=f"tune {name}",
+                                  on_error=context.on_error)
             sizes[name] = int(outputs["labels"].shape[0])
             scores[name] = {key: outputs[("tune", key)] for key in candidates}
 

@@ -14,8 +14,7 @@ from typing import Any
 
 from ..utils.image_limits import max_image_pixels
 from .errors import InputError
-from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, command_line_flags, parse_hyperparameters, parse_methods, \
-    registered_methods
+from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, parse_hyperparameters, parse_methods, registered_methods
 
 #: The error when the evaluated model is not given exactly once.
 SOURCE_CHOICE = ("give exactly one of --model (an image classifier: fit, calibrate and evaluate methods on it) and "
@@ -143,7 +142,7 @@ def validate(args: Any) -> dict[str, Any]:
                                                # the threshold is the shipped one: nothing is calibrated
                                                ("--tpr", args.tpr is not None))
                  if value]
-        given += [f"--{dest.replace('_', '-')}" for flags in command_line_flags().values() for dest in flags
+        given += [f"--{dest.replace('_', '-')}" for flags in args.method_flag_settings.values() for dest in flags
                   if getattr(args, dest, None) is not None]
         if given:
             raise InputError(f"--detector evaluates a saved detector as it is (its method, settings, fitted state and "
@@ -202,7 +201,7 @@ def validate(args: Any) -> dict[str, Any]:
         raise InputError(f"--ood-dataset: split name(s) {', '.join(repeated)} used twice; name them with NAME=SPEC")
     hyperparameters = parse_hyperparameters(args.hyperparameter, methods)
     _check_plots(args)
-    for method, flags in command_line_flags().items():  # a method's own flags (GSC's) are its hyperparameters
+    for method, flags in args.method_flag_settings.items():  # a method's own flags (GSC's) are its hyperparameters
         given = {name: getattr(args, dest) for dest, name in flags.items() if getattr(args, dest, None) is not None}
         if not given:
             continue

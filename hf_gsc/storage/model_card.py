@@ -1,13 +1,13 @@
 """The model card of a saved detector: metadata (library, licence, base model, tags, model-index) and a body naming
 the method, its hyperparameters, the threshold and, with an evaluation's results, its numbers.
 
-Rendered with ``huggingface_hub.ModelCard`` from ``model_cards/ood_detector.md`` (installed inside the package).
+Rendered with ``huggingface_hub.ModelCard`` from the package data ``hf_gsc/model_cards/ood_detector.md``.
 Part of the saved format, so :mod:`hf_gsc.storage.saving` writes it without any Hub access.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib.resources
 from typing import Any, Mapping
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
@@ -17,14 +17,9 @@ from .repo_ids import is_hub_id
 
 
 TEMPLATE_NAME = "ood_detector.md"
-#: The ``hf_gsc`` folder, found from this module's dotted name so that it holds wherever the module sits in it.
-_PACKAGE_DIR = Path(__file__).resolve().parents[__name__.count(".") - 1]
-#: Where the card template is: inside the installed package (setup.py maps the top-level ``model_cards/``
-#: there), or the top-level folder of a source checkout.
-TEMPLATE_CANDIDATES = (
-    _PACKAGE_DIR / "model_cards" / TEMPLATE_NAME,
-    _PACKAGE_DIR.parent / "model_cards" / TEMPLATE_NAME,
-)
+#: The card template: package data inside ``hf_gsc`` (``hf_gsc/model_cards/``), read with ``importlib.resources`` so
+#: that it is found the same way from a checkout, an installed wheel or a zipped package.
+TEMPLATE = importlib.resources.files("hf_gsc") / "model_cards" / TEMPLATE_NAME
 TASK_TYPE = "out-of-distribution-detection"
 #: Licence of what hf_gsc writes (config, fitted state, card); the base model's weights keep their own licence.
 DEFAULT_LICENSE = "apache-2.0"
@@ -71,14 +66,12 @@ def data_description(results: Mapping[str, Any]) -> str:
     return "; ".join(parts) or "data the evaluation does not name"
 
 
-def template_path() -> Path:
-    for path in TEMPLATE_CANDIDATES:
-        if path.is_file():
-            return path
-    raise FileNotFoundError(
-        f"model card template {TEMPLATE_NAME} not found at {' or '.join(map(str, TEMPLATE_CANDIDATES))}; "
-        "reinstall hf_gsc"
-    )
+def template_text() -> str:
+    """The card template's text; a missing template (a broken install) is a ``FileNotFoundError`` naming it."""
+    try:
+        return TEMPLATE.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"model card template {TEMPLATE_NAME} not found at {TEMPLATE}; reinstall hf_gsc") from None
 
 
 def method_description(method: str) -> str:
@@ -171,7 +164,7 @@ def render_model_card(
     """Model card of a detector from its saved config ``values`` (:meth:`hf_gsc.DetectorConfig.to_dict`):
     metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
     the threshold and, with ``results``, its evaluation."""
-    template = template_path()
+    template = template_text()
     method = values["method"]
     base_model = values.get("base_model_name_or_path")
     base_name = (base_model or "classifier").rstrip("/").split("/")[-1]
@@ -192,7 +185,7 @@ def render_model_card(
     accuracy = (results or {}).get("id_accuracy")
     return ModelCard.from_template(
         card_data,
-        template_path=str(template),
+        template_str=template,
         model_name=name,
         repo_id=repo_id,
         method=method,

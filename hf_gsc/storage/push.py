@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
+
 from .model_card import DEFAULT_LICENSE
 from .repo_ids import is_hub_id
 from .saving import check_savable, save_detector
@@ -16,8 +18,6 @@ class HubError(RuntimeError):
     """A Hub operation failed; the message says why and what is left where."""
 
 
-# ----------------------------------------------------------------------------- model card
-#: Model-index names of the metrics whose key alone does not say the convention.
 def _hub_error(action: str, error: BaseException, kept: str) -> HubError:
     from huggingface_hub import constants
 
@@ -72,6 +72,10 @@ def create_hub_repo(repo_id: str, private: bool = False, revision: str | None = 
 
 class HubPush:
     """``push_to_hub`` of every detector (mixed into :class:`hf_gsc.OODDetector`)."""
+
+    # Attributes of the detector it is mixed into.
+    config: Any
+    method: str
 
     def push_to_hub(
         self,

@@ -129,6 +129,10 @@ def _split_folders(path: Path) -> dict[str, Path]:
     return found
 
 
+#: The call each data parameter belongs to: the name the console lines give it.
+_CALLS = {"id_train_batches": "fit", "id_validation_data": "calibrate"}
+
+
 class Selected(NamedTuple):
     """What :func:`select_split` chose: the data to read, how to name it in messages, and for records the sentence
     of what it is (``""``: the data as given, described by its reader) and the split chosen from a root."""
@@ -187,7 +191,9 @@ def select_split(data: Any, split: str | None, name: str) -> Selected:
                          f"the {split!r} split of a dataset root and never test: add it, or pass the {split} data "
                          "itself")
     where = f" ({chosen})" if isinstance(chosen, Path) else ""
-    logger.warning("%s: reading the %r split of %s%s; its other splits are not read", name, split, label, where)
+    # The console line names what the user called (fit, calibrate), not the parameter the data came in.
+    logger.warning("%s: reading the %r split of %s%s; its other splits are not read", _CALLS.get(name, name), split,
+                   label, where)
     return Selected(chosen, f"the {split!r} split of {label}", f"split {split!r} of {root}", split)
 
 

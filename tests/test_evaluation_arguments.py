@@ -1,0 +1,113 @@
+"""``EvaluationArguments`` is one static dataclass: ``transformers.HfArgumentParser`` parses every flag of
+``hf-gsc evaluate`` from it, Python values of their natural types are accepted (or refused naming the field), and a run
+from it gives the command line's numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from transformers import HfArgumentParser
+
+import hf_gsc
+from hf_gsc.evaluation import cli
+from hf_gsc.evaluation.arguments import GSC_FLAGS, EvaluationArgumentParser, GSCArguments
+from hf_gsc.evaluation.errors import InputError
+
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
+
+
+def _every_flag(tmp_path: Path) -> list[str]:
+    """A long, realistic command line giving every flag of ``hf-gsc evaluate`` (one source, --model)."""
+    ood = tmp_path / "ood"
+    ood.mkdir(exist_ok=True)
+    return ["--model", "org/vit", "--revision", "main", "--id-dataset", str(tmp_path),
+            "--ood-dataset", f"a={ood}", "--ood-dataset", f"b={ood}", "--near-ood-dataset", f"near={ood}",
+            "--far-ood-dataset", f"far={ood}", "--val-ood-dataset", f"val={ood}", "--label-map", "cat=0,dog=1",
+            "--max-samples", "50", "--max-fit-samples", "40", "--skip-unreadable-images",
+            "--methods", "gsc,knn,odin", "--output-dir", str(tmp_path / "out"), "--batch-size", "8", "--seed", "3",
+            "--tpr", "0.9", "--conformal-delta", "0.1", "--hyperparameter", "knn.k=3",
+            "--hyperparameter", "odin.temperature=10", "--tune", "--overwrite", "--no-plots", "--save-detectors",
+            "--mixed-precision", "no", "--num-workers", "0", "--image-backend", "pil",
+            "--split-point", "penultimate", "--earlier-split-point", "vit.encoder.layer.0", "--mask-ratio", "0.1",
+            "--mask-size", "fixed", "--selection", "gradient", "--operation", "perturb", "--alpha", "0.2",
+            "--clip-bound", "2.0", "--beta", "0.4", "--approximation", "exact", "--gsc-score", "msp",
+            "--gsc-temperature", "2.0", "--gsc-seed", "5", "--feature-shaping", "none", "--shaping-percentile", "90"]
+
+
+def test_hf_argument_parser_parses_every_flag_of_the_command_line(tmp_path):
+    argv = _every_flag(tmp_path)
+    fields = [item for item in dataclasses.fields(hf_gsc.EvaluationArguments) if item.init]
+    assert not [item.name for item in fields if not item.metadata.get("help")]
+    # Every field except the other source (--detector) and the flags of other runs (--benchmark, --ood-splits,
+    # --no-selection, --streaming: they contradict the ones given) is on the command line.
+    given = {option[2:].replace("-", "_") for option in argv if option.startswith("--")}
+    assert {item.name for item in fields} - given == {"detector", "benchmark", "ood_splits", "no_selection",
+                                                     "streaming"}
+    (parsed,) = HfArgumentParser((hf_gsc.EvaluationArguments,)).parse_args_into_dataclasses(argv)
+    assert parsed == EvaluationArgumentParser().parse(argv)
+    assert parsed.hyperparameter == ["knn.k=3", "odin.temperature=10"] and parsed.num_workers == 0
+    assert parsed.method_hyperparameters["gsc"] == {
+        "split_point": "penultimate", "earlier_split_point": "vit.encoder.layer.0", "mask_ratio": 0.1,
+        "mask_size": "fixed", "selection": "gradient", "operation": "perturb", "alpha": 0.2, "clip_bound": 2.0,
+        "beta": 0.4, "approximation": "exact", "score": "msp", "temperature": 2.0, "seed": 5,
+        "feature_shaping": "none", "shaping_percentile": 90.0}
+    assert parsed.named_ood_datasets == [("a", str(tmp_path / "ood")), ("b", str(tmp_path / "ood")),
+                                         ("near", str(tmp_path / "ood")), ("far", str(tmp_path / "ood"))]
+    assert parsed.ood_dataset_groups == {"near": ["near"], "far": ["far"]}
+    # The other source and run kind, parsed the same way.
+    other = ["--detector", "saved/knn", "--benchmark", "fmnist-ood", "--ood-splits", "mnist", "--no-selection",
+             "--output-dir", str(tmp_path / "o2")]
+    (parsed,) = HfArgumentParser((hf_gsc.EvaluationArguments,)).parse_args_into_dataclasses(other)
+    assert parsed.detector == "saved/knn" and parsed.ood_split_names == ["mnist"] and parsed.no_selection
+
+
+def test_gsc_flags_are_gscs_settings_with_their_defaults():
+    from hf_gsc.detectors.gsc import GSCForImageClassification
+    from hf_gsc.settings.config import GSCConfig
+
+    defaults = GSCConfig()
+    assert sorted(GSC_FLAGS.values()) == sorted(GSCConfig.setting_names())
+    assert GSC_FLAGS == dict(GSCForImageClassification.command_line_flags)
+    for item in dataclasses.fields(GSCArguments):
+        setting = GSC_FLAGS[item.name]
+        assert item.metadata["help"] == f"GSCConfig.{setting} (default {getattr(defaults, setting)!r})"
+
+
+def test_python_values_of_their_natural_types_are_accepted_or_refused_naming_the_field(tmp_path):
+    ood = tmp_path / "photos"
+    ood.mkdir()
+    common = {"model": "m", "id_dataset": str(tmp_path), "output_dir": str(tmp_path / "out")}
+    one = hf_gsc.EvaluationArguments(**common, ood_dataset=f"photos={ood}", methods=["energy", "gsc"],
+                                     hyperparameter="gsc.mask_ratio=0.1")
+    listed = hf_gsc.EvaluationArguments(**common, ood_dataset=[f"photos={ood}"], methods="energy,gsc",
+                                        hyperparameter=("gsc.mask_ratio=0.1",))
+    assert one == listed
+    assert one.named_ood_datasets == [("photos", str(ood))] and one.method_names == ["energy", "gsc"]
+    assert one.method_hyperparameters == {"energy": {}, "gsc": {"mask_ratio": 0.1}}
+    with pytest.raises(InputError, match=r"ood_dataset \(--ood-dataset\) must be a string or a list of strings"):
+        hf_gsc.EvaluationArguments(**common, ood_dataset=[ood])  # a Path, not a string
+    with pytest.raises(InputError, match=r"methods \(--methods\) must be a comma-separated string or a list"):
+        hf_gsc.EvaluationArguments(**common, ood_dataset=f"photos={ood}", methods=3)
+    with pytest.raises(InputError, match=r"id_dataset \(--id-dataset\) must be a string"):
+        hf_gsc.EvaluationArguments(**{**common, "id_dataset": tmp_path}, ood_dataset=f"photos={ood}")
+
+
+def test_the_evaluator_on_parsed_arguments_gives_the_command_lines_numbers(tiny, tmp_path):  # noqa: F811
+    def argv(output_dir: Path) -> list[str]:
+        return ["--model", tiny["model"], "--id-dataset", tiny["id"], "--ood-dataset", f"noise={tiny['noise']}",
+                "--methods", "msp,energy,knn", "--hyperparameter", "knn.k=3", "--output-dir", str(output_dir),
+                "--batch-size", "8", "--no-plots"]
+
+    assert cli.main(argv(tmp_path / "cli")) == 0
+    (args,) = HfArgumentParser((hf_gsc.EvaluationArguments,)).parse_args_into_dataclasses(argv(tmp_path / "py"))
+    hf_gsc.OODEvaluator(args=args).evaluate()
+    by_cli, by_python = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("cli", "py"))
+    assert by_python["methods"].keys() == by_cli["methods"].keys() == {"msp", "energy", "knn"}
+    for name, entry in by_cli["methods"].items():  # the same process and threads: equal up to float rounding
+        assert by_python["methods"][name]["threshold"] == pytest.approx(entry["threshold"], rel=1e-9, abs=1e-12)
+        assert by_python["methods"][name]["ood"]["noise"] == pytest.approx(entry["ood"]["noise"], rel=1e-9)
+    assert by_python["selection"]["method"] == by_cli["selection"]["method"]
+    assert by_python["id_accuracy"] == by_cli["id_accuracy"]
