@@ -42,10 +42,10 @@ def test_hf_argument_parser_parses_every_flag_of_the_command_line(tmp_path):
     fields = [item for item in dataclasses.fields(hf_gsc.EvaluationArguments) if item.init]
     assert not [item.name for item in fields if not item.metadata.get("help")]
     # Every field except the other source (--detector) and the flags of other runs (--benchmark, --ood-splits,
-    # --no-selection, --streaming: they contradict the ones given) is on the command line.
+    # --no-selection, --streaming, --labels-by-order: they contradict the ones given) is on the command line.
     given = {option[2:].replace("-", "_") for option in argv if option.startswith("--")}
     assert {item.name for item in fields} - given == {"detector", "benchmark", "ood_splits", "no_selection",
-                                                     "streaming"}
+                                                     "streaming", "labels_by_order"}
     (parsed,) = HfArgumentParser((hf_gsc.EvaluationArguments,)).parse_args_into_dataclasses(argv)
     assert parsed == EvaluationArgumentParser().parse(argv)
     assert parsed.hyperparameter == ["knn.k=3", "odin.temperature=10"] and parsed.num_workers == 0
@@ -66,7 +66,7 @@ def test_hf_argument_parser_parses_every_flag_of_the_command_line(tmp_path):
 
 def test_gsc_flags_are_gscs_settings_with_their_defaults():
     from hf_gsc.detectors.gsc import GSCForImageClassification
-    from hf_gsc.settings.config import GSCConfig
+    from hf_gsc.detectors.gsc import GSCConfig
 
     defaults = GSCConfig()
     assert sorted(GSC_FLAGS.values()) == sorted(GSCConfig.setting_names())
