@@ -6,8 +6,8 @@
 
 Each subcommand is a row of :data:`COMMANDS`: the function that runs it (``module`` or ``module:function``, ``main``
 by default, called with the rest of the command line) and its line of help. The function's module is imported only
-when its command runs, so ``hf-gsc --help``, ``hf-gsc --version``, ``hf-gsc docs`` and ``hf-gsc publish --help``
-import no torch (``hf-gsc evaluate --help`` lists every method's own flags, read from the methods' classes). Each subcommand
+when its command runs, so ``hf-gsc --help``, ``hf-gsc --version``, ``hf-gsc docs`` and every subcommand's ``--help``
+import no torch (the evaluation's flags, GSC's included, are static dataclass fields). Each subcommand
 hands its arguments to the library's own entry point, so ``hf-gsc evaluate --help`` is the evaluation's own help.
 ``evaluate`` needs the ``evaluation`` extra, its figures the ``plots`` extra (or ``--no-plots``), the generated
 benchmarks the ``benchmarks`` extra (``pip install 'hf_gsc[all]'``: all three).

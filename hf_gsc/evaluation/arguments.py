@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Optional, Union, get_type_hints
 from transformers import HfArgumentParser
 
 from .errors import InputError
-from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, default_methods, method_lines
+from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, method_lines
 
 #: The help's argument groups (the source options come first, in the parser's own group).
 DATA_GROUP, RUN_GROUP, DEVICE_GROUP = "data", "run", "device and throughput"
@@ -128,8 +128,9 @@ class RunArguments:
     _argument_group_name: ClassVar[Any] = _GroupTitle(RUN_GROUP)
     methods: Union[list[str], str, None] = _option(
         help="comma list of registered methods, or 'all' (every method that can be built on the model; the others "
-        "are skipped with the reason), or 'all,-NAME,-NAME' (every method but those; default: "
-        f"{','.join(default_methods())}; --list-methods shows them all)")
+        "are skipped with the reason), or 'all,-NAME,-NAME' (every method but those); default: the default table, "
+        "GSC and the main baselines that need no long fit (--list-methods shows every method, the default ones "
+        "marked)")
     output_dir: str = field(metadata={"help": "results, score cache, fitted detectors, plots"})
     batch_size: int = _option(64, help="images per batch of every backbone pass (fit, scoring, tuning), per process")
     seed: int = _option(0, help="seed of every random choice: the --max-samples subsets, the ID validation halves, "

@@ -13,11 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..data.decoding import UndecodableImageError
 from .arguments import EvaluationArgumentParser
 from .errors import InputError
-from .evaluator import EverythingSkippedError, OODEvaluator
-from .report import RESULTS_JSON, RESULTS_MD
 
 #: The exit status of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
@@ -27,8 +24,15 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """CLI entry point: parse, evaluate, print ``results.md`` on the main process; the status as described above."""
     parser = EvaluationArgumentParser(prog)
     try:
+        args = parser.parse(argv)  # --help ends here: the evaluation (and torch) is imported below
+    except InputError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    from ..data.decoding import UndecodableImageError
+    from .evaluator import EverythingSkippedError, OODEvaluator
+    from .report import RESULTS_JSON, RESULTS_MD
+
+    try:
         try:
-            args = parser.parse(argv)
             result = OODEvaluator(args=args).evaluate()
         finally:
             _end_process_group()
