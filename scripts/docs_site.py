@@ -2,8 +2,9 @@
 
 * :func:`on_page_markdown` (an mkdocs hook): the API reference's configs page lists every registered method's config
   class, read from the registry when the site is built, so adding a method (one file) adds its section.
-* :class:`ConfigHelp` (a griffe extension): each field of a config class documented by its help string and shown
-  with its default, read from the imported class (the source declares them as ``setting(default, check, help)``);
+* :class:`ConfigHelp` (a griffe extension): each field of a config class or of the evaluation's arguments documented
+  by its help string and shown with its default, read from the imported class (the source declares them as
+  ``setting(default, check, help)`` or with ``metadata={"help": ...}``);
   reStructuredText roles in docstrings shown as Markdown code.
 """
 
@@ -48,23 +49,31 @@ class ConfigHelp(griffe.Extension):
             obj.docstring.value = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", obj.docstring.value)
 
     def on_class(self, *, cls: griffe.Class, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
-        from hf_gsc import DetectorConfig
-
         runtime = getattr(importlib.import_module(cls.module.path), cls.name, None)
-        if not (isinstance(runtime, type) and issubclass(runtime, DetectorConfig)):
+        # Config classes and the evaluation's arguments: dataclasses whose fields carry their help in their metadata.
+        if not (isinstance(runtime, type) and dataclasses.is_dataclass(runtime)):
             return
-        for spec in dataclasses.fields(runtime):
-            member = cls.members.get(spec.name)
+        specs = {spec.name: spec for spec in dataclasses.fields(runtime) if "help" in spec.metadata}
+        if not specs:
+            return
+        for name, spec in specs.items():
+            member = cls.members.get(name)
             if member is None or member.is_alias:
                 continue  # inherited: documented on the class that declares it
-            default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
-            member.value = repr(default)
+            default = _default_of(spec)
+            if default is not dataclasses.MISSING:
+                member.value = repr(default)
             member.docstring = griffe.Docstring(spec.metadata["help"], parent=member)
         init = cls.members.get("__init__")  # written by griffe's dataclass extension from the fields' source
         if isinstance(init, griffe.Function):
-            defaults = {spec.name: spec for spec in dataclasses.fields(runtime)}
             for parameter in init.parameters:
-                if parameter.name in defaults:
-                    spec = defaults[parameter.name]
-                    default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
-                    parameter.default = repr(default)
+                if parameter.name in specs and _default_of(specs[parameter.name]) is not dataclasses.MISSING:
+                    parameter.default = repr(_default_of(specs[parameter.name]))
+
+
+def _default_of(spec: dataclasses.Field) -> Any:
+    if spec.default is not dataclasses.MISSING:
+        return spec.default
+    if spec.default_factory is not dataclasses.MISSING:
+        return spec.default_factory()
+    return dataclasses.MISSING
