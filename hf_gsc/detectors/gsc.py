@@ -28,6 +28,7 @@ from .backbone_pass import BackbonePass, FitShards
 from ..gsc_math.backends import Backend, Linearization, select_backend
 from ..gsc_math.backends.shaped import shaped_backend
 from ..utils.feature_shapings import feature_shaping
+from ..utils.inputs import fail_closed
 from ..settings.config import GSCConfig
 from .interface import OODDetector, check_state, classifier_loss, register_detector
 from ..gsc_math.step import GSCStep, gsc_step, ranking_gradient
@@ -347,7 +348,7 @@ class GSCForImageClassification(OODDetector):
                 gradient=linearization.spread(step.gradient),
                 mask=linearization.spread(step.mask),
             )
-        ood_score = step.ood_score.to(self.score_dtype)
+        ood_score = fail_closed(step.ood_score, batch.finite_rows()).to(self.score_dtype)
         return GSCOutput(
             loss=classifier_loss(step.logits, labels),
             logits=step.logits,
