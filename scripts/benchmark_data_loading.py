@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader workers of the loop (default: 2 on cpu, the evaluation's default on cuda)")
+    parser.add_argument("--mixed-precision", choices=("no", "bf16"), default="no",
+                        help="the model (alone and in the loop) under torch.autocast in bf16, as a served model runs")
     parser.add_argument("--worker-counts", default="",
                         help="comma list of worker counts: the loop is also measured with each (workers_<n>)")
     parser.add_argument("--photo-size", default="500x375",
@@ -294,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         # Preprocessed batches for the model alone, already on its device.
         pixel_batches = [whole_processor(dataset[batch]["image"]).to(device) for batch in batches]
 
+        autocast_dtype = {"no": None, "bf16": torch.bfloat16}[args.mixed_precision]
+
         def msp(pixel_values: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 return ood_score(model(pixel_values=pixel_values).logits, "msp")
 
         def model_alone() -> int:
@@ -379,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "image_backend": image_backend_of(processor),
         "batch_size": args.batch_size,
+        "mixed_precision": args.mixed_precision,
         "workers": workers,
         "repeats": args.repeats,
         "images_per_second": {key(name): round(median(values), 2) for name, values in rates.items()},
