@@ -169,6 +169,11 @@ def test_served_path_inductor_equals_eager_and_warns_once_without_a_threshold():
         warnings.simplefilter("error")
         decided = served(x).is_ood
     assert decided.tolist() == detector(x).is_ood.tolist() and decided.sum() == 1
+    # The device-side finite check survives the compiler: a row holding a NaN is scored NaN and decided OOD.
+    poisoned = x.clone()
+    poisoned[0, 0, 0, 0] = float("nan")
+    out = served(poisoned)
+    assert torch.isnan(out.ood_score[0]) and out.is_ood[0] and torch.isclose(out.ood_score[1], got.ood_score[1])
     with pytest.raises(ValueError, match="channels"):
         served(torch.zeros(2, 1, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.float64))
 

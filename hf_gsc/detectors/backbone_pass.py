@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..utils.feature_capture import Target, capture_many
-from ..utils.inputs import finite_rows, labelled_batches
+from ..utils.inputs import labelled_batches, nonfinite_marks
 from ..classifier.split_points import SplitPoint
 
 if TYPE_CHECKING:
@@ -76,9 +76,10 @@ class BackbonePass:
         return self.memo(key, lambda: self.features(split).flatten(1).to(device) if device is not None
                          else self.features(split).flatten(1))
 
-    def finite_rows(self) -> torch.Tensor:
-        """``(B,)`` bool, whether each row of ``pixel_values`` is finite (on the device, computed once per pass)."""
-        return self.memo("finite_rows", lambda: finite_rows(self.pixel_values))
+    def nonfinite_marks(self) -> torch.Tensor:
+        """``(B,)``: 0 for each finite row of ``pixel_values``, NaN for the others (on the device, once per pass:
+        :func:`hf_gsc.utils.inputs.nonfinite_marks`)."""
+        return self.memo("nonfinite_marks", lambda: nonfinite_marks(self.pixel_values))
 
     def model_logits(self) -> torch.Tensor:
         if self.logits is None:

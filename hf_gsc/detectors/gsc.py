@@ -348,7 +348,7 @@ class GSCForImageClassification(OODDetector):
                 gradient=linearization.spread(step.gradient),
                 mask=linearization.spread(step.mask),
             )
-        ood_score = fail_closed(step.ood_score, batch.finite_rows()).to(self.score_dtype)
+        ood_score = fail_closed(step.ood_score, batch.nonfinite_marks()).to(self.score_dtype)
         return GSCOutput(
             loss=classifier_loss(step.logits, labels),
             logits=step.logits,

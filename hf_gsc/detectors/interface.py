@@ -85,7 +85,7 @@ def _in_score_dtype(score_batch: Any) -> Any:
 
     @functools.wraps(score_batch)
     def wrapped(self: "OODDetector", batch: BackbonePass) -> torch.Tensor:
-        return fail_closed(score_batch(self, batch), batch.finite_rows()).to(self.score_dtype)
+        return fail_closed(score_batch(self, batch), batch.nonfinite_marks()).to(self.score_dtype)
 
     wrapped._in_score_dtype = True
     return wrapped
