@@ -52,6 +52,8 @@
 # keeps details/ unpacked):
 #   bash scripts/gpu_checks.sh --cpu-rehearsal /tmp/gpu_rehearsal
 # PYTHON picks the interpreter (default: .venv/bin/python for --prepare and the rehearsal when present, else python3);
+# GPU_CHECKS_LIMIT_SCALE multiplies every step's limit (default 1; a rehearsal on a busy CPU needs more time than
+# the GPU's limits give: GPU_CHECKS_LIMIT_SCALE=4 GPU_CHECKS_DEADLINE_S=2400).
 # GPU_CHECKS_DATA_ROOT unpacks the carried data elsewhere than / (hf_gsc's HF_GSC_* variables then point at it).
 
 set -uo pipefail
@@ -113,6 +115,8 @@ STEPS=$DETAILS/steps.tsv
 : >"$PROGRESS"
 : >"$STEPS"
 DEADLINE=${GPU_CHECKS_DEADLINE_S:-480}
+# Each step's limit times this (a CPU rehearsal on a loaded machine: e.g. 4 with GPU_CHECKS_DEADLINE_S=2400).
+LIMIT_SCALE=${GPU_CHECKS_LIMIT_SCALE:-1}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 
@@ -126,6 +130,7 @@ step() {
     shift 2
     command=$(printf '%q ' "$@")  # shell-quoted on one line, for the TSV
     command=${command% }
+    limit=$(( limit * LIMIT_SCALE ))
     left=$(( DEADLINE - SECONDS ))
     if (( left < 20 )); then
         say "$name: skipped, ${left}s left of ${DEADLINE}s"

@@ -24,8 +24,12 @@ NUM_FIT = 128
 
 
 def _balanced(arch: str) -> torch.nn.Module:
-    """A tiny model whose classifier predicts every class on random images (the per-class fits need each)."""
+    """A tiny model whose classifier predicts every class on random images (the per-class fits need each); the ViT
+    with one layer, since every method's compile traces it once."""
     model = make_tiny_model(arch)
+    if arch == "vit":
+        model.vit.layers = model.vit.layers[:1]
+        model.config.num_hidden_layers = 1
     x = _images(NUM_FIT, seed=0)
     linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
     with torch.no_grad():
