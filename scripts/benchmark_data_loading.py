@@ -67,7 +67,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_gsc.utils.images import draft
+from hf_gsc.utils.images import decode, draft
 
 PHOTO_DIRS = ("/usr/share/doc/opencv-doc/examples/data",)
 PHOTO_NAMES = ("baboon.jpg", "building.jpg", "fruits.jpg", "lena.jpg", "orange.jpg", "butterfly.jpg", "aero1.jpg",
@@ -294,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             return measured
 
         # Preprocessed batches for the model alone, already on its device.
-        pixel_batches = [whole_processor(dataset[batch]["image"]).to(device) for batch in batches]
+        # Decoded as the loop decodes them (JPEG draft mode where it applies), so that the loop's pixels can be
+        # compared with these bit for bit.
+        pixel_batches = [whole_processor([decode(paths[i], transform.mode, min_side=transform.min_side)
+                                          for i in batch]).to(device) for batch in batches]
 
         autocast_dtype = {"no": None, "bf16": torch.bfloat16}[args.mixed_precision]
 
