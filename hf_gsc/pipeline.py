@@ -43,6 +43,10 @@ class OODImageClassificationPipeline(Pipeline):
     Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL),
     ``explain`` (GSC only: add ``"explanation"``, why the input scored as it did,
     :meth:`hf_gsc.GSCForImageClassification.explain`, with its map over positions resized to the image as given).
+    Construction argument ``compile_mode`` (``pipeline(..., compile_mode="reduce-overhead")``; default ``None``, the
+    eager forward): the detector's forward compiled whole (:meth:`hf_gsc.OODDetector.compiled`, one of
+    ``torch.compile``'s modes; ``"reduce-overhead"`` replays CUDA graphs on a GPU). The first call at each batch size
+    compiles, so it pays where the same batch sizes come again and again.
     Each image is decoded by :func:`hf_gsc.utils.images.load_image`, as ``fit``, ``calibrate`` and ``hf-gsc evaluate``
     decode theirs (EXIF orientation, bit depth, alpha, the model's channels; docs/inputs.md). An image larger than
     ``HF_GSC_MAX_IMAGE_PIXELS`` pixels is refused before it is decoded
@@ -56,7 +60,8 @@ class OODImageClassificationPipeline(Pipeline):
     _load_tokenizer = False
     _load_processor = False
 
-    def __init__(self, model: OODDetector, image_processor: Any = None, **kwargs: Any) -> None:
+    def __init__(self, model: OODDetector, image_processor: Any = None, compile_mode: str | None = None,
+                 **kwargs: Any) -> None:
         if not isinstance(model, OODDetector):
             raise TypeError(
                 f"{TASK}: model must be a saved OOD detector (folder or Hub id) or an hf_gsc.OODDetector, "
@@ -68,6 +73,9 @@ class OODImageClassificationPipeline(Pipeline):
                 f"{TASK}: the detector's base model has no image processor; pass image_processor=... to pipeline()"
             )
         super().__init__(model=model, image_processor=image_processor, **kwargs)
+        # Opt-in: the detector's forward compiled whole (hf_gsc.detectors.compiled; docs/efficiency.md says what the
+        # first call costs). None: the eager forward.
+        self.compiled = None if compile_mode is None else model.compiled(mode=compile_mode)
 
     def __call__(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(inputs, (list, tuple)) and not inputs:
@@ -103,7 +111,8 @@ class OODImageClassificationPipeline(Pipeline):
 
     def _forward(self, model_inputs: dict[str, torch.Tensor], explain: bool = False) -> dict[str, Any]:
         pixel_values = model_inputs["pixel_values"]
-        output = self.model(pixel_values=pixel_values)
+        forward = self.model if self.compiled is None else self.compiled
+        output = forward(pixel_values=pixel_values)
         outputs = {"logits": output.logits, "ood_score": output.ood_score, "is_ood": output.is_ood,
                    "p_value": output.p_value, "image_size": model_inputs["image_size"]}
         if explain:

@@ -18,10 +18,14 @@ measurement is of the data pipeline; ``vit-b16-random``, ViT-B/16) on ``--device
   ``processor_single_core_without_normalization``: the same stopping before rescale + normalize;
 * ``worker_single_core``: one DataLoader worker's work as the loop runs it (decoding + ``ImageTransform.prepare``:
   uint8 out, normalization deferred to the model's device), without the DataLoader;
+  ``worker_single_core_full_decode``: the same without JPEG draft mode (a JPEG at least twice the processor's
+  resize on each side is decoded at 1/2, 1/4 or 1/8 scale by the decoder, :func:`hf_gsc.utils.images.draft`; the
+  floor does the same); ``jpeg_draft`` in the JSON says whether it applied (``--photo-size``) and how far the
+  first batch's uint8 pixels moved;
 * ``model_only``: the model alone on preprocessed batches already on its device;
 * ``workers_0``, ``workers_N``: the evaluation's loop as it runs (``image_transform`` + ``make_dataloader`` +
   ``score_split``) with 0 and N DataLoader workers (``--workers``; default 2 on a CPU, the evaluation's default on
-  CUDA); ``pixel_values_equal_to_baseline`` checks that one batch reaches the model with the processor's values;
+  CUDA), and ``sweep_workers_<n>`` for each count of ``--worker-counts``; ``pixel_values_equal_to_baseline`` checks that one batch reaches the model with the processor's values;
   ``workers_N_normalization_in_workers``: the loop with N workers that run the whole processor and send float32.
 
 Every single-core rate runs in a forked process with one torch thread, as a DataLoader worker does.
@@ -63,6 +67,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hf_gsc.utils.images import decode, draft
+
 PHOTO_DIRS = ("/usr/share/doc/opencv-doc/examples/data",)
 PHOTO_NAMES = ("baboon.jpg", "building.jpg", "fruits.jpg", "lena.jpg", "orange.jpg", "butterfly.jpg", "aero1.jpg",
                "board.jpg", "home.jpg", "starry_night.jpg", "apple.jpg", "messi5.jpg", "pic1.png", "pic3.png")
@@ -84,8 +90,9 @@ def photographs() -> list:
     return photos
 
 
-def make_jpegs(folder: Path, count: int, seed: int = 0) -> list[str]:
-    """``count`` 500x375 JPEGs: random 4:3 crops (at least half the photo's side) of the photographs, resized."""
+def make_jpegs(folder: Path, count: int, seed: int = 0, size: tuple[int, int] = SIZE) -> list[str]:
+    """``count`` JPEGs of ``size`` (default 500x375): random 4:3 crops (at least half the photo's side) of the
+    photographs, resized."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
@@ -97,7 +104,7 @@ def make_jpegs(folder: Path, count: int, seed: int = 0) -> list[str]:
         crop_w = int(rng.uniform(0.5, 1.0) * min(width, height * 4 / 3))
         crop_h = int(crop_w * 3 / 4)
         left, top = rng.integers(0, width - crop_w + 1), rng.integers(0, height - crop_h + 1)
-        image = photo.crop((left, top, left + crop_w, top + crop_h)).resize(SIZE, Image.BICUBIC)
+        image = photo.crop((left, top, left + crop_w, top + crop_h)).resize(size, Image.BICUBIC)
         path = folder / f"{index:05d}.jpg"
         image.save(path, quality=90)
         paths.append(str(path))
@@ -135,7 +142,8 @@ class Floor:
     side scaled as transformers does (``int(shortest_edge * long / short)``), then an optional center crop.
     """
 
-    def __init__(self, processor) -> None:
+    def __init__(self, processor, min_side: int | None = None) -> None:
+        self.min_side = min_side  # JPEG draft mode down to this side (hf_gsc.utils.images.draft); None: full decode
         settings = {name: getattr(processor, name, None) for name in processor._valid_kwargs_names}
         settings = processor._standardize_kwargs(**settings)
         size = settings["size"]
@@ -166,7 +174,7 @@ def floor_batch(paths: list[str], floor: Floor) -> torch.Tensor:
 
     arrays = []
     for path in paths:
-        image = Image.open(path).convert("RGB")
+        image = draft(Image.open(path), floor.min_side).convert("RGB")
         image = image.resize(floor.output_size(*image.size), resample=floor.resample)
         if floor.crop is not None:
             height, width = floor.crop
@@ -188,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader workers of the loop (default: 2 on cpu, the evaluation's default on cuda)")
+    parser.add_argument("--mixed-precision", choices=("no", "bf16"), default="no",
+                        help="the model (alone and in the loop) under torch.autocast in bf16, as a served model runs")
+    parser.add_argument("--worker-counts", default="",
+                        help="comma list of worker counts: the loop is also measured with each (workers_<n>)")
+    parser.add_argument("--photo-size", default="500x375",
+                        help="WxH of the JPEGs made; a photo at least twice the model's input on each side is "
+                             "decoded at a reduced scale (JPEG draft mode)")
     parser.add_argument("--measure", default=",".join(MEASUREMENTS),
                         help=f"comma list of what to measure (default: all): {','.join(MEASUREMENTS)}")
     parser.add_argument("--repeats", type=int, default=5,
@@ -202,6 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := sorted(set(measure) - set(MEASUREMENTS)):
         parser.error(f"--measure: unknown {unknown}; choose from {','.join(MEASUREMENTS)}")
     measure = [name for name in MEASUREMENTS if name in measure]  # each round's base order
+    try:
+        sweep = sorted({int(n) for n in args.worker_counts.split(",") if n})
+        photo_size = tuple(int(side) for side in args.photo_size.lower().split("x"))
+    except ValueError:
+        parser.error("--worker-counts is a comma list of ints, --photo-size WxH")
+    if any(n < 0 for n in sweep) or len(photo_size) != 2 or min(photo_size) < 32:
+        parser.error("--worker-counts must be >= 0, --photo-size two sides of at least 32")
     target = TARGETS[args.device]
     if not set(target[:2]) <= set(measure):
         parser.error(f"--measure must include {target[0]} and {target[1]} (the {args.device} target's ratio)")
@@ -223,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        paths = make_jpegs(Path(tmp), args.num_images)
+        paths = make_jpegs(Path(tmp), args.num_images, size=photo_size)
         model, processor, _, _ = load_model(str(save_model(args.model, Path(tmp) / "model")))
         model.to(device)
         dataset = datasets.Dataset.from_dict({"image": paths, "label": [0] * len(paths)}).cast_column("image", datasets.Image())
@@ -235,11 +257,14 @@ def main(argv: list[str] | None = None) -> int:
         whole_processor = ImageTransform(processor, channels, defer_normalization=False)
         processor_deferred = ImageTransform(processor, channels)
         processor_deferred.pil_preparation = None  # the processor itself up to rescale + normalize
-        floor = Floor(processor)
+        floor = Floor(processor, transform.min_side)
+        full_decode = ImageTransform(processor, channels)
+        full_decode.min_side = None  # the worker's work without JPEG draft mode
         batches = [list(range(i, min(i + args.batch_size, len(paths)))) for i in range(0, len(paths), args.batch_size)]
         collates = {name: IndexedImages(dataset, how, "benchmark") for name, how in (
             ("processor_single_core", whole_processor), ("worker_single_core", transform),
-            ("processor_single_core_without_normalization", processor_deferred))}
+            ("processor_single_core_without_normalization", processor_deferred),
+            ("worker_single_core_full_decode", full_decode))}
 
         def one_core_work(name: str) -> int:  # the work of one process; returns the number of images
             if name == "floor_single_core":
@@ -269,10 +294,15 @@ def main(argv: list[str] | None = None) -> int:
             return measured
 
         # Preprocessed batches for the model alone, already on its device.
-        pixel_batches = [whole_processor(dataset[batch]["image"]).to(device) for batch in batches]
+        # Decoded as the loop decodes them (JPEG draft mode where it applies), so that the loop's pixels can be
+        # compared with these bit for bit.
+        pixel_batches = [whole_processor([decode(paths[i], transform.mode, min_side=transform.min_side)
+                                          for i in batch]).to(device) for batch in batches]
+
+        autocast_dtype = {"no": None, "bf16": torch.bfloat16}[args.mixed_precision]
 
         def msp(pixel_values: torch.Tensor) -> torch.Tensor:
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 return ood_score(model(pixel_values=pixel_values).logits, "msp")
 
         def model_alone() -> int:
@@ -299,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
             "workers_0": lambda: timed(lambda: scoring_loop(0)),
             "workers_N": lambda: timed(lambda: scoring_loop(workers)),
             "workers_N_normalization_in_workers": lambda: timed(lambda: scoring_loop(workers, defer=False)),
+            **{f"sweep_workers_{n}": (lambda n=n: timed(lambda: scoring_loop(n))) for n in sweep},
         }
+        measure = measure + [f"sweep_workers_{n}" for n in sweep]
         timed(model_alone)  # warm-up: CUDA context, kernels (and the allocator on a CPU)
         rates: dict[str, list[float]] = {name: [] for name in measure}
         cpu: dict[str, list[dict[str, float]]] = {name: [] for name in measure}
@@ -316,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         first = next(iter(make_dataloader(dataset, transform, args.batch_size)))
         same_pixels = torch.equal(model_pixel_values(first, device), pixel_batches[0])
         floor_difference = float((floor_batch([paths[i] for i in batches[0]], floor) - pixel_batches[0].cpu()).abs().max())
+        # What JPEG draft mode changes: the worker's uint8 pixels of the first batch with it and without it.
+        drafted, full = (collates[name](batches[0])["pixel_values"].float()
+                         for name in ("worker_single_core", "worker_single_core_full_decode"))
+        draft_result = {"min_side": transform.min_side,
+                        "applies": transform.min_side is not None and min(photo_size) >= 2 * transform.min_side,
+                        "max_abs_difference_uint8": float((drafted - full).abs().max()),
+                        "mean_abs_difference_uint8": round(float((drafted - full).abs().mean()), 3)}
 
     def key(name: str) -> str:  # JSON name: workers_N -> workers_2 etc.
         return name.replace("workers_N", f"workers_{workers}")
@@ -341,12 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         target_result["ceiling_from_cpu_time"] = round(cores * cpu_total[denominator] / cpu_total[numerator], 2)
     result = {
         "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-        "images": {"count": args.num_images, "size": list(SIZE), "format": "JPEG quality 90",
+        "images": {"count": args.num_images, "size": list(photo_size), "format": "JPEG quality 90",
                    "source": "crops of scikit-image and opencv-doc photographs"},
         "model": MODELS[args.model],
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "image_backend": image_backend_of(processor),
         "batch_size": args.batch_size,
+        "mixed_precision": args.mixed_precision,
         "workers": workers,
         "repeats": args.repeats,
         "images_per_second": {key(name): round(median(values), 2) for name, values in rates.items()},
@@ -357,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_ms_per_image_main_process": {key(name): round(value, 3) for name, value in cpu_main.items()},
         f"workers_{workers}_first_batch_seconds": round(median(first_batch), 3),
         "pixel_values_equal_to_baseline": same_pixels,
+        "jpeg_draft": draft_result,
         "floor_max_abs_difference_from_processor": floor_difference,
         "machine": {"cpu_count": os.cpu_count(), "load_average_before": [round(v, 2) for v in load_before],
                     "load_average_per_round": load_per_round,
@@ -380,7 +421,7 @@ def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
 
 #: Rates measured by one process on one core (a forked process, as a DataLoader worker).
 SINGLE_CORE = ("floor_single_core", "processor_single_core", "processor_single_core_without_normalization",
-               "worker_single_core")
+               "worker_single_core", "worker_single_core_full_decode")
 #: What can be measured (``--measure``), in each round's base order; ``workers_N`` is written with N.
 MEASUREMENTS = (*SINGLE_CORE, "model_only", "workers_0", "workers_N", "workers_N_normalization_in_workers")
 #: The ratios reported, ``workers_N`` over each of these (those measured).

@@ -15,6 +15,9 @@ TARGETS = {
     "gsc_time_relative_to_msp_at_most": 1.05,
     "gsc_peak_memory_relative_to_msp_at_most": 1.10,
     "vit_end_to_end_relative_to_model_only_at_least": 0.8,
+    # scripts/benchmark_compiled.py in bf16: GSC over MSP at batch 64 and at batch 1 (latency), eager or compiled.
+    "gsc_bf16_batch64_relative_to_msp_at_most": 1.02,
+    "gsc_bf16_batch1_latency_relative_to_msp_at_most": 1.10,
 }
 EVALUATIONS = ("eval_device_fp32", "eval_device_bf16", "eval_cpu_fp32")
 #: The one-pass table against KNN alone: on the small random ViT, and on a random ViT-B/16.
@@ -110,6 +113,29 @@ def per_channel_step(*results: dict | None) -> dict:
     return out
 
 
+def compiled(results: dict | None) -> dict | None:
+    """Per model and batch size of scripts/benchmark_compiled.py: GSC / MSP eager and compiled, the median ms of
+    each, and whether the batch-64 or batch-1 target is met (by the better of eager and compiled)."""
+    if results is None:
+        return None
+    limits = {"64": TARGETS["gsc_bf16_batch64_relative_to_msp_at_most"],
+              "1": TARGETS["gsc_bf16_batch1_latency_relative_to_msp_at_most"]}
+    out: dict = {}
+    for model, batches in results.get("models", {}).items():
+        if "error" in batches:
+            out[model] = batches
+            continue
+        out[model] = {}
+        for batch, row in batches.items():
+            cell = {"gsc_over_msp": row["gsc_over_msp"], "median_ms": row["median_ms"],
+                    "first_call_seconds": row["first_call_seconds"],
+                    "max_abs_score_difference_compiled_vs_eager": row["max_abs_score_difference_compiled_vs_eager"]}
+            if batch in limits:
+                cell["met"] = min(row["gsc_over_msp"].values()) <= limits[batch]
+            out[model][batch] = cell
+    return out
+
+
 def summarize(directory: Path, mode: str, seconds: int) -> dict:
     details = directory / "details"
     findings: dict = {}
@@ -136,9 +162,11 @@ def summarize(directory: Path, mode: str, seconds: int) -> dict:
         precision: per_channel_step(_json(details / f"cost_{precision}.json"),
                                     _json(details / f"per_channel_{precision}.json")) or None
         for precision in ("fp32", "bf16")}
+    findings["compiled_bf16"] = compiled(_json(details / "compiled_bf16.json"))
     loading = _json(details / "data_loading.json")
     findings["data_loading"] = None if loading is None else {
-        key: loading[key] for key in ("model", "device", "workers", "batch_size", "images_per_second", "target")
+        key: loading[key] for key in ("model", "device", "workers", "batch_size", "mixed_precision",
+                                      "images_per_second", "target", "jpeg_draft")
         if key in loading}
     for name in SHARED_PASSES:
         shared = _json(details / f"{name}.json")
@@ -178,6 +206,11 @@ def report(summary: dict) -> str:
                 steps = ", ".join(f"{m[4:]} {r['step_ms']:.2f} vs {r['step_ms_per_coordinate']:.2f} ms, masks "
                                   f"{'equal' if r['masks_equal'] else 'DIFFER'}" for m, r in row.items())
                 lines.append(f"  per-channel step {precision} {model} ({cell}): {steps}")
+    for model, batches in (findings.get("compiled_bf16") or {}).items():
+        for batch, cell in batches.items():
+            if isinstance(cell, dict) and "gsc_over_msp" in cell:
+                lines.append(f"  compiled bf16 {model} batch {batch}: GSC/MSP eager {cell['gsc_over_msp']['eager']:.2f}x, "
+                             f"compiled {cell['gsc_over_msp']['compiled']:.2f}x; met: {cell.get('met', '-')}")
     if findings["data_loading"] and "target" in findings["data_loading"]:
         lines.append(f"  data loading: {findings['data_loading']['target']}")
     for name in SHARED_PASSES:

@@ -543,7 +543,7 @@ def test_results_record_device_precision_and_throughput(single_run: tuple[Path, 
     _, results = single_run
     assert results["device"] == str(torch.device("cuda", 0) if torch.cuda.is_available() else "cpu")
     assert results["mixed_precision"] == "no" and results["num_processes"] == 1
-    assert results["num_workers"] == (min(4, os.cpu_count()) if torch.cuda.is_available() else 0)
+    assert results["num_workers"] == (max(1, len(os.sched_getaffinity(0)) - 1) if torch.cuda.is_available() else 0)
     assert results["image_backend"] in ("pil", "torchvision")
     assert results["pixel_normalization"] == "device"  # the tiny model's ViT processor can be split
     scored = results["seconds"]["splits_scored"]

@@ -206,8 +206,21 @@ def test_loader_options_per_device() -> None:
     assert (cpu.num_workers, cpu.pin_memory, cpu.prefetch_factor, cpu.persistent_workers) == (2, False, 2, False)
     cuda = loaders.make_dataloader(_dataset(), _to_tensor, 3, num_workers=2, device="cuda")
     assert (cuda.pin_memory, cuda.prefetch_factor) == (True, loaders.CUDA_PREFETCH_FACTOR)
+
+
+def test_default_workers_share_the_available_cpus(monkeypatch) -> None:
+    """On CUDA each process takes its share of the CPUs it may run on, one left for itself; on a CPU, none."""
+    monkeypatch.setattr(loaders, "available_cpus", lambda: 16)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert loaders.default_num_workers("cpu") == 0
-    assert loaders.default_num_workers("cuda") == min(4, __import__("os").cpu_count())
+    assert loaders.default_num_workers("cuda") == 15
+    assert loaders.default_num_workers("cuda", local_processes=4) == 3
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert loaders.default_num_workers("cuda") == 1
+    monkeypatch.setattr(loaders, "available_cpus", lambda: 2)
+    assert loaders.default_num_workers("cuda", local_processes=4) == 1
+    monkeypatch.undo()
+    assert loaders.available_cpus() == len(__import__("os").sched_getaffinity(0))
 
 
 def test_workers_score_as_the_main_process() -> None:

@@ -278,19 +278,29 @@ def test_inputs_follow_a_dtype_change_after_wrapping(pixel_values):
         ((2, 3, IMAGE_SIZE + 4, IMAGE_SIZE), "spatial size"),
         ((0, 3, IMAGE_SIZE, IMAGE_SIZE), "empty batch"),
         ((3, IMAGE_SIZE, IMAGE_SIZE), r"\(B, C, H, W\)"),
-        ("nan", "NaN"),
     ],
 )
 def test_bad_pixel_values(shape_or_value, message):
     detector = GSCForImageClassification(make_tiny_model("vit"))
-    if shape_or_value == "nan":
-        x = torch.zeros(3, 3, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.float64)
-        x[1, 0, 2, 2] = float("nan")
-        message = r"NaN or infinite values in batch rows \[1\]"
-    else:
-        x = torch.zeros(*shape_or_value, dtype=torch.float64)
+    x = torch.zeros(*shape_or_value, dtype=torch.float64)
     with pytest.raises(ValueError, match=message):
         detector(x)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_pixel_values_fail_closed_in_the_forward_and_raise_in_a_fit(bad):
+    """The forward reads no value on the host: a row that is not finite gets a NaN score, decided OOD, and the other
+    rows keep theirs; fitting (here GSC's Fisher) reads the values first and names the rows."""
+    detector = GSCForImageClassification(make_tiny_model("vit"))
+    x = torch.randn(3, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    clean = detector(x).ood_score
+    x[1, 0, 2, 2] = bad
+    detector.config.threshold = float(clean.min()) - 1.0
+    out = detector(x)
+    assert torch.isnan(out.ood_score[1]) and out.is_ood.tolist() == [False, True, False]
+    torch.testing.assert_close(out.ood_score[[0, 2]], clean[[0, 2]])
+    with pytest.raises(ValueError, match=r"NaN or infinite values in batch rows \[1\]"):
+        detector.fit_fisher([(x, torch.zeros(3, dtype=torch.long))])
 
 
 def test_pixel_values_must_be_a_tensor():

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from hf_gsc.utils.images import decode
 from hf_gsc.data import ImageTransform, PixelNormalization, deferred_normalization, load_image_processor
 from hf_gsc.data.normalization import apply_table, normalization_table, normalize_pixels
 from hf_gsc.evaluation.accelerator import make_accelerator
@@ -155,7 +156,9 @@ def test_loop_scores_equal_with_and_without_deferral(tmp_path) -> None:
 
     batch = next(iter(make_dataloader(dataset, deferred, batch_size=4, num_workers=1)))
     assert batch["pixel_values"].dtype == torch.uint8 and batch["pixel_normalization"] == deferred.normalization
-    assert torch.equal(model_pixel_values(batch, "cpu"), whole([Image.open(p) for p in paths[:4]]))
+    # Decoded as the loop decodes (a JPEG at least twice the input side at a reduced scale: hf_gsc.utils.images.draft).
+    assert torch.equal(model_pixel_values(batch, "cpu"), whole([decode(p, "RGB", min_side=whole.min_side)
+                                                                for p in paths[:4]]))
 
     def score(pixel_values: torch.Tensor) -> torch.Tensor:
         return pixel_values.double().flatten(1).sum(1)

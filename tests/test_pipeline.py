@@ -159,3 +159,26 @@ def test_trainer_predict_layout_of_a_detector(calibrated, tmp_path):
     if calibrated:
         np.testing.assert_array_equal(prediction.predictions[2], expected.is_ood.numpy())
         np.testing.assert_allclose(prediction.predictions[3], expected.p_value.numpy(), rtol=1e-12)
+
+
+def test_pipeline_with_a_compiled_forward_gives_the_eager_results(detector_dir, monkeypatch):
+    """``compile_mode`` serves through the detector's compiled forward (compiled here with dynamo's eager backend,
+    which traces the same whole graph as inductor in a fraction of the time: tests/test_compile.py compiles with
+    inductor), with the eager pipeline's results."""
+    from torch._dynamo.utils import counters
+
+    from hf_gsc.detectors.interface import OODDetector
+
+    modes = []
+    original = OODDetector.compiled
+    monkeypatch.setattr(OODDetector, "compiled",
+                        lambda self, mode="default", **_: modes.append(mode) or original(self, mode=mode, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    ood = transformers.pipeline(TASK, model=str(detector_dir), compile_mode="reduce-overhead")
+    detector = GSCForImageClassification.from_pretrained(detector_dir)
+    images = _images(4)
+    _check(ood(images, batch_size=2, top_k=3), _expected(detector, images))
+    assert modes == ["reduce-overhead"] and counters["stats"]["unique_graphs"] >= 1
+    with pytest.raises(ValueError, match="mode must be one of"):
+        transformers.pipeline(TASK, model=str(detector_dir), compile_mode="fastest")

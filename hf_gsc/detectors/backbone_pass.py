@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..utils.feature_capture import Target, capture_many
-from ..utils.inputs import labelled_batches
+from ..utils.inputs import labelled_batches, nonfinite_marks
 from ..classifier.split_points import SplitPoint
 
 if TYPE_CHECKING:
@@ -75,6 +75,11 @@ class BackbonePass:
         key = ("flat", _target(split), None if device is None else str(torch.device(device)))
         return self.memo(key, lambda: self.features(split).flatten(1).to(device) if device is not None
                          else self.features(split).flatten(1))
+
+    def nonfinite_marks(self) -> torch.Tensor:
+        """``(B,)``: 0 for each finite row of ``pixel_values``, NaN for the others (on the device, once per pass:
+        :func:`hf_gsc.utils.inputs.nonfinite_marks`)."""
+        return self.memo("nonfinite_marks", lambda: nonfinite_marks(self.pixel_values))
 
     def model_logits(self) -> torch.Tensor:
         if self.logits is None:
@@ -242,7 +247,7 @@ def fit_from_passes(
                                                  need_labels=need_labels):
         if not live:
             break
-        batch = run_backbone_for(live, first._check_pixel_values(pixel_values), logits=False)
+        batch = run_backbone_for(live, first._check_pixel_values(pixel_values, finite=True), logits=False)
         labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
         each(lambda detector: detector.fit_update(batch, labels))
     if shards is not None:

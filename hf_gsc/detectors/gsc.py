@@ -29,6 +29,7 @@ from ..gsc_math.backends.shaped import shaped_backend
 from ..gsc_math.explanation import GSCExplanation, explain_short_circuit
 from ..gsc_math.shortcircuit import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from ..utils.feature_shapings import feature_shaping
+from ..utils.inputs import fail_closed
 from ..utils.scores import SCORES
 from ..settings.config import (MIN_TEMPERATURE, DetectorConfig, choice_check, feature_shaping_check, fitted,
                                number_check, setting, split_point_check)
@@ -434,7 +435,7 @@ class GSCDetector(OODDetector):
                 gradient=linearization.spread(step.gradient),
                 mask=linearization.spread(step.mask),
             )
-        ood_score = step.ood_score.to(self.score_dtype)
+        ood_score = fail_closed(step.ood_score, batch.nonfinite_marks()).to(self.score_dtype)
         return GSCOutput(
             loss=classifier_loss(step.logits, labels),
             logits=step.logits,

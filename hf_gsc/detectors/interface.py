@@ -35,7 +35,8 @@ from .backbone_pass import BackbonePass, FitShards, run_backbone
 from ..settings.config import DetectorConfig
 from ..storage.push import HubPush
 from ..utils.image_data import image_rows
-from ..utils.inputs import check_pixel_values, labelled_batches
+from ..utils.inputs import check_pixel_values, fail_closed, labelled_batches
+from .compiled import CompiledDetector, compiled
 from ..settings.registry import DETECTORS, detector_class, get_detector, register_detector, suggest_names
 from ..storage.pretrained import DetectorFiles
 from ..classifier.split_points import SplitPoint
@@ -86,11 +87,12 @@ def classifier_loss(logits: torch.Tensor | None, labels: torch.Tensor | None) ->
 
 
 def _in_score_dtype(score_batch: Any) -> Any:
-    """``score_batch`` returning its scores in the detector's :attr:`OODDetector.score_dtype`."""
+    """``score_batch`` returning its scores in the detector's :attr:`OODDetector.score_dtype`, NaN (decided OOD) in the
+    rows whose ``pixel_values`` were not finite (:func:`hf_gsc.utils.inputs.fail_closed`)."""
 
     @functools.wraps(score_batch)
     def wrapped(self: "OODDetector", batch: BackbonePass) -> torch.Tensor:
-        return score_batch(self, batch).to(self.score_dtype)
+        return fail_closed(score_batch(self, batch), batch.nonfinite_marks()).to(self.score_dtype)
 
     wrapped._in_score_dtype = True
     return wrapped
@@ -171,6 +173,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         self.config = config
         # The settings this detector was built with and last checked (check_config compares the config with them).
         self._built_with = dict(config.hyperparameters)
+        self.hyperparameters  # noqa: B018  (caches the setting names now, outside any compiled forward)
         # Set by from_pretrained when the base model ships one; used to calibrate from images and by the pipeline.
         self.image_processor: Any = None
         self.fitted = not self.needs_fit
@@ -333,7 +336,14 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     @property
     def hyperparameters(self) -> dict[str, Any]:
         """Every setting of the method, defaults filled in (read-only copy)."""
-        return dict(self.config.hyperparameters)
+        config = self.config
+        # The names once per config class (dataclasses.fields, which a compiler does not trace); the values read
+        # every time, so an assigned setting is honoured at once.
+        names = self.__dict__.get("_setting_names")
+        if names is None or names[0] is not type(config):
+            names = (type(config), type(config).setting_names())
+            self.__dict__["_setting_names"] = names
+        return {name: getattr(config, name) for name in names[1]}
 
     # ------------------------------------------------------------------ what it reads, and scoring
     def feature_splits(self) -> tuple[SplitPoint, ...]:
@@ -353,9 +363,12 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
                 f"detector {self.method!r} must be fitted first: call .fit(batches) on ID {self.fit_split} data"
             )
 
-    def _check_pixel_values(self, pixel_values: Any) -> torch.Tensor:
-        """Checked ``pixel_values`` on the model's device, in its dtype."""
-        checked = check_pixel_values(pixel_values, self._expected_channels, self._expected_size, self.dtype)
+    def _check_pixel_values(self, pixel_values: Any, finite: bool = False) -> torch.Tensor:
+        """Checked ``pixel_values`` on the model's device, in its dtype. Shapes and dtype only, unless ``finite``
+        (fitting, calibrating): a forward never reads the values on the host; a row that is not finite gets a NaN
+        score instead, decided OOD (:func:`hf_gsc.utils.inputs.fail_closed`)."""
+        checked = check_pixel_values(pixel_values, self._expected_channels, self._expected_size, self.dtype,
+                                     finite=finite)
         return checked.to(self.device)
 
     def backbone_pass(self, pixel_values: torch.Tensor, logits: bool = True) -> BackbonePass:
@@ -377,6 +390,13 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         pixel_values = self._check_pixel_values(pixel_values)
         return self.output_of(self.backbone_pass(pixel_values, logits=True), labels)
 
+    def compiled(self, mode: str = "default", backend: str = "inductor", dynamic: bool | None = None) -> CompiledDetector:
+        """This detector's forward compiled whole with ``torch.compile(..., fullgraph=True)``, called like the detector
+        (:class:`hf_gsc.detectors.compiled.CompiledDetector`). ``mode="reduce-overhead"`` replays CUDA graphs on a GPU.
+        The first call per batch size compiles (seconds to minutes); use it where the same shapes come again
+        (serving), not for one pass over a data set. Scores equal the eager forward's within float tolerance."""
+        return compiled(self, mode=mode, backend=backend, dynamic=dynamic)
+
     def output_of(self, batch: BackbonePass, labels: torch.Tensor | None = None) -> OODDetectorOutput:
         """The forward's output from a backbone pass that holds the logits."""
         ood_score = self.score_batch(batch).to(batch.pixel_values.device)
@@ -387,29 +407,39 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         )
 
     def decide(self, ood_score: torch.Tensor) -> torch.Tensor | None:
-        """``is_ood`` at the calibrated threshold (NaN -> OOD); ``None``, with a warning once, before calibration."""
+        """``is_ood`` at the calibrated threshold (NaN -> OOD); ``None``, with a warning once, before calibration
+        (in eager code: a compiled forward cannot warn, so :func:`hf_gsc.detectors.compiled.compiled` warns before
+        its first call)."""
         threshold = self.config.threshold
-        if threshold is None and not self._warned_uncalibrated:
+        if threshold is None and not torch.compiler.is_compiling():
+            self.warn_if_uncalibrated(stacklevel=4)
+        return decide(ood_score, threshold)
+
+    def warn_if_uncalibrated(self, stacklevel: int = 2) -> None:
+        """The one-time warning that ``is_ood`` is ``None`` until :meth:`calibrate` sets a threshold."""
+        if self.config.threshold is None and not self._warned_uncalibrated:
             self._warned_uncalibrated = True
             warnings.warn(
                 f"detector {self.method!r} has no threshold, so is_ood is None (no decision, not 'in-distribution'): "
                 f"call .calibrate(id_validation_data) with at least {MIN_CALIBRATION_SAMPLES} ID validation images",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
-        return decide(ood_score, threshold)
 
     def p_value(self, ood_score: torch.Tensor) -> torch.Tensor | None:
         """``(B,)`` float64 conformal p-values of ``ood_score`` against the kept ID calibration scores
         (:func:`hf_gsc.utils.conformal.conformal_p_value`); ``None`` without them, with a warning once when a threshold
         is set all the same (a folder saved without calibration scores)."""
         scores = self._calibration_scores
+        compiling = torch.compiler.is_compiling()
         if scores is None:
-            if self.config.threshold is not None and not self._warned_no_p_value:
+            if self.config.threshold is not None and not self._warned_no_p_value and not compiling:
                 self._warned_no_p_value = True
                 warnings.warn(f"detector {self.method!r}: p_value is None: {self.p_value_unavailable}", UserWarning,
                               stacklevel=3)
             return None
+        if compiling:  # no cache mutation inside a compiled forward; a copy to the same device is free
+            return conformal_p_value(ood_score, scores.to(ood_score.device))
         on_device = self._calibration_scores_on.get(ood_score.device)
         if on_device is None:
             on_device = self._calibration_scores_on[ood_score.device] = scores.to(ood_score.device)

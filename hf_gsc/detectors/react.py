@@ -16,8 +16,9 @@ from .common import FittedDetector
 
 
 def react_logits(features: torch.Tensor, head: LinearHead, clip: float | torch.Tensor) -> torch.Tensor:
-    """``W min(F, c) + b``: the penultimate feature clipped from above at ``c``. ``(B, D) -> (B, K)``."""
-    return head(features.clamp(max=float(clip)))
+    """``W min(F, c) + b``: the penultimate feature clipped from above at ``c``. ``(B, D) -> (B, K)``. A tensor ``c``
+    stays on the device (no host read in the forward)."""
+    return head(features.clamp(max=torch.as_tensor(clip, dtype=features.dtype, device=features.device)))
 
 
 @dataclass
@@ -58,4 +59,4 @@ class ReActDetector(FittedDetector):
         self.threshold = torch.tensor([percentile(features, self.hyperparameters["percentile"])], dtype=torch.float64)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        return energy_score(react_logits(self.features(batch), self.head, self.threshold.item()))
+        return energy_score(react_logits(self.features(batch), self.head, self.threshold))

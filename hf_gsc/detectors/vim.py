@@ -44,7 +44,8 @@ def vim_residual_norm(features: torch.Tensor, origin: torch.Tensor, residual_spa
 
 
 def vim_score(
-    features: torch.Tensor, head: LinearHead, origin: torch.Tensor, residual_space: torch.Tensor, alpha: float
+    features: torch.Tensor, head: LinearHead, origin: torch.Tensor, residual_space: torch.Tensor,
+    alpha: float | torch.Tensor,
 ) -> torch.Tensor:
     """``logsumexp(W F + b) - alpha ||(F - u) R||``: energy minus the scaled virtual logit, ``(B,)``."""
     return energy_score(head(features.double())) - alpha * vim_residual_norm(features, origin, residual_space)
@@ -101,4 +102,4 @@ class ViMDetector(FittedDetector):
         self.alpha = (max_logit / residual).reshape(1)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        return vim_score(self.features(batch), self.head, self.origin, self.residual_space, self.alpha.item())
+        return vim_score(self.features(batch), self.head, self.origin, self.residual_space, self.alpha)

@@ -165,8 +165,8 @@ class DeviceArguments:
         help="backbone under accelerate's autocast (default: accelerate's config / ACCELERATE_MIXED_PRECISION, else no)",
         metavar="{" + ",".join(PRECISIONS) + "}")
     num_workers: Optional[int] = _option(
-        help="DataLoader worker processes decoding and preprocessing images (default: min(4, CPU count) on CUDA, 0 on "
-        "CPU; see 'hf-gsc docs evaluation')")
+        help="DataLoader worker processes decoding and preprocessing images (default on CUDA: the CPUs this process may "
+        "use over the processes on this machine, less one; 0 on CPU; see 'hf-gsc docs evaluation')")
     image_backend: str = _option("auto", help="image processor backend (default auto: torchvision when installed, "
                                  "else PIL)", metavar="{" + ",".join(IMAGE_BACKENDS) + "}")
 

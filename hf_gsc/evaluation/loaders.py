@@ -37,16 +37,30 @@ PLACEHOLDER_SIZE = (32, 32)
 CUDA_PREFETCH_FACTOR = 4
 
 
-def default_num_workers(device: torch.device | str) -> int:
-    """Worker processes for a device: ``min(4, CPU count)`` on CUDA, else 0.
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container or ``taskset`` narrows; the machine's
+    count where the platform has no affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
-    On CUDA, decoding and preprocessing on the host is the bottleneck (about 6 ms per 500x375 JPEG
-    against about 1 ms of GPU time per image for ViT-B/16), so workers pay. On a CPU the model competes
-    with the workers for the same cores: the measurement in ``docs/evaluation.md`` decides the default.
+
+def default_num_workers(device: torch.device | str, local_processes: int | None = None) -> int:
+    """Worker processes per evaluation process: on CUDA, this process's share of the CPUs available
+    (:func:`available_cpus` over the processes on this machine, ``LOCAL_WORLD_SIZE`` by default, as ``accelerate
+    launch`` and ``torchrun`` set it), less one for the process itself, at least 1; else 0.
+
+    On CUDA, decoding and preprocessing on the host is the bottleneck (about 6 ms per 500x375 JPEG on a core
+    against about 1 ms of GPU time per image for ViT-B/16 in fp32, several times less in bf16), so every core
+    pays. On a CPU the model competes with the workers for the same cores: the measurement in
+    ``docs/evaluation.md`` decides the default.
     """
-    if torch.device(device).type == "cuda":
-        return min(4, os.cpu_count() or 1)
-    return 0
+    if torch.device(device).type != "cuda":
+        return 0
+    if local_processes is None:
+        local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, available_cpus() // max(1, local_processes) - 1)
 
 
 class IndexedImages:
@@ -104,7 +118,8 @@ def decode_batch(
     """
     # The one path that skips unreadable images (hf_gsc.data.decoding.decode_images); here a placeholder keeps
     # each skipped image's place, so that the batch keeps its size.
-    result = decode_images(values, list(rows), dataset_name, on_error="skip")
+    result = decode_images(values, list(rows), dataset_name, on_error="skip",
+                           min_side=getattr(transform, "min_side", None))
     images: list[Any] = [None] * len(values)
     for position, image in zip(result.positions, result.images):
         images[position] = image
@@ -202,6 +217,7 @@ __all__ = [
     "IndexedImages",
     "StreamedImages",
     "decode_batch",
+    "available_cpus",
     "default_num_workers",
     "device_batches",
     "handle_unreadable",

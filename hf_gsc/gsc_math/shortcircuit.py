@@ -124,11 +124,11 @@ def gradient_mass_for_mean_ratio(gradient: torch.Tensor, mask_ratio: float, iter
 def top_k_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Mask of the ``k[i]`` highest-priority coordinates per row; ties go to the lower index. The one top-k of GSC.
 
-    Both ways below give this same mask (a stable descending argsort cut at ``k[i]``); which is faster depends on
-    the device. On a GPU, :func:`top_k_mask_by_sort`, which never waits for the device; on a CPU,
-    :func:`top_k_mask_by_topk`, which does not sort all ``d`` coordinates. Measured in docs/efficiency.md: on one H200
-    at batch 64, GSC on ResNet-50 took 1.17x MSP's time in fp32 with the partial top-k and 1.07x with the sort; on a
-    CPU core the sort takes 27 ms instead of 15 for a batch of 8 ResNet-50 gradients (1.2% of the forward).
+    Both ways below give this same mask (a stable descending argsort cut at ``k[i]``). GSC uses
+    :func:`top_k_mask_by_sort` on every device: it never reads ``k`` on the host, so a GPU never waits and a compiler
+    takes the step whole (``torch.compile(..., fullgraph=True)``). :func:`top_k_mask_by_topk` reads ``max(k)`` and a
+    tie check on the host; on a CPU core it is faster for long rows (15 ms against 27 ms for a batch of 8 ResNet-50
+    gradients on every coordinate, 1.2% of the forward), a gain that pooled heads, ranked per channel, no longer need.
 
     Args:
         priority: ``(B, d)`` float; ``-inf`` marks coordinates that must not be chosen (``k[i]`` never exceeds
@@ -137,7 +137,7 @@ def top_k_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     Returns:
         ``(B, d)`` bool with ``k[i]`` coordinates in row ``i``.
     """
-    return top_k_mask_by_topk(priority, k) if priority.device.type == "cpu" else top_k_mask_by_sort(priority, k)
+    return top_k_mask_by_sort(priority, k)
 
 
 def top_k_mask_by_sort(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ for is captured, unless the caller also wants the logits at the end.
 from __future__ import annotations
 
 import threading
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -21,8 +20,17 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-_REQUESTS = threading.local()
-_HOOKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+class _ThreadRequests(threading.local):
+    """The calling thread's current request; ``None`` outside a capturing forward (set in each thread's
+    ``__init__``, so the attribute always exists and a compiled forward's guard on it holds from the first call)."""
+
+    def __init__(self) -> None:
+        self.request: _Request | None = None
+
+
+_REQUESTS = _ThreadRequests()
 _HOOK_LOCK = threading.Lock()
 
 #: A capture target: a module and whether its first positional *input* (True) or its output (False) is taken.
@@ -64,13 +72,13 @@ def _replace_first(output: Any, replacement: torch.Tensor) -> Any:
 
 
 def _before_forward(module: nn.Module, args: Any) -> None:
-    request = getattr(_REQUESTS, "request", None)
+    request = _REQUESTS.request
     if request is not None and args:
         request.record((module, True), args[0])
 
 
 def _after_forward(module: nn.Module, args: Any, output: Any) -> Any:
-    request = getattr(_REQUESTS, "request", None)
+    request = _REQUESTS.request
     if request is None:
         return None
     if request.replace is module:
@@ -79,26 +87,34 @@ def _after_forward(module: nn.Module, args: Any, output: Any) -> Any:
     return None
 
 
+def has_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` carries the capture hooks: read from the module's own hook tables, so no registry outside
+    the model holds state about it (a copy of a hooked model is hooked; any number of models and compiled
+    detectors coexist)."""
+    return any(hook is _before_forward for hook in module._forward_pre_hooks.values())
+
+
 def install_hooks(module: nn.Module) -> None:
     """Register the capture hooks of ``module`` once (again only for a module that replaced a hooked one)."""
-    if module in _HOOKED:
+    if has_hooks(module):
         return
     with _HOOK_LOCK:
-        if module not in _HOOKED:
-            _HOOKED[module] = (
-                module.register_forward_pre_hook(_before_forward),
-                module.register_forward_hook(_after_forward),
-            )
+        if not has_hooks(module):
+            module.register_forward_pre_hook(_before_forward)
+            module.register_forward_hook(_after_forward)
 
 
 @contextmanager
 def _requesting(request: _Request) -> Iterator[_Request]:
     """Make ``request`` the calling thread's current one for the duration of the block."""
-    for module, _ in request.targets:
-        install_hooks(module)
-    if request.replace is not None:
-        install_hooks(request.replace)
-    previous = getattr(_REQUESTS, "request", None)
+    # Hooks are installed when a split point is built; this catches a module replaced since, in eager code (a
+    # compiled forward traces the hooks the model has and must not register new ones mid-trace).
+    if not torch.compiler.is_compiling():
+        for module, _ in request.targets:
+            install_hooks(module)
+        if request.replace is not None:
+            install_hooks(request.replace)
+    previous = _REQUESTS.request
     _REQUESTS.request = request
     try:
         yield request

@@ -13,10 +13,16 @@ from .images import array_to_image, load_image, model_mode
 
 
 def check_pixel_values(
-    pixel_values: Any, channels: int | None, expected: tuple[int, int] | None, dtype: torch.dtype
+    pixel_values: Any, channels: int | None, expected: tuple[int, int] | None, dtype: torch.dtype,
+    finite: bool = True,
 ) -> torch.Tensor:
     """``pixel_values`` ``(B, C, H, W)`` cast to ``dtype``, or a ``TypeError``/``ValueError`` saying what is wrong
-    (not a tensor, wrong rank, empty, integer, ``channels`` or spatial size ``expected`` not matched, NaN/inf)."""
+    (not a tensor, wrong rank, empty, integer, ``channels`` or spatial size ``expected`` not matched, and with
+    ``finite`` NaN/inf).
+
+    Everything but ``finite`` reads shapes and dtypes only. ``finite`` reads the values, which makes the host wait for
+    the device when they are on one: fitting and calibrating ask for it (a NaN there would spoil the fitted state or
+    the threshold); a detector's forward does not, and fails closed instead (:func:`fail_closed`)."""
     if not isinstance(pixel_values, torch.Tensor):
         raise TypeError(f"pixel_values must be a torch.Tensor of shape (B, C, H, W), got {type(pixel_values).__name__}")
     if pixel_values.ndim != 4:
@@ -36,10 +42,24 @@ def check_pixel_values(
             f"{expected}; resize with the model's image processor"
         )
     # The sum of finite values is finite unless it overflows, so one reduction clears the common case.
-    if not math.isfinite(pixel_values.sum().item()) and not torch.isfinite(pixel_values).all():
+    if finite and not math.isfinite(pixel_values.sum().item()) and not torch.isfinite(pixel_values).all():
         bad = (~torch.isfinite(pixel_values)).flatten(1).any(dim=1).nonzero().flatten().tolist()
         raise ValueError(f"pixel_values contains NaN or infinite values in batch rows {bad}")
     return pixel_values.to(dtype)
+
+
+def nonfinite_marks(pixel_values: torch.Tensor) -> torch.Tensor:
+    """``(B,)``: 0 for each row of ``pixel_values`` ``(B, ...)`` that is all finite, NaN for a row holding a NaN or an
+    infinity (``x * 0`` is NaN exactly for those, and a sum of zeros cannot overflow). A device tensor, no host
+    read, three ops."""
+    return pixel_values.flatten(1).mul(0).sum(dim=1)
+
+
+def fail_closed(ood_score: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+    """``ood_score`` ``(B,)`` with NaN in the rows whose input was not finite (``marks``, from
+    :func:`nonfinite_marks`), so that such an input is decided OOD whatever the model made of it: the forward's check
+    of the values, kept on the device (no host round trip, nothing for a compiler to break its graph on)."""
+    return ood_score + marks.to(ood_score)
 
 
 def batches(
@@ -107,4 +127,4 @@ def labelled_batches(
         yield pixel_values, chunk_labels
 
 
-__all__ = ["array_to_image", "batches", "check_pixel_values", "labelled_batches"]
+__all__ = ["array_to_image", "batches", "check_pixel_values", "fail_closed", "nonfinite_marks", "labelled_batches"]

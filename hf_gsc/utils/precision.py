@@ -28,12 +28,15 @@ def parameter_dtype(model: nn.Module) -> torch.dtype:
 
 @contextlib.contextmanager
 def full_precision(device: torch.device) -> Iterator[None]:
-    """Autocast off, on CPU and on ``device``'s type, so that each op runs in its inputs' dtype."""
-    with contextlib.ExitStack() as stack:
-        for device_type in dict.fromkeys(("cpu", device.type)):
-            if torch.amp.is_autocast_available(device_type):
-                stack.enter_context(torch.autocast(device_type, enabled=False))
-        yield
+    """Autocast off, on CPU and on ``device``'s type, so that each op runs in its inputs' dtype. Written as plain
+    ``with`` blocks (no ``ExitStack``), which ``torch.compile`` traces without a graph break."""
+    other = device.type != "cpu" and (device.type == "cuda" or torch.amp.is_autocast_available(device.type))
+    with torch.autocast("cpu", enabled=False):
+        if other:
+            with torch.autocast(device.type, enabled=False):
+                yield
+        else:
+            yield
 
 
 __all__ = ["full_precision", "parameter_dtype", "step_dtype"]
