@@ -249,7 +249,12 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         A structural setting assigned since the detector was built (:attr:`DetectorConfig.structural_names`) is
         rebuilt for (:meth:`rebuild`), any other is checked against the fitted state (:meth:`settings_changed`); when
         either refuses or fails, the assignments are undone and the error raised. A threshold whose calibration
-        record no longer matches the settings is dropped (:meth:`clear_calibration`)."""
+        record no longer matches the settings is dropped (:meth:`clear_calibration`).
+
+        Skipped inside a compiled forward (a compiler cannot trace it; the compiled graph guards on the settings it
+        reads and recompiles when one changes): :meth:`compiled`'s forward runs this check eagerly before each call."""
+        if torch.compiler.is_compiling():
+            return
         now = dict(self.config.hyperparameters)
         changed = {name: (self._built_with[name], value) for name, value in now.items()
                    if value != self._built_with.get(name)}
