@@ -140,7 +140,11 @@ def test_generic_labels_are_refused_or_said_unchecked_above_the_tables(generic, 
     report = (tmp_path / "ordered" / "results.md").read_text()
     note, first_table = report.index("**Labels unchecked:**"), report.index("| Method")
     assert note < first_table and "'cat' = class 0" in report[note:first_table]
-    check = json.loads((tmp_path / "ordered" / "results.json").read_text())["label_check"]
+    ordered = json.loads((tmp_path / "ordered" / "results.json").read_text())
+    check = ordered["label_check"]
+    # The thresholds' record names what the run read: the validation split of this dataset root.
+    assert ordered["methods"]["msp"]["calibration"]["source"] == (
+        f"split 'validation' of dataset root {os.path.abspath(generic['id'])}")
     assert check["status"] == "by_order" and check["data_classes"] == ["cat", "dog", "bird"]
 
     # --label-map by index or LABEL_i: every class on the console line, as data class -> model index and label.
@@ -149,6 +153,16 @@ def test_generic_labels_are_refused_or_said_unchecked_above_the_tables(generic, 
     assert ("data class 'cat' -> model class 1 'LABEL_1', data class 'dog' -> model class 0 'LABEL_0', "
             "data class 'bird' -> model class 2 'LABEL_2'") in console
     assert "**Labels unchecked:**" not in (tmp_path / "mapped" / "results.md").read_text()
+
+    # Named classes that are not the model's: the console's warning is also above results.md's tables.
+    from hf_gsc.evaluation.labels import compare_labels
+    from hf_gsc.evaluation.report import markdown_table
+
+    results = json.loads((tmp_path / "ordered" / "results.json").read_text())
+    results["label_check"] = compare_labels(["cat", "dog", "bird"], ["cat", "dog", "fish"])
+    report = markdown_table(results)
+    note = report.index("**Labels do not match:**")
+    assert note < report.index("| Method") and "the ID accuracy means nothing" in report[note:]
 
 
 # ------------------------------------------------------------------------------------------- the command line

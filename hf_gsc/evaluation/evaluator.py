@@ -81,7 +81,7 @@ from .plan import (
 from .report import RESULTS_JSON, method_results, write_report
 from .result import EvaluationResult, EverythingSkippedError, at_shipped_threshold, ood_groups_of, run_details
 from .run_folder import SELECTED, clear_stale_results, copy_results_json, first_missing, remove_empty_folders
-from .run_info import check_process_count, evaluation_header
+from .run_info import check_process_count, evaluation_header, validation_source
 from .score_cache import PREDICTIONS_KEY, SCORE_KEY, ScoreCache
 from .scoring import score_missing
 from .validation import SOURCE_CHOICE, check_output_dir
@@ -480,6 +480,7 @@ class OODEvaluator:
                 entry = method_results(state.id_scores[name], validation,
                                        state.ood_scores[name], args.target_tpr, "validation", method=name,
                                        id_test_correct=correct, delta=args.conformal_delta, groups=groups)
+                entry["calibration"]["source"] = validation_source(args.benchmark, args.id_dataset)
                 state.cache.save_p_values(name, validation, {ID_TEST: state.id_scores[name], **{
                     OOD_PREFIX + ood: scores for ood, scores in state.ood_scores[name].items()}})
             else:  # a saved detector at its own threshold: nothing calibrated

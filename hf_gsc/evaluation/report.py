@@ -220,9 +220,12 @@ def markdown_table(
         from .selection import sentence
 
         lines[4:4] = [sentence(results["selection"]), ""]  # above the test table: the decision first
-    unchecked = labels_note(results.get("label_check") or {})
+    label_check = results.get("label_check") or {}
+    unchecked = labels_note(label_check)
     if unchecked:  # above every table: the figures below rest on it
         lines[2:2] = [f"**Labels unchecked:** {unchecked}.", ""]
+    elif label_check.get("status") and label_warning(label_check):  # names that do not match: the console's warning
+        lines[2:2] = [f"**Labels do not match:** {label_warning(label_check)}.", ""]
     selective = all("selective" in entry for entry in methods.values())
     header = ["Method", "threshold", f"ID TPR at threshold (test, target {100 * _target_tpr(methods):.0f}%)"]
     if selective:

@@ -87,6 +87,16 @@ def data_description(benchmark: str | None, id_dataset: str | None, extra_ood: S
     return ", ".join(parts)
 
 
+def validation_source(benchmark: str | None, id_dataset: str | None) -> str:
+    """The calibration record's ``source`` of a run's thresholds: the ``validation`` split the evaluation itself read
+    (of the benchmark, of a dataset root's folder as an absolute path, or of a Hub dataset)."""
+    if benchmark:
+        return f"split 'validation' of benchmark {benchmark!r}"
+    where = (f"dataset root {os.path.abspath(id_dataset)}" if id_dataset and os.path.exists(id_dataset)
+             else f"dataset {id_dataset!r}")
+    return f"split 'validation' of {where}"
+
+
 def split_label(split: str) -> str:
     """``id_test`` -> ``ID test``, ``ood_far`` -> ``OOD far``: the split names of the run header."""
     if split.startswith(OOD_PREFIX):
