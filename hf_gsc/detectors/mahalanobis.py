@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import Any, ClassVar, Iterator
 
 import torch
+from torch import nn
 
 from ..settings.config import DetectorConfig
-from .penultimate import ClassStatistics, mahalanobis_distances, tied_precision
+from .penultimate import (ClassStatistics, MahalanobisTerms, mahalanobis_distances, mahalanobis_terms,
+                          nearest_class_distances, tied_precision)
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -21,9 +23,17 @@ def l2_normalised(features: torch.Tensor) -> torch.Tensor:
     return features / features.norm(dim=-1, keepdim=True)
 
 
-def mahalanobis_score(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
-    """``max_c -(F - mu_c)^T Sigma^-1 (F - mu_c)``: ``(B, D) -> (B,)``, float64."""
-    return -mahalanobis_distances(features, class_means, precision).amin(dim=1)
+def class_distances(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
+    """``(F - mu_c)^T Sigma^-1 (F - mu_c)`` for every class ``c``, ``(B, D) -> (B, K)``, float64: the expanded form
+    (:func:`~hf_gsc.detectors.penultimate.mahalanobis_distances`) with each row's nearest class taken directly
+    (:func:`~hf_gsc.detectors.penultimate.nearest_class_distances`)."""
+    return nearest_class_distances(features, terms, mahalanobis_distances(features, terms))
+
+
+def mahalanobis_score(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
+    """``max_c -(F - mu_c)^T Sigma^-1 (F - mu_c)``: ``(B, D) -> (B,)``, float64; ``terms`` from
+    :func:`~hf_gsc.detectors.penultimate.mahalanobis_terms` of the class means and the precision."""
+    return -class_distances(features, terms).amin(dim=1)
 
 
 class TiedGaussianDetector(FittedDetector):
@@ -38,8 +48,27 @@ class TiedGaussianDetector(FittedDetector):
     #: Fit and score the L2-normalised feature ``z / ||z||_2`` (Mahalanobis++, Mueller & Hein, ICML 2025).
     normalise_features: ClassVar[bool] = False
 
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
+        # Derived from the fitted means and precision by _prepare (MahalanobisTerms); buffers so that .to(device)
+        # moves them with the rest.
+        for name in MahalanobisTerms._fields:
+            if name != "precision":
+                self.register_buffer(f"terms_{name}", None, persistent=False)
+
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.feature_dim + self.head.num_classes, "feature dim + classes, for a full-rank tied covariance"
+
+    def _prepare(self) -> None:
+        for name, value in mahalanobis_terms(self.class_means, self.precision)._asdict().items():
+            if name != "precision":
+                setattr(self, f"terms_{name}", value)
+
+    @property
+    def terms(self) -> MahalanobisTerms:
+        """The scoring terms of the class Gaussians (:func:`~hf_gsc.detectors.penultimate.mahalanobis_terms`)."""
+        return MahalanobisTerms(**{name: self.precision.double() if name == "precision" else getattr(self, f"terms_{name}")
+                                   for name in MahalanobisTerms._fields})
 
     needs_labels = True
 
@@ -87,4 +116,4 @@ class MahalanobisDetector(TiedGaussianDetector):
     config_class = MahalanobisConfig
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        return mahalanobis_score(self.features(batch), self.class_means, self.precision)
+        return mahalanobis_score(self.features(batch), self.terms)

@@ -14,7 +14,7 @@ Statistics are accumulated in float64 (:class:`ClassStatistics`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -192,10 +192,59 @@ def tied_precision(covariance: torch.Tensor) -> torch.Tensor:
     return (eigenvectors * inverse) @ eigenvectors.T
 
 
-def mahalanobis_distances(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
-    """Squared Mahalanobis distance to every class mean, ``(B, D) -> (B, K)``, float64."""
-    centred = features.double()[:, None, :] - class_means.double()[None, :, :]
-    return torch.einsum("bkd,de,bke->bk", centred, precision.double(), centred)
+class MahalanobisTerms(NamedTuple):
+    """What scoring the squared Mahalanobis distances to ``K`` class means needs, derived once from the fitted means
+    and precision (:func:`mahalanobis_terms`), float64.
+
+    Attributes:
+        centre: ``(D,)`` the point the features and means are taken about (the mean of the class means).
+        precision: ``(D, D)`` ``P``.
+        means: ``(K, D)`` ``m_k = mu_k - centre``.
+        projected_means: ``(K, D)`` ``P m_k`` with ``m_k = mu_k - centre``.
+        mean_terms: ``(K,)`` ``m_k^T P m_k``.
+    """
+
+    centre: torch.Tensor
+    precision: torch.Tensor
+    means: torch.Tensor
+    projected_means: torch.Tensor
+    mean_terms: torch.Tensor
+
+
+def mahalanobis_terms(class_means: torch.Tensor, precision: torch.Tensor) -> MahalanobisTerms:
+    """The terms of :func:`mahalanobis_distances` for ``class_means`` ``(K, D)`` and ``precision`` ``(D, D)``."""
+    class_means, precision = class_means.double(), precision.double()
+    centre = class_means.mean(dim=0)
+    centred = class_means - centre
+    projected = centred @ precision  # P symmetric: (P m_k)^T = m_k^T P
+    return MahalanobisTerms(centre, precision, centred, projected.contiguous(), (projected * centred).sum(dim=-1))
+
+
+def mahalanobis_distances(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
+    """Squared Mahalanobis distance to every class mean, ``(B, D) -> (B, K)``, float64.
+
+    ``d_k(z) = (z - mu_k)^T P (z - mu_k)`` expanded about the centre ``c``, with ``x = z - c`` and ``m_k = mu_k - c``:
+    ``x^T P x - 2 x^T (P m_k) + m_k^T P m_k``, with ``P m_k`` and ``m_k^T P m_k`` precomputed. That is ``B D^2 + B K
+    D`` work and ``(B, D + K)`` memory, where the direct form is ``B K D^2`` work over a ``(B, K, D)`` tensor. Taking
+    the features about ``c`` keeps the three terms of the size of the distances of ID features (a feature far from
+    every mean has a large ``d_k`` anyway), so the sum cancels few digits; the one distance a score is most sensitive
+    to, the nearest class's, is then taken again directly (:func:`nearest_class_distances`).
+    """
+    centred = features.double() - terms.centre
+    projected = centred @ terms.precision
+    own = (projected * centred).sum(dim=-1, keepdim=True)
+    distances = own - 2.0 * centred @ terms.projected_means.T + terms.mean_terms
+    return distances.clamp_(min=0.0)  # a squared distance under a positive semi-definite P
+
+
+def nearest_class_distances(features: torch.Tensor, terms: MahalanobisTerms, distances: torch.Tensor) -> torch.Tensor:
+    """``distances`` ``(B, K)`` of :func:`mahalanobis_distances` with each row's smallest entry recomputed directly,
+    ``(z - mu_k)^T P (z - mu_k)`` (``B D^2`` more work): the expanded form's rounding, relative to the whole
+    ``x^T P x`` term, can exceed a small nearest distance where the covariance is near-singular."""
+    nearest = distances.argmin(dim=1)
+    difference = features.double() - terms.centre - terms.means[nearest]
+    exact = ((difference @ terms.precision) * difference).sum(dim=-1)
+    return distances.scatter(1, nearest[:, None], exact[:, None])
 
 
 def percentile(values: torch.Tensor, q: float) -> float:
