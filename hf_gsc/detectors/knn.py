@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig, integer_check, setting
-from .penultimate import collect_features
+from .penultimate import FeatureStore
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -61,10 +61,16 @@ class KNNDetector(FittedDetector):
     def fit_requirement(self) -> tuple[int, str]:
         return self.hyperparameters["k"], f"k={self.hyperparameters['k']} neighbours"
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        features, _ = collect_features(stream)
-        self.check_fit_count(features.shape[0])
-        self.bank = l2_normalise(features)
+    def _fit(self, accumulated: FeatureStore) -> None:
+        # Normalised batch by batch into the one bank tensor: the fit holds the stored features and the bank, never a
+        # concatenation of either.
+        self.check_fit_count(accumulated.count)
+        batches = accumulated.features
+        self.bank = torch.empty(accumulated.count, batches[0].shape[1], dtype=batches[0].dtype)
+        filled = 0
+        for features in batches:
+            self.bank[filled:filled + features.shape[0]] = l2_normalise(features)
+            filled += features.shape[0]
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"bank": (None, self.feature_dim)}

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Hashable
 
 import torch
 from torch import nn
 
 from ..settings.config import DetectorConfig
-from .penultimate import (ClassStatistics, MahalanobisTerms, mahalanobis_distances, mahalanobis_terms,
+from .penultimate import (ClassStatistics, MahalanobisTerms, StatisticsPass, mahalanobis_distances, mahalanobis_terms,
                           nearest_class_distances, tied_precision)
 from .backbone_pass import BackbonePass
 from .interface import register_detector
@@ -67,7 +67,8 @@ class TiedGaussianDetector(FittedDetector):
     @property
     def terms(self) -> MahalanobisTerms:
         """The scoring terms of the class Gaussians (:func:`~hf_gsc.detectors.penultimate.mahalanobis_terms`)."""
-        return MahalanobisTerms(**{name: self.precision.double() if name == "precision" else getattr(self, f"terms_{name}")
+        # float64 whatever .to(dtype) made of the buffers: the distances are float64.
+        return MahalanobisTerms(**{name: (self.precision if name == "precision" else getattr(self, f"terms_{name}")).double()
                                    for name in MahalanobisTerms._fields})
 
     needs_labels = True
@@ -75,12 +76,18 @@ class TiedGaussianDetector(FittedDetector):
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"class_means": (self.num_classes, self.feature_dim), "precision": (self.feature_dim, self.feature_dim)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        statistics = ClassStatistics(self.head.num_classes, second_moment=True)
-        for features, labels in stream:
-            statistics.update(self.shaped(features), labels)
-        self.check_fit_count(statistics.count)
-        self._fit_statistics(statistics)
+    def fit_accumulator(self) -> tuple[Hashable, Callable[[], StatisticsPass]]:
+        # Streamed float64 class sums and sum of outer products of the shaped features: (K + D) D numbers whatever
+        # N; shared by every method of the family fitted in the pass on the same shaping.
+        return ("class gaussian", self.normalise_features), lambda: StatisticsPass(
+            ClassStatistics(self.head.num_classes, second_moment=True), self._shape_for_fit)
+
+    def _shape_for_fit(self, features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        return self.shaped(features), labels, None
+
+    def _fit(self, accumulated: StatisticsPass) -> None:
+        self.check_fit_count(accumulated.count)
+        self._fit_statistics(accumulated.statistics)
 
     def _fit_statistics(self, statistics: ClassStatistics) -> None:
         """Set the fitted tensors from the streamed statistics of the (shaped) ID training features."""

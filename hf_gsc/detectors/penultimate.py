@@ -14,13 +14,16 @@ Statistics are accumulated in float64 (:class:`ClassStatistics`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..classifier.split_points import SplitPoint, resolve_split_point
+
+if TYPE_CHECKING:
+    from .backbone_pass import FitShards
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,73 @@ def collect_features(stream: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tup
     if not features:
         return torch.empty(0, 0), torch.empty(0, dtype=torch.long)
     return torch.cat(features), torch.cat(labels)
+
+
+def stored_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which fitting features are held: float64 for a float64 model (exactness tests), else float32
+    (the authors' code reads float32 features; half-precision features are widened as their ``.float()`` does)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class FeatureStore:
+    """Every fitting feature and its label, held once, for the fits that read every feature after the pass (KNN's
+    bank, ReAct's percentile, ViM's residual norms, ConjNorm's normalisers, NNGuide's bank).
+
+    Each batch is copied into its own contiguous tensor (:func:`stored_dtype`): a feature the backbone gave as a view
+    (a ViT's CLS token is a view of the ``(B, T, D)`` token tensor) would otherwise keep its whole base alive. The
+    copies stay one per batch, never concatenated, so that the fit never holds them twice: ``N D`` elements
+    (``4 N D`` bytes in float32) and ``N`` labels. Shared by every detector of a pass that reads the features.
+    """
+
+    def __init__(self) -> None:
+        self.features: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
+
+    def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        self.features.append(features.detach().to(dtype=stored_dtype(features.dtype), memory_format=torch.contiguous_format,
+                                                  copy=True))
+        self.labels.append(labels.detach().clone())
+
+    @property
+    def count(self) -> int:
+        return sum(batch.shape[0] for batch in self.features)
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(features (B, D), labels (B,))`` per fitting batch, in the order of the data."""
+        return iter(zip(self.features, self.labels))
+
+    def gather(self, shards: FitShards) -> None:
+        """On several processes: every process's batches, in the order of the data (``shards.batches``)."""
+        self.features = shards.batches(self.features)
+        self.labels = shards.batches(self.labels)
+
+
+class StatisticsPass:
+    """Streaming :class:`ClassStatistics` of the fitting features as a method shapes them: nothing of a batch is
+    kept but its sums.
+
+    Args:
+        statistics: the sums to accumulate into.
+        shape: ``(features, labels) -> (features, labels, keep)``: the features as the method fits them (float64,
+            L2-normalised, ...), the labels, and the rows that count (``None``: all).
+    """
+
+    def __init__(self, statistics: ClassStatistics,
+                 shape: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+                 ) -> None:
+        self.statistics = statistics
+        self.shape = shape
+        self.count = 0  # rows seen, kept or not
+
+    def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        features, labels, keep = self.shape(features, labels)
+        self.statistics.update(features, labels, keep)
+        self.count += features.shape[0]
+
+    def gather(self, shards: FitShards) -> None:
+        self.statistics.gather(shards)
+        count = shards.sum(torch.tensor([float(self.count)], dtype=torch.float64))
+        self.count = int(round(float(count[0])))
 
 
 class NotEnoughSamplesError(ValueError):
@@ -143,6 +213,34 @@ class ClassStatistics:
         self.class_sums.index_add_(0, labels, features)
         if self.outer is not None:
             self.outer += features.T @ features
+
+    def gather(self, shards: FitShards) -> None:
+        """On several processes: replace this process's sums by every process's, added (``shards.sum``), so that every
+        process holds the statistics of all the fitting features (what one process holds: ``(K, D)`` and ``(D, D)``,
+        not the features). The sums are first moved to one shift for all, the mean of every process's features:
+        ``sum (x - s) = sum (x - s_p) + n_p (s_p - s)`` per class, and ``sum (x - s)(x - s)^T`` gains ``d S^T + S d^T +
+        n_p d d^T`` with ``d = s_p - s`` and ``S = sum (x - s_p)``: exact in exact arithmetic, and the same float64
+        rounding level as one process's sums."""
+        local_sum = None if self.shift is None else self.shift * self.count + self.class_sums.sum(dim=0)
+        count = shards.sum(torch.tensor([float(self.count)], dtype=torch.float64))
+        total = shards.sum(local_sum)
+        if total is None:  # no process has a sample
+            return
+        shift = total / count
+        class_sums = outer = None
+        if self.shift is not None:
+            offset = self.shift - shift
+            class_sums = self.class_sums + self.class_counts[:, None] * offset
+            if self.outer is not None:
+                shifted = self.class_sums.sum(dim=0)
+                cross = offset[:, None] * shifted[None, :]
+                outer = self.outer + cross + cross.T + self.count * offset[:, None] * offset[None, :]
+        self.class_sums = shards.sum(class_sums)
+        if self.second_moment:
+            self.outer = shards.sum(outer)
+        self.class_counts = shards.sum(self.class_counts)
+        self.count = int(round(float(count[0])))
+        self.shift = shift
 
     def class_means(self, method: str, what: str = "sample") -> torch.Tensor:
         """``(K, D)``; raises when a class has no sample (its mean would be undefined)."""
@@ -250,3 +348,69 @@ def nearest_class_distances(features: torch.Tensor, terms: MahalanobisTerms, dis
 def percentile(values: torch.Tensor, q: float) -> float:
     """``numpy.percentile(values, q)`` (linear interpolation) over all elements."""
     return float(np.percentile(values.detach().double().cpu().numpy().ravel(), q))
+
+
+def _sortable_keys(values: torch.Tensor) -> torch.Tensor:
+    """Integers in the order of the floats ``values`` (float32 -> int32, float64 -> int64; ``-0.0`` just below
+    ``0.0``): the bit pattern, with every bit but the sign flipped for negative numbers. Its own inverse."""
+    if values.is_floating_point():
+        values = values.view(torch.int32 if values.dtype == torch.float32 else torch.int64)
+    bits = values
+    width = bits.element_size() * 8
+    return bits ^ ((bits >> (width - 1)) & ((1 << (width - 1)) - 1))
+
+
+def _kth_smallest_key(chunks: Sequence[torch.Tensor], k: int) -> int:
+    """The key (:func:`_sortable_keys`) of the ``k``-th smallest (0-based) element over ``chunks`` (one float dtype),
+    by radix selection on 16-bit digits: one counting pass over the chunks per digit, each chunk's keys made one at a
+    time, so that nothing the size of the values is copied."""
+    width = chunks[0].element_size() * 8
+    prefix: int | None = None
+    for shift in range(width - 16, -1, -16):
+        counts = torch.zeros(1 << 16, dtype=torch.int64)
+        for chunk in chunks:
+            keys = _sortable_keys(chunk.reshape(-1))
+            if prefix is not None:
+                keys = keys[(keys >> (shift + 16)) == prefix]
+            digits = (keys >> shift) & 0xFFFF if prefix is not None else (keys >> shift) + (1 << 15)
+            counts += torch.bincount(digits.long(), minlength=1 << 16)
+        cumulative = counts.cumsum(0)
+        digit = int(torch.searchsorted(cumulative, torch.tensor(k + 1)))
+        k -= int(cumulative[digit - 1]) if digit else 0
+        prefix = digit - (1 << 15) if prefix is None else (prefix << 16) | digit
+    return prefix
+
+
+def _key_value(key: int, dtype: torch.dtype) -> float:
+    keys = torch.tensor([key], dtype=torch.int32 if dtype == torch.float32 else torch.int64)
+    return float(_sortable_keys(keys).view(dtype)[0])
+
+
+def chunked_percentile(chunks: Sequence[torch.Tensor], q: float) -> float:
+    """``numpy.percentile(np.concatenate([c.ravel() for c in chunks]).astype(float64), q)`` (linear interpolation),
+    the same float64 value, without concatenating or sorting a copy: the two order statistics it interpolates are
+    selected exactly (:func:`_kth_smallest_key`) from the chunks as held (float32 or float64, no NaN)."""
+    chunks = [chunk for chunk in chunks if chunk.numel()]
+    if not chunks:
+        raise ValueError("percentile of no values")
+    dtype = chunks[0].dtype
+    if dtype not in (torch.float32, torch.float64) or any(chunk.dtype != dtype for chunk in chunks):
+        raise ValueError(f"chunked_percentile: float32 or float64 chunks of one dtype expected, got "
+                         f"{sorted({str(chunk.dtype) for chunk in chunks})}")
+    n = sum(chunk.numel() for chunk in chunks)
+    # numpy's 'linear' method: virtual index (n - 1) q, its floor and the lerp's weight, in float64 as numpy.
+    virtual = (n - 1) * np.true_divide(np.float64(q), 100)
+    if virtual >= n - 1:
+        return _key_value(_kth_smallest_key(chunks, n - 1), dtype)
+    lower = int(np.floor(virtual))
+    gamma = virtual - lower
+    low_key = _kth_smallest_key(chunks, lower)
+    below = sum(int((_sortable_keys(chunk.reshape(-1)) <= low_key).sum()) for chunk in chunks)
+    if below > lower + 1:  # ties: the next order statistic is the same value
+        high_key = low_key
+    else:
+        high_key = min(int(_sortable_keys(chunk.reshape(-1))[_sortable_keys(chunk.reshape(-1)) > low_key].min())
+                       for chunk in chunks if bool((_sortable_keys(chunk.reshape(-1)) > low_key).any()))
+    a, b = np.float64(_key_value(low_key, dtype)), np.float64(_key_value(high_key, dtype))
+    difference = b - a
+    return float(b - difference * (1 - gamma) if gamma >= 0.5 else a + difference * gamma)
