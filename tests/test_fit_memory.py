@@ -187,3 +187,34 @@ def test_chunked_percentile_is_numpy_percentile(dtype):
         chunks = [torch.from_numpy(chunk.copy()) for chunk in np.split(values, cuts)]
         for q in (0.0, 50.0, 85.0, 90.0, 99.0, 99.9, 100.0, float(rng.uniform(0, 100))):
             assert chunked_percentile(chunks, q) == float(np.percentile(values.astype(np.float64), q)), (trial, q)
+
+
+@pytest.mark.parametrize("method, needed", [("mahalanobis", WIDTH + 4), ("rmds_pp", WIDTH + 4), ("vim", WIDTH)])
+def test_too_few_fitting_samples_are_refused_before_the_backbone_pass(vit, method, needed, monkeypatch):
+    import hf_gsc.detectors.backbone_pass as backbone_pass
+    from hf_gsc.detectors.penultimate import NotEnoughSamplesError
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("the backbone ran")
+
+    monkeypatch.setattr(backbone_pass, "run_backbone", no_pass)
+    detector = get_detector(method, vit)
+    with pytest.raises(NotEnoughSamplesError, match=rf"{method}.*at least {needed} .*feature dim {WIDTH}, 4 classes.*"
+                                                   r"got 16 from the fitting data"):
+        detector.fit(batches(1))
+    with pytest.raises(NotEnoughSamplesError, match=r"--max-fit-samples"):
+        detector.check_fit_size(needed - 1, "--max-fit-samples")
+    detector.check_fit_size(needed, "--max-fit-samples")
+
+
+def test_the_evaluation_refuses_a_method_its_fit_split_cannot_satisfy_before_the_pass(vit):
+    from hf_gsc.evaluation.fitting import _refuse_too_small
+
+    detectors = {name: get_detector(name, vit) for name in ("mahalanobis", "vim", "dice")}
+    data = list(range(33))  # 33 rows: below D + K = 36, enough for ViM's D = 32 and for DICE
+    failed: dict[str, str] = {}
+    kept = _refuse_too_small(detectors, list(detectors), {name: data for name in detectors}, failed)
+    assert kept == ["vim", "dice"]
+    assert failed["mahalanobis"].startswith("fit failed: NotEnoughSamplesError: detector 'mahalanobis' needs at "
+                                            "least 36")
+    assert "--max-fit-samples" in failed["mahalanobis"] and "got 33 from" in failed["mahalanobis"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 import weakref
-from typing import Any, Callable, ClassVar, Hashable, Union
+from typing import Any, Callable, ClassVar, Hashable, Iterable, Union
 
 import torch
 from torch import nn
@@ -28,6 +28,18 @@ from .penultimate import (ClassStatistics, FeatureStore, LinearHead, NotEnoughSa
 from ..utils.scores import ood_score
 from ..classifier.split_points import SplitPoint
 from .interface import OODDetector, suggest_names
+
+
+def known_sample_count(data: Any) -> int | None:
+    """The number of samples in fitting ``data`` where it is known without reading an image: a ``datasets.Dataset``
+    (its rows), or a list of ``(pixel_values, labels)`` batches held as tensors (their rows); else ``None``."""
+    if type(data).__name__ == "Dataset" and hasattr(data, "column_names"):
+        return len(data)
+    if isinstance(data, (list, tuple)) and data and all(
+            isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor)
+            and batch[0].dim() == 4 for batch in data):
+        return sum(int(batch[0].shape[0]) for batch in data)
+    return None
 
 
 def _unlabelled(features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
@@ -178,8 +190,16 @@ class FittedDetector(PenultimateDetector):
         if num_samples < self.min_fit_samples:
             raise NotEnoughSamplesError(
                 f"detector {self.method!r} needs at least {self.min_fit_samples} ID fitting samples "
-                f"({self.fit_requirement_reason}; feature dim {self.feature_dim}, {self.num_classes} classes), but "
-                f"{flag} gives {num_samples}: raise it, or leave {self.method!r} out")
+                f"({self.fit_requirement_reason}; feature dim {self.feature_dim}, {self.num_classes} classes), got "
+                f"{num_samples} from {flag}: give more, or leave {self.method!r} out (refused before reading any image)")
+
+    def fit(self, id_train_batches: Iterable[Any], image_column: str | None = None,
+            label_column: str | None = None) -> "FittedDetector":
+        # Refused before the backbone pass where the number of samples is known without reading them.
+        count = known_sample_count(id_train_batches)
+        if count is not None:
+            self.check_fit_size(count, "the fitting data")
+        return super().fit(id_train_batches, image_column, label_column)
 
     def fit_accumulator(self) -> tuple[Hashable, Callable[[], FitAccumulator]]:
         """``(kind, new accumulator)``: what the fit keeps of each batch. Detectors of one pass with the same kind

@@ -97,6 +97,25 @@ def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Ma
     return list(groups.values())
 
 
+def _refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_data: Mapping[str, Any],
+                      failed: dict[str, str]) -> list[str]:
+    """The methods of ``pending`` whose fit split holds enough samples for them; the others go to ``failed`` with the
+    reason before any image is read (the split's row count after ``--max-fit-samples``, where it is known)."""
+    from ..detectors.penultimate import NotEnoughSamplesError
+    from .plan import num_rows
+
+    kept = []
+    for name in pending:
+        rows, check = num_rows(fit_data[name]), getattr(detectors[name], "check_fit_size", None)
+        try:
+            if rows is not None and check is not None:
+                check(rows, f"the ID {detectors[name].fit_split} split (its rows, at most --max-fit-samples)")
+            kept.append(name)
+        except NotEnoughSamplesError as error:
+            failed[name] = f"fit failed: {type(error).__name__}: {error}"
+    return kept
+
+
 def fit_detectors(
     accelerator: Any,
     detectors: Mapping[str, Any],
@@ -146,6 +165,7 @@ def fit_detectors(
             detectors[name].load_fitted_state(state, source=str(path))
     failed: dict[str, str] = {}
     passes = []
+    pending = _refuse_too_small(detectors, pending, fit_data, failed)
     for group in fit_groups(detectors, pending, fit_data):
         begin = time.perf_counter()
         torch.manual_seed(seed)
