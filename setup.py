@@ -18,6 +18,8 @@ extras = {
     # The offline benchmarks' photo and texture sources (scikit-image ships its sample images).
     "benchmarks": ["scikit-image>=0.22"],
     "test": ["pytest>=8"],
+    # scripts/benchmark_scale.py: KNN's exact search against faiss IndexFlatL2 on the same bank (optional).
+    "scale": ["faiss-cpu>=1.7"],
     # make docs: the documentation site and its API reference from the docstrings (pymdown-extensions: GitHub's
     # heading ids, so that #anchors work on GitHub and on the site alike).
     "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.27", "pymdown-extensions>=10.0"],

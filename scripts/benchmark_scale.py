@@ -1,0 +1,323 @@
+#!/usr/bin/env python
+"""Every fitted one-pass method at the shape of the ImageNet-1K protocol: fit time and peak fit memory at several
+numbers of fitting samples ``N``, scoring time per 1,000 inputs, the growth of each with ``N``, and the projection to
+1.28M fitting images and 0.35M scored ones on 1 and 8 processes.
+
+The detectors are fed features directly, so that their own cost shows: synthetic class-conditional features (``K``
+classes, width ``D``; non-negative like a ResNet's pooled ReLU output at ``D = 2048``, signed like a ViT's LayerNorm
+output at ``D = 768``) and a random-weight model whose last ``nn.Linear`` is set to the normalised class means (so that
+most fitting samples are classified correctly, as SHE needs). Each fit is the library's own: ``fit_begin``,
+``fit_update`` per batch of a :class:`~hf_gsc.detectors.backbone_pass.BackbonePass` holding the batch's features,
+``fit_end``. The backbone's cost is measured apart, from one forward of a real random-weight ResNet-50 and ViT-B/16
+(``transformers`` defaults, 1,000 classes) at 224 px, and the same ViT-B/16's pass checks that a fitted KNN keeps no
+token tensor alive (the bytes its fit holds against ``N D`` float32).
+
+Peak memory is the process's peak resident memory during the fit above what it held before (Linux ``VmHWM``, reset
+through ``/proc/self/clear_refs``), so it includes the allocator's slack; the fitting features themselves are
+generated before and not counted. Everything runs on one thread (``torch.set_num_threads(1)``). Reference products
+over the same scored batches: one ``(B, D) @ (D, D)`` product in float32 and float64 (the Gaussian family's target is
+within ~5x of it) and the head ``(B, D) @ (D, K)``. KNN is compared with faiss ``IndexFlatL2`` (exact search, the
+authors' index) on the same bank where ``faiss-cpu`` is installed (``pip install hf_gsc[scale]``).
+
+Growth model per method: least squares ``a + b N`` for fit seconds, peak bytes and scoring seconds per 1,000
+(KNN's and NNGuide's scoring grow with their bank). Projection: fit at ``N = 1,281,167`` and scoring of 350,000
+inputs; on 8 processes each process accumulates ``N / 8`` (the ``b N`` part divided, the ``a`` part not) and scores
+``1/8`` of the inputs, and holds what its method keeps after the reduction (statistics: the same as one process;
+feature-reading methods: every process's features, gathered); the gathering's own time is not modelled.
+
+Examples::
+
+    python scripts/benchmark_scale.py --output docs/results/scale/cpu1.json            # full: K=1000, D=2048 and 768
+    python scripts/benchmark_scale.py --small --output /tmp/scale_small.json           # a minute: what CI runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import platform
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from hf_gsc import __version__
+from hf_gsc.detectors import DETECTORS, get_detector
+from hf_gsc.detectors.backbone_pass import BackbonePass, fit_from_passes
+from hf_gsc.detectors.common import FittedDetector
+
+#: The fitted methods that score from the shared pass (``one_pass``): fitted together in one pass by the evaluation.
+METHODS = tuple(sorted(name for name, cls in DETECTORS.items() if cls.one_pass and issubclass(cls, FittedDetector)))
+IMAGENET_FIT = 1_281_167
+IMAGENET_SCORED = 350_000
+FIT_BATCH = 256
+
+FULL = {"classes": 1000, "dims": (2048, 768), "sizes": (5000, 20000, 50000), "scored": 1000, "score_batch": 250,
+        "backbone_batch": 4}
+SMALL = {"classes": 100, "dims": (128, 64), "sizes": (300, 600), "scored": 200, "score_batch": 100,
+         "backbone_batch": 1}
+
+
+# ----------------------------------------------------------------------------------------------------- measuring
+_LIBC = ctypes.CDLL("libc.so.6")
+
+
+def _status_kib(field: str) -> int:
+    return int(re.search(rf"{field}:\s+(\d+)", Path("/proc/self/status").read_text()).group(1))
+
+
+def measured(work: Callable[[], Any]) -> tuple[Any, float, int]:
+    """``(result, seconds, peak bytes above the resident memory before)`` of ``work()``."""
+    gc.collect()
+    _LIBC.malloc_trim(0)  # freed memory back to the system, so that the peak counts this work's allocations
+    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident memory
+    before = _status_kib("VmRSS")
+    start = time.perf_counter()
+    result = work()
+    seconds = time.perf_counter() - start
+    return result, seconds, max(0, _status_kib("VmHWM") - before) * 1024
+
+
+def timed(work: Callable[[], Any], repeats: int = 3) -> float:
+    """Median seconds of ``repeats`` runs after one warm-up."""
+    work()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+# --------------------------------------------------------------------------------------------------- the setting
+def synthetic(count: int, class_means: torch.Tensor, seed: int, relu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` features ``mu_y + eps`` (``eps ~ N(0, I)``; ReLU'd for a ResNet-like width) and their labels (classes
+    equally represented, shuffled)."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = (torch.arange(count) % class_means.shape[0])[torch.randperm(count, generator=generator)]  # every class
+    features = torch.empty(count, class_means.shape[1])
+    for start in range(0, count, 4096):
+        rows = slice(start, start + 4096)
+        features[rows] = class_means[labels[rows]] + torch.randn(features[rows].shape, generator=generator)
+    return (features.relu_() if relu else features), labels
+
+
+def feature_model(dim: int, classes: int, class_means: torch.Tensor) -> torch.nn.Module:
+    """A one-layer random-weight ViT whose classifier ``(K, D)`` is the normalised class means (the detectors read
+    only its last ``nn.Linear`` and the split point before it)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(0)
+    model = ViTForImageClassification(ViTConfig(image_size=16, patch_size=16, hidden_size=dim, num_hidden_layers=1,
+                                                num_attention_heads=8, intermediate_size=32,
+                                                num_labels=classes)).eval()
+    with torch.no_grad():
+        model.classifier.weight.copy_(class_means / class_means.norm(dim=1, keepdim=True))
+        model.classifier.bias.zero_()
+    return model
+
+
+def passes(detector: FittedDetector, features: torch.Tensor, labels: torch.Tensor, batch: int):
+    """``(BackbonePass holding the features of each batch, labels)``, as the evaluation's pass gives them."""
+    target = (detector.split.module, detector.split.capture_input)
+    for start in range(0, features.shape[0], batch):
+        yield (BackbonePass(torch.empty(0), None, {target: features[start:start + batch]}),
+               labels[start:start + batch])
+
+
+def fit(detectors: list[FittedDetector], features: torch.Tensor, labels: torch.Tensor) -> None:
+    """What :func:`~hf_gsc.detectors.backbone_pass.fit_from_passes` does per batch, fed the features directly."""
+    for detector in detectors:
+        detector.fit_begin()
+    for batch, batch_labels in passes(detectors[0], features, labels, FIT_BATCH):
+        for detector in detectors:
+            detector.fit_update(batch, batch_labels)
+    for detector in detectors:
+        detector.fit_end()
+
+
+def score(detector: FittedDetector, queries: torch.Tensor, batch: int) -> None:
+    for pass_, _ in passes(detector, queries, torch.zeros(queries.shape[0], dtype=torch.long), batch):
+        detector.score_batch(pass_)
+
+
+# ------------------------------------------------------------------------------------------------------ per shape
+def linear_model(sizes: list[int], values: list[float]) -> dict[str, float]:
+    """Least squares ``a + b N``."""
+    slope, intercept = np.polyfit(np.asarray(sizes, dtype=float), np.asarray(values, dtype=float), 1)
+    return {"a": float(intercept), "b": float(slope)}
+
+
+def faiss_search(bank: torch.Tensor, queries: torch.Tensor, k: int) -> float | None:
+    try:
+        import faiss
+    except ImportError:
+        return None
+    faiss.omp_set_num_threads(1)
+    index = faiss.IndexFlatL2(bank.shape[1])
+    index.add(bank.float().numpy())
+    normalised = (queries / (queries.norm(dim=-1, keepdim=True) + 1e-10)).numpy()
+    return timed(lambda: index.search(normalised, k), repeats=1)
+
+
+def run_shape(dim: int, setting: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    classes, sizes, scored, score_batch = (setting[key] for key in ("classes", "sizes", "scored", "score_batch"))
+    relu = dim >= 2048
+    class_means = 2.0 * torch.randn(classes, dim, generator=torch.Generator().manual_seed(dim))
+    model = feature_model(dim, classes, class_means)
+    queries, _ = synthetic(scored, class_means, seed=1, relu=relu)
+    per_method: dict[str, dict[str, Any]] = {name: {"fit_seconds": {}, "peak_fit_bytes": {}, "score_seconds_per_1000": {}}
+                                             for name in METHODS}
+    together: dict[str, Any] = {"fit_seconds": {}, "peak_fit_bytes": {}}
+    knn_faiss: dict[str, Any] = {}
+    for size in sizes:
+        features, labels = synthetic(size, class_means, seed=2, relu=relu)
+        for name in METHODS:
+            detector = get_detector(name, model)
+            _, seconds, peak = measured(lambda: fit([detector], features, labels))
+            score_seconds = timed(lambda: score(detector, queries, score_batch), repeats=1)
+            row = per_method[name]
+            row["fit_seconds"][size], row["peak_fit_bytes"][size] = seconds, peak
+            row["score_seconds_per_1000"][size] = score_seconds * 1000 / scored
+            log(f"D={dim} N={size} {name}: fit {seconds:.2f} s, peak {peak / 2**20:.0f} MiB, "
+                f"score {row['score_seconds_per_1000'][size]:.2f} s / 1000")
+            if name == "knn":
+                library = timed(lambda: score(detector, queries, scored), repeats=1)
+                faiss_seconds = faiss_search(detector.bank, queries, detector.hyperparameters["k"])
+                knn_faiss[size] = {"hf_gsc_seconds_per_1000": library * 1000 / scored,
+                                   "faiss_index_flat_l2_seconds_per_1000":
+                                       None if faiss_seconds is None else faiss_seconds * 1000 / scored}
+            del detector
+        detectors = [get_detector(name, model) for name in METHODS]
+        _, seconds, peak = measured(lambda: fit(detectors, features, labels))
+        together["fit_seconds"][size], together["peak_fit_bytes"][size] = seconds, peak
+        log(f"D={dim} N={size} all {len(METHODS)} together: fit {seconds:.2f} s, peak {peak / 2**20:.0f} MiB")
+        del detectors, features, labels
+        gc.collect()
+
+    batch = queries[:score_batch]
+    precision64 = torch.eye(dim, dtype=torch.float64)
+    references = {
+        "dd_matmul_float32_seconds_per_1000": timed(lambda: batch @ precision64.float()) * 1000 / score_batch,
+        "dd_matmul_float64_seconds_per_1000": timed(lambda: batch.double() @ precision64) * 1000 / score_batch,
+        "head_seconds_per_1000": timed(lambda: model.classifier(batch)) * 1000 / score_batch,
+    }
+    for name, row in per_method.items():
+        row["fit_seconds_model"] = linear_model(sizes, list(row["fit_seconds"].values()))
+        row["peak_fit_bytes_model"] = linear_model(sizes, list(row["peak_fit_bytes"].values()))
+        row["score_seconds_per_1000_model"] = linear_model(sizes, list(row["score_seconds_per_1000"].values()))
+    largest = sizes[-1]
+    knn_cost = per_method["knn"]["fit_seconds"][largest]
+    summary = {
+        "together_fit_over_knn_fit_at_largest_n": together["fit_seconds"][largest] / knn_cost,
+        "together_score_over_knn_score_at_largest_n":
+            sum(row["score_seconds_per_1000"][largest] for row in per_method.values())
+            / per_method["knn"]["score_seconds_per_1000"][largest],
+        "gaussian_score_over_dd_matmul_float32": {
+            name: per_method[name]["score_seconds_per_1000"][largest] / references["dd_matmul_float32_seconds_per_1000"]
+            for name in ("mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem")},
+    }
+    return {"classes": classes, "dim": dim, "sizes": list(sizes), "methods": per_method, "together": together,
+            "references": references, "knn_against_faiss": knn_faiss, "summary": summary}
+
+
+def project(shape: dict[str, Any], backbone_seconds_per_1000: float | None) -> dict[str, Any]:
+    """Each method at the ImageNet-1K protocol on 1 and 8 processes (see the module docstring)."""
+    projections = {}
+    statistic = {"dice", "nci", "fdbd", "she", "mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem"}
+    for name, row in shape["methods"].items():
+        fit_model, memory_model, score_model = (row[key] for key in ("fit_seconds_model", "peak_fit_bytes_model",
+                                                                     "score_seconds_per_1000_model"))
+        fit_one = fit_model["a"] + fit_model["b"] * IMAGENET_FIT
+        score_one = (score_model["a"] + score_model["b"] * IMAGENET_FIT) * IMAGENET_SCORED / 1000
+        memory_one = memory_model["a"] + memory_model["b"] * IMAGENET_FIT
+        projections[name] = {
+            "holds": "statistics (flat in N)" if name in statistic else "every feature once, float32",
+            "one_process": {"fit_seconds": fit_one, "score_seconds": score_one, "peak_fit_bytes": memory_one},
+            "eight_processes": {
+                "fit_seconds": fit_model["a"] + fit_model["b"] * IMAGENET_FIT / 8,
+                "score_seconds": score_one / 8,
+                "peak_fit_bytes_per_process": memory_one if name not in statistic
+                else memory_model["a"] + memory_model["b"] * IMAGENET_FIT / 8,
+            },
+        }
+    backbone = None if backbone_seconds_per_1000 is None else {
+        "fit_pass_seconds_one_process": backbone_seconds_per_1000 * IMAGENET_FIT / 1000,
+        "scoring_pass_seconds_one_process": backbone_seconds_per_1000 * IMAGENET_SCORED / 1000}
+    return {"fit_samples": IMAGENET_FIT, "scored": IMAGENET_SCORED, "methods": projections, "backbone": backbone}
+
+
+# ----------------------------------------------------------------------------------------------------- backbones
+def backbones(batch: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """One real random-weight ResNet-50 and ViT-B/16 forward at 224 px (per 1,000 images), and the bytes a KNN fit on
+    the ViT's pass holds against its features' own size."""
+    from transformers import ResNetConfig, ResNetForImageClassification, ViTConfig, ViTForImageClassification
+
+    out: dict[str, Any] = {}
+    pixel_values = torch.randn(batch, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    for name, make in (("resnet50", lambda: ResNetForImageClassification(ResNetConfig(num_labels=1000))),
+                       ("vit_b16", lambda: ViTForImageClassification(ViTConfig(num_labels=1000)))):
+        torch.manual_seed(0)
+        model = make().eval()
+        with torch.no_grad():
+            seconds = timed(lambda: model(pixel_values=pixel_values), repeats=2)
+        out[name] = {"batch": batch, "forward_seconds_per_1000": seconds * 1000 / batch}
+        log(f"{name} forward at 224 px: {out[name]['forward_seconds_per_1000']:.1f} s / 1000 images")
+        if name == "vit_b16":
+            detector = get_detector("knn", model, k=1)
+            fit_from_passes([detector], [(pixel_values, torch.zeros(batch, dtype=torch.long))] * 2, "vit")
+            stored = 2 * batch * detector.feature_dim * 4
+            out[name]["knn_fit_held_bytes_over_features"] = detector.bank.untyped_storage().nbytes() / stored
+        del model
+        gc.collect()
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="the small configuration (K=100, D=128 and 64, "
+                        "N=300 and 600): under a minute, what CI runs")
+    parser.add_argument("--sizes", help="comma-separated N values (default: the configuration's)")
+    parser.add_argument("--no-backbones", action="store_true", help="skip the ResNet-50 / ViT-B/16 forwards")
+    parser.add_argument("--output", required=True, type=Path)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    setting = dict(SMALL if args.small else FULL)
+    if args.sizes:
+        setting["sizes"] = tuple(int(size) for size in args.sizes.split(","))
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    load_before = os.getloadavg()
+    backbone = None if args.no_backbones else backbones(setting["backbone_batch"], log)
+    shapes = {str(dim): run_shape(dim, setting, log) for dim in setting["dims"]}
+    forward = {"2048": "resnet50", "768": "vit_b16"}
+    results = {
+        "settings": {**{key: list(value) if isinstance(value, tuple) else value for key, value in setting.items()},
+                     "configuration": "small" if args.small else "full", "threads": torch.get_num_threads(),
+                     "fit_batch": FIT_BATCH, "methods": list(METHODS)},
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpu_count": os.cpu_count(), "torch": torch.__version__, "hf_gsc": __version__,
+                    "note": "measured with 1 thread on a 2-core machine shared with other jobs",
+                    "load_average_1min_before_and_after": [load_before[0], os.getloadavg()[0]]},
+        "backbones": backbone,
+        "shapes": shapes,
+        "projection": {dim: project(shape, None if backbone is None or dim not in forward
+                                    else backbone[forward[dim]]["forward_seconds_per_1000"])
+                       for dim, shape in shapes.items()},
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
