@@ -194,12 +194,11 @@ def run_shape(dim: int, setting: dict[str, Any], log: Callable[[str], None]) -> 
                 knn_faiss[size] = {"hf_gsc_seconds_per_1000": library * 1000 / scored,
                                    "faiss_index_flat_l2_seconds_per_1000":
                                        None if faiss_seconds is None else faiss_seconds * 1000 / scored}
-            del detector
         detectors = [get_detector(name, model) for name in METHODS]
         _, seconds, peak = measured(lambda: fit(detectors, features, labels))
         together["fit_seconds"][size], together["peak_fit_bytes"][size] = seconds, peak
         log(f"D={dim} N={size} all {len(METHODS)} together: fit {seconds:.2f} s, peak {peak / 2**20:.0f} MiB")
-        del detectors, features, labels
+        detectors = features = labels = None  # freed before the next N
         gc.collect()
 
     batch = queries[:score_batch]
@@ -275,7 +274,7 @@ def backbones(batch: int, log: Callable[[str], None]) -> dict[str, Any]:
             fit_from_passes([detector], [(pixel_values, torch.zeros(batch, dtype=torch.long))] * 2, "vit")
             stored = 2 * batch * detector.feature_dim * 4
             out[name]["knn_fit_held_bytes_over_features"] = detector.bank.untyped_storage().nbytes() / stored
-        del model
+        model = None
         gc.collect()
     return out
 

@@ -218,3 +218,19 @@ def test_the_evaluation_refuses_a_method_its_fit_split_cannot_satisfy_before_the
     assert failed["mahalanobis"].startswith("fit failed: NotEnoughSamplesError: detector 'mahalanobis' needs at "
                                             "least 36")
     assert "--max-fit-samples" in failed["mahalanobis"] and "got 33 from" in failed["mahalanobis"]
+
+
+def test_knn_bank_fraction_keeps_the_authors_draw(vit):
+    data = batches(4)  # 64 samples
+    detector = get_detector("knn", vit, k=3, bank_fraction=0.25)
+    detector.fit(data)
+    # The authors' run_imagenet.py: np.random.seed(0); rand_ind = np.random.choice(N, int(N * ALPHA), replace=False).
+    np.random.seed(0)
+    rows = np.sort(np.random.choice(64, int(64 * 0.25), replace=False))
+    whole = get_detector("knn", vit, k=3)
+    whole.fit(data)
+    assert detector.bank.shape == (16, WIDTH)
+    torch.testing.assert_close(detector.bank, whole.bank[torch.from_numpy(rows)], rtol=0, atol=0)
+    assert get_detector("knn", vit, k=10, bank_fraction=0.01).min_fit_samples == 1000
+    with pytest.raises(ValueError, match="bank_fraction"):
+        get_detector("knn", vit, bank_fraction=0.0)

@@ -6,9 +6,10 @@
 * :class:`TemperatureLogitDetector`: a score of the logits at a temperature (MSP, Energy).
 * :class:`PenultimateDetector`: reads the penultimate feature ``z`` (input of the last ``nn.Linear``, ``(B, D)``)
   from the shared backbone pass, and holds the linear head (:class:`hf_gsc.detectors.penultimate.LinearHead`).
-* :class:`FittedDetector`: ``fit_update`` takes ``(features, labels)`` batches (the pass's penultimate feature,
-  on the CPU, shared by every detector fitted in that pass); ``fit_end`` hands them to ``_fit``. The fitted tensors
-  are the registered buffers named in ``state_names``.
+* :class:`FittedDetector`: ``fit_update`` gives each batch's ``(features, labels)`` (the pass's penultimate feature,
+  on the CPU) to the method's accumulator (:meth:`FittedDetector.fit_accumulator`: every feature once, float32, or
+  streamed float64 sums), one per kind shared by every detector fitted in that pass; ``fit_end`` hands it to
+  ``_fit``. The fitted tensors are the registered buffers named in ``state_names``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -12,7 +12,7 @@ import torch.nn.functional as nnf
 from ..settings.config import DetectorConfig, integer_check, number_check, setting
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .penultimate import FeatureStore, LinearHead
+from .penultimate import FeatureStore, LinearHead, take_rows
 from ..utils.precision import full_precision, step_dtype
 from ..utils.scores import energy_score
 from .common import FittedDetector
@@ -69,18 +69,6 @@ def nnguide_score(features: torch.Tensor, head: LinearHead, bank_guide: torch.Te
     features = features.to(bank_guide.dtype)
     guidance = top_k_mean_similarity(nnguide_normalise(features), bank_guide, k, chunk_size)
     return guidance * energy_score(head(features))
-
-
-def take_rows(batches: Sequence[torch.Tensor], rows: torch.Tensor) -> Iterator[torch.Tensor]:
-    """The rows ``rows`` (sorted indices into the concatenation of ``batches``), batch by batch, without
-    concatenating the batches."""
-    start = 0
-    for batch in batches:
-        end = start + batch.shape[0]
-        lo, hi = torch.searchsorted(rows, torch.tensor([start, end])).tolist()
-        if hi > lo:
-            yield batch[rows[lo:hi] - start]
-        start = end
 
 
 @dataclass

@@ -123,6 +123,18 @@ class FeatureStore:
         self.labels = shards.batches(self.labels)
 
 
+def take_rows(batches: Sequence[torch.Tensor], rows: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The rows ``rows`` (sorted indices into the concatenation of ``batches``), batch by batch, without
+    concatenating the batches."""
+    start = 0
+    for batch in batches:
+        end = start + batch.shape[0]
+        lo, hi = torch.searchsorted(rows, torch.tensor([start, end])).tolist()
+        if hi > lo:
+            yield batch[rows[lo:hi] - start]
+        start = end
+
+
 class StatisticsPass:
     """Streaming :class:`ClassStatistics` of the fitting features as a method shapes them: nothing of a batch is
     kept but its sums.

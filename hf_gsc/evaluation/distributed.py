@@ -15,12 +15,12 @@ tokens, hundreds of kB per image) and the pixel values, and fitting again from i
 per-sample work some fits do after the pass (GSC's head gradients, AdaSCALE's gradient step). What detectors take
 per sample is what a one-process fit already holds in memory:
 
-* the penultimate-feature fits (KNN, Mahalanobis, ViM, ReAct, ...; ``FittedDetector``): the features and labels of
-  each batch, one gathering shared by every detector of the pass. The float64 sums (``ClassStatistics``), the banks
-  and the percentiles are then computed by the same code from the same batches in the same order as on one process:
-  the same numbers wherever the backbone gives the same features for the same batch. Reducing per-process float64
-  sums instead would save nothing here (the features are gathered for the banks of the same pass anyway) and would
-  change the summation order and ``ClassStatistics``' shift (the first batch's mean);
+* the penultimate-feature fits (``FittedDetector``): those that read every feature (KNN, ViM, ReAct, ConjNorm,
+  NNGuide) gather the features and labels of each batch, one gathering shared by every detector of the pass, and
+  compute their banks and percentiles by the same code from the same batches in the same order as on one process;
+  those that keep statistics (the Gaussian family, DICE, NCI, fDBD, SHE) add every process's float64 sums
+  (``ClassStatistics.gather``: moved to one shift, then ``shards.sum``), so that no process holds another's
+  features for them: equal to the one-process sums up to float64 rounding;
 * AdaSCALE: ``Q'`` per sample (gathered; its seeded subsample then draws the rows one process draws);
 * GSC's diagonal Fisher: a ``(d,)`` float64 sum and a count per process, reduced (``d`` per process instead of
   ``(N, d)``), added in process order: equal to the one-process running sum up to float64 rounding; GSC's gradient
