@@ -234,3 +234,16 @@ def test_knn_bank_fraction_keeps_the_authors_draw(vit):
     assert get_detector("knn", vit, k=10, bank_fraction=0.01).min_fit_samples == 1000
     with pytest.raises(ValueError, match="bank_fraction"):
         get_detector("knn", vit, bank_fraction=0.0)
+
+
+def test_a_fitted_knn_with_a_bank_fraction_scores_and_reloads(vit, tmp_path):
+    detector = get_detector("knn", vit, k=3, bank_fraction=0.25)
+    detector.fit(batches(4))
+    images = batches(1)[0][0][:4]
+    scores = detector.score(images)
+    detector.save_pretrained(tmp_path)
+    from hf_gsc import AutoOODDetector
+
+    loaded = AutoOODDetector.from_pretrained(tmp_path, model=vit)
+    assert loaded.bank.shape == (16, WIDTH)
+    torch.testing.assert_close(loaded.score(images), scores, rtol=1e-6, atol=0)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..settings.config import DetectorConfig, integer_check, number_check, setting
-from .penultimate import FeatureStore, take_rows
+from .penultimate import FeatureStore, check_fit_samples, take_rows
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -106,7 +106,9 @@ class KNNDetector(FittedDetector):
         return {"bank": (None, self.feature_dim)}
 
     def _prepare(self) -> None:
-        self.check_fit_count(self.bank.shape[0])
+        # The bank, fitted or loaded, must hold k rows (a fraction of the fitting samples where bank_fraction < 1).
+        k = self.hyperparameters["k"]
+        check_fit_samples(self.method, self.bank.shape[0], k, f"k={k} neighbours in the bank")
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return knn_score(self.features(batch), self.bank, self.hyperparameters["k"])
