@@ -61,7 +61,7 @@ FIT_BATCH = 256
 
 FULL = {"classes": 1000, "dims": (2048, 768), "sizes": (5000, 20000, 50000), "scored": 1000, "score_batch": 250,
         "backbone_batch": 4}
-SMALL = {"classes": 100, "dims": (128, 64), "sizes": (300, 600), "scored": 200, "score_batch": 100,
+SMALL = {"classes": 50, "dims": (64, 32), "sizes": (200, 400), "scored": 100, "score_batch": 100,
          "backbone_batch": 1}
 
 
@@ -279,14 +279,73 @@ def backbones(batch: int, log: Callable[[str], None]) -> dict[str, Any]:
     return out
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds < 120 else f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The tables of docs/efficiency.md from the JSON."""
+    lines = []
+    backbone = results.get("backbones") or {}
+    for dim, shape in results["shapes"].items():
+        sizes = [str(size) for size in shape["sizes"]]
+        largest = sizes[-1]
+        projection = results["projection"][dim]["methods"]
+        references = shape["references"]
+        lines += [f"#### K = {shape['classes']}, D = {dim}", "",
+                  "| method | fit at N = " + " / ".join(sizes) + " | peak fit memory (MiB) | growth per 10k samples "
+                  f"| scoring per 1,000 at N = {largest} | projected fit, 1.28M (1 / 8 processes) "
+                  "| projected scoring, 0.35M (1 / 8) |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, row in shape["methods"].items():
+            fit_times = " / ".join(f"{row['fit_seconds'][size]:.2f}" for size in sizes)
+            peaks = " / ".join(f"{row['peak_fit_bytes'][size] / 2**20:.0f}" for size in sizes)
+            growth = row["peak_fit_bytes_model"]["b"] * 10_000 / 2**20
+            one, eight = projection[name]["one_process"], projection[name]["eight_processes"]
+            lines.append(f"| `{name}` | {fit_times} s | {peaks} | {growth:+.0f} MiB | "
+                         f"{row['score_seconds_per_1000'][largest]:.2f} s | {_duration(one['fit_seconds'])} / "
+                         f"{_duration(eight['fit_seconds'])} | {_duration(one['score_seconds'])} / "
+                         f"{_duration(eight['score_seconds'])} |")
+        together = shape["together"]
+        lines.append(f"| all {len(shape['methods'])} in one pass | "
+                     + " / ".join(f"{together['fit_seconds'][size]:.2f}" for size in sizes) + " s | "
+                     + " / ".join(f"{together['peak_fit_bytes'][size] / 2**20:.0f}" for size in sizes) + " | | | | |")
+        summary = shape["summary"]
+        lines += ["", f"One `(B, D) @ (D, D)` product per 1,000 inputs: {references['dd_matmul_float32_seconds_per_1000']:.3f} s "
+                  f"float32, {references['dd_matmul_float64_seconds_per_1000']:.3f} s float64; the head "
+                  f"{references['head_seconds_per_1000']:.3f} s. Gaussian family's scoring over the float32 product at "
+                  f"N = {largest}: " + ", ".join(f"`{name}` {ratio:.1f}x" for name, ratio in
+                                                 summary["gaussian_score_over_dd_matmul_float32"].items())
+                  + f". All fitted methods in one pass against KNN alone at N = {largest}: fit "
+                  f"{summary['together_fit_over_knn_fit_at_largest_n']:.0f}x, scoring (the sum of the methods') "
+                  f"{summary['together_score_over_knn_score_at_largest_n']:.1f}x.", ""]
+        knn = shape["knn_against_faiss"].get(largest)
+        if knn:
+            faiss_seconds = knn["faiss_index_flat_l2_seconds_per_1000"]
+            lines += [f"KNN's exact search at N = {largest}, per 1,000 queries in one batch: hf_gsc "
+                      f"{knn['hf_gsc_seconds_per_1000']:.2f} s, faiss `IndexFlatL2` "
+                      + ("not installed" if faiss_seconds is None else f"{faiss_seconds:.2f} s") + ".", ""]
+    for name, measured_row in backbone.items():
+        lines.append(f"* {name} forward at 224 px, batch {measured_row['batch']}: "
+                     f"{measured_row['forward_seconds_per_1000']:.0f} s per 1,000 images"
+                     + (f"; a KNN fit on its pass holds {measured_row['knn_fit_held_bytes_over_features']:.2f}x the "
+                        "bytes of its CLS features" if "knn_fit_held_bytes_over_features" in measured_row else ""))
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--small", action="store_true", help="the small configuration (K=100, D=128 and 64, "
-                        "N=300 and 600): under a minute, what CI runs")
+    parser.add_argument("--small", action="store_true", help="the small configuration (K=50, D=64 and 32, "
+                        "N=200 and 400): seconds of work, what CI runs")
     parser.add_argument("--sizes", help="comma-separated N values (default: the configuration's)")
     parser.add_argument("--no-backbones", action="store_true", help="skip the ResNet-50 / ViT-B/16 forwards")
-    parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--output", required=True, type=Path, help="the JSON; its tables go beside it (.md)")
+    parser.add_argument("--table-only", action="store_true", help="write the tables from an existing --output JSON")
     args = parser.parse_args(argv)
+    if args.table_only:
+        results = json.loads(args.output.read_text())
+        args.output.with_suffix(".md").write_text(markdown(results))
+        return results
     torch.set_num_threads(1)
     setting = dict(SMALL if args.small else FULL)
     if args.sizes:
@@ -315,6 +374,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=1))
+    args.output.with_suffix(".md").write_text(markdown(json.loads(args.output.read_text())))  # the keys as saved
     return results
 
 

@@ -23,15 +23,17 @@ def test_small_configuration_measures_models_and_projects_every_method(tmp_path)
     assert results["settings"]["threads"] == 1 and results["settings"]["configuration"] == "small"
     assert len(benchmark_scale.METHODS) == 14 and set(results["settings"]["methods"]) == set(benchmark_scale.METHODS)
     for dim, shape in results["shapes"].items():
-        assert shape["sizes"] == [300, 600] and shape["classes"] == 100
+        assert shape["sizes"] == [200, 400] and shape["classes"] == 50
         for name in benchmark_scale.METHODS:
             row = shape["methods"][name]
-            assert set(row["fit_seconds"]) == {"300", "600"} and all(value > 0 for value in row["fit_seconds"].values())
+            assert set(row["fit_seconds"]) == {"200", "400"} and all(value > 0 for value in row["fit_seconds"].values())
             assert all(value >= 0 for value in row["peak_fit_bytes"].values())
             assert set(row["fit_seconds_model"]) == {"a", "b"}
             projected = results["projection"][dim]["methods"][name]
             assert projected["one_process"]["fit_seconds"] == row["fit_seconds_model"]["a"] + \
                 row["fit_seconds_model"]["b"] * benchmark_scale.IMAGENET_FIT
-        assert set(shape["together"]["fit_seconds"]) == {"300", "600"}
+        assert set(shape["together"]["fit_seconds"]) == {"200", "400"}
         assert set(shape["summary"]["gaussian_score_over_dd_matmul_float32"]) == {
             "mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem"}
+    table = output.with_suffix(".md").read_text()
+    assert "#### K = 50, D = 64" in table and "| `knn` |" in table and "all 14 in one pass" in table
