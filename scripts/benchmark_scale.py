@@ -349,14 +349,15 @@ def markdown(results: dict[str, Any]) -> str:
                      + " / ".join(f"{together['fit_seconds'][size]:.2f}" for size in sizes) + " s | "
                      + " / ".join(f"{together['peak_fit_bytes'][size] / 2**20:.0f}" for size in sizes) + " | | | | |")
         summary = shape["summary"]
+        paired = summary.get("gaussian_score_over_dd_matmul_float32_paired", {})
         lines += ["", f"One `(B, D) @ (D, D)` product per 1,000 inputs: {references['dd_matmul_float32_seconds_per_1000']:.3f} s "
                   f"float32, {references['dd_matmul_float64_seconds_per_1000']:.3f} s float64; the head "
                   f"{references['head_seconds_per_1000']:.3f} s. Gaussian family's scoring over the float32 product at "
                   f"N = {largest}: " + ", ".join(f"`{name}` {ratio:.1f}x" for name, ratio in
                                                  summary["gaussian_score_over_dd_matmul_float32"].items())
-                  + "".join(f" (timed back to back with the product: `{name}` {ratio:.1f}x)" for name, ratio in
-                            summary.get("gaussian_score_over_dd_matmul_float32_paired", {}).items())
-                  + (f". All fitted methods in one pass against KNN alone at N = {largest}: fit "
+                  + ("; timed back to back with the product (median of 3 pairs): "
+                     + ", ".join(f"`{name}` {ratio:.1f}x" for name, ratio in paired.items()) if paired else "")
+                  + (f". The methods measured, fitted in one pass, against KNN alone at N = {largest}: fit "
                      f"{summary['together_fit_over_knn_fit_at_largest_n']:.0f}x, scoring (the sum of the methods') "
                      f"{summary['together_score_over_knn_score_at_largest_n']:.1f}x."
                      if "together_fit_over_knn_fit_at_largest_n" in summary else "."), ""]
