@@ -1,5 +1,6 @@
 """The evaluation's fits on several processes: each process passes its share of the fit data through the backbone,
-and the fit combines the shares exactly, so that a fit on ``N`` processes equals the one-process fit.
+and the fit combines the shares, so that a fit on ``N`` processes equals the one-process fit (to the last bit where
+per-sample values are gathered, up to float64 rounding where sums are added).
 
 Sharding (:func:`shard_loader`): the fit data is cut into the batches one process reads (``batch_size`` rows in
 dataset order) and process ``r`` of ``N`` reads batches ``r, r + N, r + 2N, ...``. Nothing is padded and nothing read

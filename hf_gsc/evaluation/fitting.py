@@ -1,8 +1,9 @@
 """Fitting the detectors that need ID data (ReAct, KNN, Mahalanobis, ..., GSC's Fisher / adaptive mass), and reusing fits.
 
 Every process fits every detector of one ``fit_split`` from one backbone pass per batch over its share of that
-split's data (:func:`hf_gsc.detectors.backbone_pass.fit_together`); the shares are combined exactly, so that every process
-holds the fit one process would compute (:mod:`hf_gsc.evaluation.distributed`). The main process saves each fitted
+split's data (:func:`hf_gsc.detectors.backbone_pass.fit_together`); the shares are combined, so that every process
+holds the fit one process would compute (:mod:`hf_gsc.evaluation.distributed`). A method that the fit split's rows
+(after ``--max-fit-samples``) cannot satisfy is refused before the pass (``FittedDetector.check_fit_size``). The main process saves each fitted
 state to ``detectors/{method}/`` with a ``fit.json`` holding the fit's fingerprint, the images each process read, the
 wall time of the pass and the methods fitted in it (``fitted_together``, which share that time); a rerun reuses a
 saved fit whose fingerprint still matches (every process loads it). Batches reach the model's device and run under
