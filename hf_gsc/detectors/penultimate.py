@@ -7,8 +7,10 @@ Every feature-space baseline (Mahalanobis, KNN, ViM, ...) reads the same two thi
 * the head ``logits = F @ W.T + b`` (:class:`LinearHead`).
 
 Fitting data arrive as an iterable of ``(pixel_values, labels)`` batches; :func:`penultimate_features`
-turns them into ``(features, labels)`` batches one at a time, so the image set is never held in memory.
-Statistics are accumulated in float64 (:class:`ClassStatistics`).
+turns them into ``(features, labels)`` batches one at a time, so the image set is never held in memory. A fit keeps
+of each batch only what its method reads afterwards: float64 sums (:class:`ClassStatistics` through
+:class:`StatisticsPass`), or every feature once, float32 (:class:`FeatureStore`). The Gaussian family's distances to
+many class means are the expanded quadratic form (:func:`mahalanobis_terms`, :func:`mahalanobis_distances`).
 """
 
 from __future__ import annotations
@@ -71,17 +73,6 @@ def penultimate_features(
     for pixel_values, labels in batches:
         features = split.features(pixel_values).flatten(1).cpu()
         yield features, torch.as_tensor(labels).reshape(-1).long().cpu()
-
-
-def collect_features(stream: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate a feature stream into ``features (N, D)`` and ``labels (N,)`` (features, not images)."""
-    features, labels = [], []
-    for batch_features, batch_labels in stream:
-        features.append(batch_features.detach().clone())
-        labels.append(batch_labels.detach().clone())
-    if not features:
-        return torch.empty(0, 0), torch.empty(0, dtype=torch.long)
-    return torch.cat(features), torch.cat(labels)
 
 
 def stored_dtype(dtype: torch.dtype) -> torch.dtype:
