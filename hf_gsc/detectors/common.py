@@ -6,26 +6,46 @@
 * :class:`TemperatureLogitDetector`: a score of the logits at a temperature (MSP, Energy).
 * :class:`PenultimateDetector`: reads the penultimate feature ``z`` (input of the last ``nn.Linear``, ``(B, D)``)
   from the shared backbone pass, and holds the linear head (:class:`hf_gsc.detectors.penultimate.LinearHead`).
-* :class:`FittedDetector`: ``fit_update`` takes ``(features, labels)`` batches (the pass's penultimate feature,
-  on the CPU, shared by every detector fitted in that pass); ``fit_end`` hands them to ``_fit``. The fitted tensors
-  are the registered buffers named in ``state_names``.
+* :class:`FittedDetector`: ``fit_update`` gives each batch's ``(features, labels)`` (the pass's penultimate feature,
+  on the CPU) to the method's accumulator (:meth:`FittedDetector.fit_accumulator`: every feature once, float32, or
+  streamed float64 sums), one per kind shared by every detector fitted in that pass; ``fit_end`` hands it to
+  ``_fit``. The fitted tensors are the registered buffers named in ``state_names``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+import weakref
+from typing import Any, Callable, ClassVar, Hashable, Iterable, Union
 
 import torch
 from torch import nn
 
 from .backbone_pass import BackbonePass, FitShards
 from ..settings.config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, number_check, setting
-from .penultimate import ClassStatistics, LinearHead, check_fit_samples, linear_head, penultimate_split
+from .penultimate import (ClassStatistics, FeatureStore, LinearHead, NotEnoughSamplesError, StatisticsPass,
+                          check_fit_samples, linear_head, penultimate_split)
 from ..utils.scores import ood_score
 from ..classifier.split_points import SplitPoint
 from .interface import OODDetector
+
+
+def known_sample_count(data: Any) -> int | None:
+    """The number of samples in fitting ``data`` where it is known without reading an image: a ``datasets.Dataset``
+    (its rows), or a list of ``(pixel_values, labels)`` batches held as tensors (their rows); else ``None``."""
+    if type(data).__name__ == "Dataset" and hasattr(data, "column_names"):
+        return len(data)
+    if isinstance(data, (list, tuple)) and data and all(
+            isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor)
+            and batch[0].dim() == 4 for batch in data):
+        return sum(int(batch[0].shape[0]) for batch in data)
+    return None
+
+
+def _unlabelled(features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """Every row in class 0: the one mean of all the features."""
+    return features, torch.zeros(features.shape[0], dtype=torch.long), None
 
 
 class BaselineDetector(OODDetector):
@@ -108,12 +128,24 @@ class PenultimateDetector(BaselineDetector):
         return batch.flat_features(self.split)
 
 
+#: What a fit keeps of each batch (:meth:`FittedDetector.fit_accumulator`): ``update(features, labels)`` per batch,
+#: ``gather(shards)`` on several processes, ``count`` the samples seen.
+FitAccumulator = Union[FeatureStore, StatisticsPass]
+
+#: The accumulators of the detectors fitted together on a process that passed no batch (an uneven share), by the
+#: pass's shards and kind: shared as on the processes with batches, so that every process gathers each one once.
+_UNFED_ACCUMULATORS: "weakref.WeakKeyDictionary[Any, dict[Hashable, Any]]" = weakref.WeakKeyDictionary()
+
+
 class FittedDetector(PenultimateDetector):
     """A penultimate-feature detector with statistics fitted on ID data.
 
-    Subclasses implement ``_fit(stream)``, which consumes ``(features (B, D), labels (B,))`` batches once, checks
-    the count with :meth:`check_fit_count` and sets the buffers named in ``state_names``; ``_prepare()`` derives
-    anything else from them (it also runs after loading); ``expected_state()`` gives their shapes, checked at load.
+    The fit keeps, from each batch, what :meth:`fit_accumulator` says (every feature once, float32:
+    :class:`~hf_gsc.detectors.penultimate.FeatureStore`; or streamed sums only:
+    :class:`~hf_gsc.detectors.penultimate.StatisticsPass`), one accumulator shared by the detectors of a pass that
+    keep the same kind; ``_fit(accumulated)`` reads it once (without changing it: others read it too), checks the count
+    with :meth:`check_fit_count` and sets the buffers named in ``state_names``; ``_prepare()`` derives anything else
+    from them (it also runs after loading); ``expected_state()`` gives their shapes, checked at load.
     ``min_fit_samples`` is set per instance by :meth:`fit_requirement`.
     """
 
@@ -126,7 +158,7 @@ class FittedDetector(PenultimateDetector):
         for name in self.state_names:
             self.register_buffer(name, None)
         self.min_fit_samples, self.fit_requirement_reason = self.fit_requirement()
-        self._fit_batches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._accumulator: Any = None
 
     def settings_changed(self, changed: dict[str, Any]) -> None:
         # A setting that is not structural (KNN's k) changes what the fit needs and what is derived from it: both
@@ -143,11 +175,39 @@ class FittedDetector(PenultimateDetector):
         """Raise :class:`hf_gsc.detectors.penultimate.NotEnoughSamplesError` below ``min_fit_samples``."""
         check_fit_samples(self.method, got, self.min_fit_samples, self.fit_requirement_reason)
 
+    def check_fit_size(self, num_samples: int, flag: str = "the number of fitting samples") -> None:
+        """Refuse, before any image is read, a fit on ``num_samples`` samples that cannot satisfy this method at this
+        model's feature width ``D`` and classes ``K`` (the Gaussian family needs ``D + K``, ViM ``D``, KNN ``k``, ...);
+        the error names the method, what it needs and ``flag``, the setting that sets the number."""
+        if num_samples < self.min_fit_samples:
+            raise NotEnoughSamplesError(
+                f"detector {self.method!r} needs at least {self.min_fit_samples} ID fitting samples "
+                f"({self.fit_requirement_reason}; feature dim {self.feature_dim}, {self.num_classes} classes), got "
+                f"{num_samples} from {flag}: give more, or leave {self.method!r} out (refused before reading any image)")
+
+    def fit(self, id_train_batches: Iterable[Any], image_column: str | None = None,
+            label_column: str | None = None) -> "FittedDetector":
+        # Refused before the backbone pass where the number of samples is known without reading them.
+        count = known_sample_count(id_train_batches)
+        if count is not None:
+            self.check_fit_size(count, "the fitting data")
+        return super().fit(id_train_batches, image_column, label_column)
+
+    def fit_accumulator(self) -> tuple[Hashable, Callable[[], FitAccumulator]]:
+        """``(kind, new accumulator)``: what the fit keeps of each batch. Detectors of one pass with the same kind
+        share one accumulator, so a kind must name everything that changes what is kept. Default: every feature and
+        label, once (:class:`~hf_gsc.detectors.penultimate.FeatureStore`)."""
+        return "features", FeatureStore
+
+    def _accumulator_key(self) -> Hashable:
+        kind, _ = self.fit_accumulator()
+        return ("fit accumulator", self.split.module_path, self.split.capture_input, kind)
+
     def fit_begin(self) -> None:
-        self._fit_batches = []
+        self._accumulator = None
 
     def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
-        # The CPU copy is memoised on the pass: detectors fitted together hold the same tensors.
+        # The CPU feature is memoised on the pass: detectors fitted together read the same tensor.
         features = batch.flat_features(self.split, "cpu")
         if labels is None:
             if self.needs_labels:
@@ -155,36 +215,45 @@ class FittedDetector(PenultimateDetector):
                                  "class-folder tree whose folder names are the model's labels (config.label2id), a "
                                  "datasets.Dataset with a 'label' column, or (pixel_values, labels) batches")
             labels = torch.zeros(features.shape[0], dtype=torch.long)
-        self._fit_batches.append((features, labels))
+        if self._accumulator is None:  # the first pass: take the accumulator the pass's other detectors took
+            self._accumulator = batch.memo(self._accumulator_key(), self.fit_accumulator()[1])
+        accumulator = self._accumulator
+        # Once per pass and accumulator, whichever of its detectors comes first (an update that raises is not
+        # memoised: the next detector sharing it raises too).
+        batch.memo(("fit accumulated", id(accumulator)), lambda: accumulator.update(features, labels) or True)
 
     def fit_gather(self, shards: FitShards) -> None:
-        # Every process's (features, labels) batches, in the order of the data and with the same batch boundaries as
-        # on one process, so that ``_fit`` (streamed float64 sums, banks, percentiles) sees what one process sees.
-        # The features' list is the same objects for every detector of the pass: gathered once, shared.
-        batches = self._fit_batches or []
-        features = shards.batches([features for features, _ in batches])
-        labels = shards.batches([labels for _, labels in batches])
-        self._fit_batches = list(zip(features, labels))
+        # Each accumulator once, by the first of its detectors (every process runs them in the same order): feature
+        # stores gather every process's batches in the order of the data; statistics add every process's sums.
+        if self._accumulator is None:
+            unfed = _UNFED_ACCUMULATORS.setdefault(shards, {})
+            self._accumulator = unfed.setdefault(self._accumulator_key(), self.fit_accumulator()[1]())
+        if not getattr(self._accumulator, "gathered", False):
+            self._accumulator.gather(shards)
+            self._accumulator.gathered = True
 
     def fit_end(self) -> None:
-        stream, self._fit_batches = self._fit_batches or [], None
-        self._fit(iter(stream))
+        accumulated, self._accumulator = self._accumulator, None
+        self._fit(self.fit_accumulator()[1]() if accumulated is None else accumulated)
         for name in self.state_names:
             setattr(self, name, getattr(self, name).to(self.device))
         self._prepare()
         self.fitted = True
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _fit(self, accumulated: Any) -> None:
+        """Set the fitted state from the accumulator of :meth:`fit_accumulator` (shared: read, never changed)."""
         raise NotImplementedError
 
-    def mean_feature(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """``(D,)`` float64 mean of the streamed ID features, every sample counted (the fit count checked): the
-        fitted state of the methods that centre on the training mean (DICE, NCI, fDBD)."""
-        statistics = ClassStatistics(num_classes=1)
-        for features, _ in stream:
-            statistics.update(features, torch.zeros(features.shape[0], dtype=torch.long))
-        self.check_fit_count(statistics.count)
-        return statistics.class_means(self.method)[0]
+    def mean_accumulator(self) -> tuple[Hashable, Callable[[], FitAccumulator]]:
+        """The accumulator of the methods that centre on the training mean (DICE, NCI, fDBD): float64 sums of every
+        sample, labels ignored."""
+        return "mean", lambda: StatisticsPass(ClassStatistics(num_classes=1), _unlabelled)
+
+    def mean_feature(self, accumulated: StatisticsPass) -> torch.Tensor:
+        """``(D,)`` float64 mean of the ID features of :meth:`mean_accumulator`, every sample counted (the fit count
+        checked): the fitted state of the methods that centre on the training mean (DICE, NCI, fDBD)."""
+        self.check_fit_count(accumulated.count)
+        return accumulated.statistics.class_means(self.method)[0]
 
     @property
     def feature_dim(self) -> int:

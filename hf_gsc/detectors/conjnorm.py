@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig, choice_check, number_check, setting
-from .penultimate import ClassStatistics, collect_features
+from .penultimate import ClassStatistics, FeatureStore
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -110,15 +110,19 @@ class ConjNormDetector(FittedDetector):
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"prototypes": (self.num_classes, self.feature_dim), "log_normalisers": (self.num_classes,)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        features, labels = collect_features(stream)
+    def _fit(self, accumulated: FeatureStore) -> None:
+        # Two readings of the stored batches (the prototypes need every feature before any similarity), each batch
+        # made float64 one at a time.
         num_classes = self.head.num_classes
-        self.check_fit_count(features.shape[0])
+        self.check_fit_count(accumulated.count)
         statistics = ClassStatistics(num_classes)
-        statistics.update(features, labels)
+        for features, labels in accumulated.batches():
+            statistics.update(features, labels)
         p, temperature, dual_norm = (self.hyperparameters[key] for key in ("p", "temperature", "dual_norm"))
         self.prototypes = p_normalise(statistics.class_means(self.method), p)
-        own = conjnorm_similarity(features, self.prototypes, p, dual_norm).gather(1, labels[:, None]).squeeze(1) / temperature
+        own = torch.cat([conjnorm_similarity(features, self.prototypes, p, dual_norm).gather(1, labels[:, None]).squeeze(1)
+                         for features, labels in accumulated.batches()]) / temperature
+        labels = torch.cat(accumulated.labels)
         self.log_normalisers = torch.stack([torch.logsumexp(own[labels == k], dim=0) for k in range(num_classes)])
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:

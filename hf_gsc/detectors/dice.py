@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..settings.config import DetectorConfig, number_check, setting
-from .penultimate import LinearHead, percentile
+from .penultimate import LinearHead, StatisticsPass, percentile
 from ..utils.scores import energy_score
 from .backbone_pass import BackbonePass
 from .interface import register_detector
@@ -63,8 +63,10 @@ class DICEDetector(FittedDetector):
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"mean_features": (self.feature_dim,)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.mean_features = self.mean_feature(stream)
+    fit_accumulator = FittedDetector.mean_accumulator
+
+    def _fit(self, accumulated: StatisticsPass) -> None:
+        self.mean_features = self.mean_feature(accumulated)
 
     def _prepare(self) -> None:
         self.mask = dice_mask(self.head.weight, self.mean_features, self.hyperparameters["sparsity"])

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig, bool_check, setting
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .penultimate import LinearHead
+from .penultimate import LinearHead, StatisticsPass
 from .common import FittedDetector
 
 
@@ -77,9 +77,11 @@ class FDBDDetector(FittedDetector):
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"train_mean": (self.feature_dim,)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    fit_accumulator = FittedDetector.mean_accumulator
+
+    def _fit(self, accumulated: StatisticsPass) -> None:
         # Fitted whatever distance_as_normalizer says, as OpenOOD does: the sweep switches it after fitting.
-        self.train_mean = self.mean_feature(stream)
+        self.train_mean = self.mean_feature(accumulated)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         mean = self.train_mean if self.hyperparameters["distance_as_normalizer"] else None

@@ -8,15 +8,17 @@ from typing import ClassVar
 import torch
 
 from ..settings.config import DetectorConfig
-from .penultimate import mahalanobis_distances
+from .penultimate import MahalanobisTerms
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .mahalanobis import TiedGaussianDetector
+from .mahalanobis import TiedGaussianDetector, class_distances
 
 
-def gem_score(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
-    """``log sum_c exp(-1/2 (F - mu_c)^T Sigma^-1 (F - mu_c))``: ``(B, D) -> (B,)``, float64."""
-    return torch.logsumexp(-0.5 * mahalanobis_distances(features, class_means, precision), dim=1)
+def gem_score(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
+    """``log sum_c exp(-1/2 (F - mu_c)^T Sigma^-1 (F - mu_c))``: ``(B, D) -> (B,)``, float64; ``terms`` from
+    :func:`~hf_gsc.detectors.penultimate.mahalanobis_terms` (the nearest class, which dominates the sum, taken
+    directly: :func:`~hf_gsc.detectors.mahalanobis.class_distances`)."""
+    return torch.logsumexp(-0.5 * class_distances(features, terms), dim=1)
 
 
 @dataclass
@@ -38,4 +40,4 @@ class GEMDetector(TiedGaussianDetector):
     config_class = GEMConfig
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        return gem_score(self.features(batch), self.class_means, self.precision)
+        return gem_score(self.features(batch), self.terms)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
+import numpy as np
 import torch
 
-from ..settings.config import DetectorConfig, integer_check, setting
-from .penultimate import collect_features
+from ..settings.config import DetectorConfig, integer_check, number_check, setting
+from .penultimate import FeatureStore, check_fit_samples, take_rows
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -17,6 +19,20 @@ from .common import FittedDetector
 def l2_normalise(features: torch.Tensor) -> torch.Tensor:
     """``x / (||x||_2 + 1e-10)`` row-wise, the normaliser of the KNN code."""
     return features / (features.norm(dim=-1, keepdim=True) + 1e-10)
+
+
+#: The seed of the authors' bank draw: ``np.random.seed(args.seed)`` with ``--seed`` default 0 (run_imagenet.py).
+BANK_SEED = 0
+
+
+def knn_bank_rows(num_samples: int, fraction: float, seed: int = BANK_SEED) -> torch.Tensor | None:
+    """Sorted indices of the fitting samples kept in the bank, ``int(N fraction)`` of them as the authors draw them
+    (``np.random.choice(N, int(N * ALPHA), replace=False)`` after ``np.random.seed(0)``; the order of a bank does not
+    change a nearest-neighbour distance); ``None`` for the whole set (``fraction = 1``)."""
+    if fraction >= 1.0:
+        return None
+    chosen = np.random.RandomState(seed).choice(num_samples, int(num_samples * fraction), replace=False)
+    return torch.from_numpy(np.sort(chosen))
 
 
 def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: int = 4096) -> torch.Tensor:
@@ -36,10 +52,16 @@ class KNNConfig(DetectorConfig):
     """Settings of deep nearest neighbours (:class:`KNNDetector`)."""
 
     method: ClassVar[str] = "knn"
-    #: ``k`` is read when scoring, not fitting: assignable on a fitted detector (a bank smaller than ``k`` refuses it).
-    structural_names: ClassVar[tuple[str, ...]] = ()
+    #: ``bank_fraction`` decides the fitted bank (refused on a fitted detector); ``k`` is read when scoring, not
+    #: fitting: assignable on a fitted detector (a bank smaller than ``k`` refuses it).
+    structural_names: ClassVar[tuple[str, ...]] = ("bank_fraction",)
+    bank_fraction: float = setting(
+        1.0, number_check(0.0, 1.0, low_open=True),
+        "Fraction of the fitting samples kept in the bank, drawn as the authors' ``ALPHA`` (run_imagenet.py: "
+        "``np.random.choice(N, int(N * ALPHA))``, seed 0); 1: the whole set. The paper's ImageNet results use 1 with "
+        "``k = 1000`` and 0.01 with ``k = 10``: a bank, and a search, 100 times smaller.")
     k: int = setting(50, integer_check(1), "The neighbour whose distance is the score: the ``k``-th nearest. 50: the "
-                     "paper's CIFAR-10 setting (1000 with 1% of the training set on ImageNet).")
+                     "paper's CIFAR-10 setting (ImageNet: 1000 with the whole training set, 10 with 1% of it).")
 
 
 @register_detector
@@ -61,18 +83,35 @@ class KNNDetector(FittedDetector):
     state_names = ("bank",)
 
     def fit_requirement(self) -> tuple[int, str]:
-        return self.hyperparameters["k"], f"k={self.hyperparameters['k']} neighbours"
+        k, fraction = self.hyperparameters["k"], self.hyperparameters["bank_fraction"]
+        if fraction >= 1.0:
+            return k, f"k={k} neighbours"
+        needed = math.ceil(k / fraction)
+        while int(needed * fraction) < k:  # int() of a rounded product: the smallest N whose bank holds k
+            needed += 1
+        return needed, f"k={k} neighbours in a bank of bank_fraction={fraction} of them"
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        features, _ = collect_features(stream)
-        self.check_fit_count(features.shape[0])
-        self.bank = l2_normalise(features)
+    def _fit(self, accumulated: FeatureStore) -> None:
+        # Normalised batch by batch into the one bank tensor: the fit holds the stored features and the bank, never a
+        # concatenation of either.
+        self.check_fit_count(accumulated.count)
+        batches = accumulated.features
+        rows = knn_bank_rows(accumulated.count, self.hyperparameters["bank_fraction"])
+        chosen = iter(batches) if rows is None else take_rows(batches, rows)
+        self.bank = torch.empty(accumulated.count if rows is None else rows.numel(), batches[0].shape[1],
+                                dtype=batches[0].dtype)
+        filled = 0
+        for features in chosen:
+            self.bank[filled:filled + features.shape[0]] = l2_normalise(features)
+            filled += features.shape[0]
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"bank": (None, self.feature_dim)}
 
     def _prepare(self) -> None:
-        self.check_fit_count(self.bank.shape[0])
+        # The bank, fitted or loaded, must hold k rows (a fraction of the fitting samples where bank_fraction < 1).
+        k = self.hyperparameters["k"]
+        check_fit_samples(self.method, self.bank.shape[0], k, f"k={k} neighbours in the bank")
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return knn_score(self.features(batch), self.bank, self.hyperparameters["k"])

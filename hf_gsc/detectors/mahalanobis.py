@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Hashable
 
 import torch
+from torch import nn
 
 from ..settings.config import DetectorConfig
-from .penultimate import ClassStatistics, mahalanobis_distances, tied_precision
+from .penultimate import (ClassStatistics, MahalanobisTerms, StatisticsPass, mahalanobis_distances, mahalanobis_terms,
+                          nearest_class_distances, tied_precision)
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -21,9 +23,17 @@ def l2_normalised(features: torch.Tensor) -> torch.Tensor:
     return features / features.norm(dim=-1, keepdim=True)
 
 
-def mahalanobis_score(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
-    """``max_c -(F - mu_c)^T Sigma^-1 (F - mu_c)``: ``(B, D) -> (B,)``, float64."""
-    return -mahalanobis_distances(features, class_means, precision).amin(dim=1)
+def class_distances(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
+    """``(F - mu_c)^T Sigma^-1 (F - mu_c)`` for every class ``c``, ``(B, D) -> (B, K)``, float64: the expanded form
+    (:func:`~hf_gsc.detectors.penultimate.mahalanobis_distances`) with each row's nearest class taken directly
+    (:func:`~hf_gsc.detectors.penultimate.nearest_class_distances`)."""
+    return nearest_class_distances(features, terms, mahalanobis_distances(features, terms))
+
+
+def mahalanobis_score(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
+    """``max_c -(F - mu_c)^T Sigma^-1 (F - mu_c)``: ``(B, D) -> (B,)``, float64; ``terms`` from
+    :func:`~hf_gsc.detectors.penultimate.mahalanobis_terms` of the class means and the precision."""
+    return -class_distances(features, terms).amin(dim=1)
 
 
 class TiedGaussianDetector(FittedDetector):
@@ -38,20 +48,46 @@ class TiedGaussianDetector(FittedDetector):
     #: Fit and score the L2-normalised feature ``z / ||z||_2`` (Mahalanobis++, Mueller & Hein, ICML 2025).
     normalise_features: ClassVar[bool] = False
 
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
+        # Derived from the fitted means and precision by _prepare (MahalanobisTerms); buffers so that .to(device)
+        # moves them with the rest.
+        for name in MahalanobisTerms._fields:
+            if name != "precision":
+                self.register_buffer(f"terms_{name}", None, persistent=False)
+
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.feature_dim + self.head.num_classes, "feature dim + classes, for a full-rank tied covariance"
+
+    def _prepare(self) -> None:
+        for name, value in mahalanobis_terms(self.class_means, self.precision)._asdict().items():
+            if name != "precision":
+                setattr(self, f"terms_{name}", value)
+
+    @property
+    def terms(self) -> MahalanobisTerms:
+        """The scoring terms of the class Gaussians (:func:`~hf_gsc.detectors.penultimate.mahalanobis_terms`)."""
+        # float64 whatever .to(dtype) made of the buffers: the distances are float64.
+        return MahalanobisTerms(**{name: (self.precision if name == "precision" else getattr(self, f"terms_{name}")).double()
+                                   for name in MahalanobisTerms._fields})
 
     needs_labels = True
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"class_means": (self.num_classes, self.feature_dim), "precision": (self.feature_dim, self.feature_dim)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        statistics = ClassStatistics(self.head.num_classes, second_moment=True)
-        for features, labels in stream:
-            statistics.update(self.shaped(features), labels)
-        self.check_fit_count(statistics.count)
-        self._fit_statistics(statistics)
+    def fit_accumulator(self) -> tuple[Hashable, Callable[[], StatisticsPass]]:
+        # Streamed float64 class sums and sum of outer products of the shaped features: (K + D) D numbers whatever
+        # N; shared by every method of the family fitted in the pass on the same shaping.
+        return ("class gaussian", self.normalise_features), lambda: StatisticsPass(
+            ClassStatistics(self.head.num_classes, second_moment=True), self._shape_for_fit)
+
+    def _shape_for_fit(self, features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        return self.shaped(features), labels, None
+
+    def _fit(self, accumulated: StatisticsPass) -> None:
+        self.check_fit_count(accumulated.count)
+        self._fit_statistics(accumulated.statistics)
 
     def _fit_statistics(self, statistics: ClassStatistics) -> None:
         """Set the fitted tensors from the streamed statistics of the (shaped) ID training features."""
@@ -87,4 +123,4 @@ class MahalanobisDetector(TiedGaussianDetector):
     config_class = MahalanobisConfig
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        return mahalanobis_score(self.features(batch), self.class_means, self.precision)
+        return mahalanobis_score(self.features(batch), self.terms)

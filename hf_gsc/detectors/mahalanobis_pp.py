@@ -3,41 +3,41 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig
+from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .mahalanobis import MahalanobisDetector
 
 
-def normalisable(method: str, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]
-                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """``stream`` unchanged, after checking that every fitting feature has a finite, non-zero L2 norm.
+def check_normalisable(method: str, features: torch.Tensor) -> None:
+    """Check that every fitting feature of a batch has a finite, non-zero L2 norm.
 
     ``z / ||z||_2`` of a zero feature (a ResNet whose pooled ReLU output is all zero) is NaN, and one NaN in the
     sums makes the covariance's eigendecomposition fail with an unrelated linear-algebra error; say so here instead,
     at the batch. (Scoring such a feature gives NaN, which the detector decides as OOD.)
     """
-    for features, labels in stream:
-        norms = features.double().norm(dim=-1)
-        bad = ~(torch.isfinite(norms) & (norms > 0))
-        if bad.any():
-            raise ValueError(f"detector {method!r} L2-normalises the penultimate features (z / ||z||_2), so every ID "
-                             f"fitting feature must be finite and non-zero; a fitting batch has {int(bad.sum())} of "
-                             f"{len(bad)} zero or not finite")
-        yield features, labels
+    norms = features.double().norm(dim=-1)
+    bad = ~(torch.isfinite(norms) & (norms > 0))
+    if bad.any():
+        raise ValueError(f"detector {method!r} L2-normalises the penultimate features (z / ||z||_2), so every ID "
+                         f"fitting feature must be finite and non-zero; a fitting batch has {int(bad.sum())} of "
+                         f"{len(bad)} zero or not finite")
 
 
 class NormalisedFeatures:
     """Mixin for a tied-Gaussian detector (:class:`~hf_gsc.detectors.mahalanobis.TiedGaussianDetector`): fit and
-    score ``z / ||z||_2`` (Mahalanobis++), with the fitting features checked by :func:`normalisable`."""
+    score ``z / ||z||_2`` (Mahalanobis++), with the fitting features checked by :func:`check_normalisable`."""
 
     normalise_features: ClassVar[bool] = True
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        super()._fit(normalisable(self.method, stream))
+    def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
+        # Checked by each detector before the shared sums take the batch, so that the error names its own method.
+        check_normalisable(self.method, batch.flat_features(self.split, "cpu"))
+        super().fit_update(batch, labels)
 
 
 @dataclass
@@ -63,7 +63,7 @@ class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
     and score in float32 and fit sklearn on float32 centred features; here normalisation, statistics and distances
     are float64 (returned as float32), and the precision is :func:`~hf_gsc.detectors.penultimate.tied_precision`'s, with its
     stated rank cutoff where sklearn's ``pinvh`` cuts at the level of rounding noise. A zero fitting feature, NaN in
-    the authors' code, is refused (:func:`normalisable`).
+    the authors' code, is refused (:func:`check_normalisable`).
 
     No hyperparameters.
     """

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig, number_check, setting
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .penultimate import LinearHead
+from .penultimate import LinearHead, StatisticsPass
 from .common import FittedDetector
 
 
@@ -58,9 +58,11 @@ class NCIDetector(FittedDetector):
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"train_mean": (self.feature_dim,)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    fit_accumulator = FittedDetector.mean_accumulator
+
+    def _fit(self, accumulated: StatisticsPass) -> None:
         # The mean in float64 over every training sample: OpenOOD's np.mean.
-        self.train_mean = self.mean_feature(stream)
+        self.train_mean = self.mean_feature(accumulated)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return nci_score(self.features(batch), self.head, self.train_mean, self.hyperparameters["alpha"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator, Sequence
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -12,7 +12,7 @@ import torch.nn.functional as nnf
 from ..settings.config import DetectorConfig, integer_check, number_check, setting
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .penultimate import LinearHead
+from .penultimate import FeatureStore, LinearHead, take_rows
 from ..utils.precision import full_precision, step_dtype
 from ..utils.scores import energy_score
 from .common import FittedDetector
@@ -71,18 +71,6 @@ def nnguide_score(features: torch.Tensor, head: LinearHead, bank_guide: torch.Te
     return guidance * energy_score(head(features))
 
 
-def take_rows(batches: Sequence[torch.Tensor], rows: torch.Tensor) -> Iterator[torch.Tensor]:
-    """The rows ``rows`` (sorted indices into the concatenation of ``batches``), batch by batch, without
-    concatenating the batches."""
-    start = 0
-    for batch in batches:
-        end = start + batch.shape[0]
-        lo, hi = torch.searchsorted(rows, torch.tensor([start, end])).tolist()
-        if hi > lo:
-            yield batch[rows[lo:hi] - start]
-        start = end
-
-
 @dataclass
 class NNGuideConfig(DetectorConfig):
     """Settings of nearest-neighbour guidance (:class:`NNGuideDetector`)."""
@@ -114,8 +102,9 @@ class NNGuideDetector(FittedDetector):
     (:func:`bank_rows`; the same rows for the same data order), and at least ``k``. Fitted state: ``bank_guide``,
     ``M x D`` in the features' dtype (float32 for a float32 or bf16 model): ImageNet-1K at 1% (12,811 images) with
     ResNet-50 (``D = 2048``) is 105 MB; a bank of all 1,281,167 images (``alpha=1``) is 10.5 GB, which fits one GPU,
-    and is scored in chunks of :data:`BANK_CHUNK_ROWS` rows (no ``B x N`` similarity matrix). The fit itself holds
-    the ``N x D`` fitting features on the CPU (as every fitted method here), and computes only the ``M`` bank rows.
+    and is scored in chunks of :data:`BANK_CHUNK_ROWS` rows (no ``B x N`` similarity matrix). The fit itself reads
+    the ``N x D`` fitting features held once on the CPU (:class:`~hf_gsc.detectors.penultimate.FeatureStore`,
+    shared with the other methods of the pass that read every feature), and computes only the ``M`` bank rows.
 
     Differences from the authors' code: (1) where ``int(alpha N) < k`` the bank holds ``k`` rows (the first ``k`` of
     the same random order) instead of faiss's padding of the missing neighbours with -3.4e38; (2) inner products in
@@ -143,8 +132,8 @@ class NNGuideDetector(FittedDetector):
     def fit_requirement(self) -> tuple[int, str]:
         return self.hyperparameters["k"], f"k={self.hyperparameters['k']} neighbours in the bank"
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        batches = [features for features, _ in stream]  # the pass's CPU tensors, not copies
+    def _fit(self, accumulated: FeatureStore) -> None:
+        batches = accumulated.features  # the stored batches, read in place
         total = sum(batch.shape[0] for batch in batches)
         self.check_fit_count(total)
         rows = bank_rows(total, self.hyperparameters["alpha"], self.hyperparameters["k"])

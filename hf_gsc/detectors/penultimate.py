@@ -7,20 +7,25 @@ Every feature-space baseline (Mahalanobis, KNN, ViM, ...) reads the same two thi
 * the head ``logits = F @ W.T + b`` (:class:`LinearHead`).
 
 Fitting data arrive as an iterable of ``(pixel_values, labels)`` batches; :func:`penultimate_features`
-turns them into ``(features, labels)`` batches one at a time, so the image set is never held in memory.
-Statistics are accumulated in float64 (:class:`ClassStatistics`).
+turns them into ``(features, labels)`` batches one at a time, so the image set is never held in memory. A fit keeps
+of each batch only what its method reads afterwards: float64 sums (:class:`ClassStatistics` through
+:class:`StatisticsPass`), or every feature once, float32 (:class:`FeatureStore`). The Gaussian family's distances to
+many class means are the expanded quadratic form (:func:`mahalanobis_terms`, :func:`mahalanobis_distances`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..classifier.split_points import SplitPoint, resolve_split_point
+
+if TYPE_CHECKING:
+    from .backbone_pass import FitShards
 
 
 @dataclass(frozen=True)
@@ -70,15 +75,83 @@ def penultimate_features(
         yield features, torch.as_tensor(labels).reshape(-1).long().cpu()
 
 
-def collect_features(stream: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Concatenate a feature stream into ``features (N, D)`` and ``labels (N,)`` (features, not images)."""
-    features, labels = [], []
-    for batch_features, batch_labels in stream:
-        features.append(batch_features.detach().clone())
-        labels.append(batch_labels.detach().clone())
-    if not features:
-        return torch.empty(0, 0), torch.empty(0, dtype=torch.long)
-    return torch.cat(features), torch.cat(labels)
+def stored_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype in which fitting features are held: float64 for a float64 model (exactness tests), else float32
+    (the authors' code reads float32 features; half-precision features are widened as their ``.float()`` does)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class FeatureStore:
+    """Every fitting feature and its label, held once, for the fits that read every feature after the pass (KNN's
+    bank, ReAct's percentile, ViM's residual norms, ConjNorm's normalisers, NNGuide's bank).
+
+    Each batch is copied into its own contiguous tensor (:func:`stored_dtype`): a feature the backbone gave as a view
+    (a ViT's CLS token is a view of the ``(B, T, D)`` token tensor) would otherwise keep its whole base alive. The
+    copies stay one per batch, never concatenated, so that the fit never holds them twice: ``N D`` elements
+    (``4 N D`` bytes in float32) and ``N`` labels. Shared by every detector of a pass that reads the features.
+    """
+
+    def __init__(self) -> None:
+        self.features: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
+
+    def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        self.features.append(features.detach().to(dtype=stored_dtype(features.dtype), memory_format=torch.contiguous_format,
+                                                  copy=True))
+        self.labels.append(labels.detach().clone())
+
+    @property
+    def count(self) -> int:
+        return sum(batch.shape[0] for batch in self.features)
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(features (B, D), labels (B,))`` per fitting batch, in the order of the data."""
+        return iter(zip(self.features, self.labels))
+
+    def gather(self, shards: FitShards) -> None:
+        """On several processes: every process's batches, in the order of the data (``shards.batches``)."""
+        self.features = shards.batches(self.features)
+        self.labels = shards.batches(self.labels)
+
+
+def take_rows(batches: Sequence[torch.Tensor], rows: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The rows ``rows`` (sorted indices into the concatenation of ``batches``), batch by batch, without
+    concatenating the batches."""
+    start = 0
+    for batch in batches:
+        end = start + batch.shape[0]
+        lo, hi = torch.searchsorted(rows, torch.tensor([start, end])).tolist()
+        if hi > lo:
+            yield batch[rows[lo:hi] - start]
+        start = end
+
+
+class StatisticsPass:
+    """Streaming :class:`ClassStatistics` of the fitting features as a method shapes them: nothing of a batch is
+    kept but its sums.
+
+    Args:
+        statistics: the sums to accumulate into.
+        shape: ``(features, labels) -> (features, labels, keep)``: the features as the method fits them (float64,
+            L2-normalised, ...), the labels, and the rows that count (``None``: all).
+    """
+
+    def __init__(self, statistics: ClassStatistics,
+                 shape: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
+                 ) -> None:
+        self.statistics = statistics
+        self.shape = shape
+        self.count = 0  # rows seen, kept or not
+
+    def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        features, labels, keep = self.shape(features, labels)
+        self.statistics.update(features, labels, keep)
+        self.count += features.shape[0]
+
+    def gather(self, shards: FitShards) -> None:
+        self.statistics.gather(shards)
+        count = shards.sum(torch.tensor([float(self.count)], dtype=torch.float64))
+        self.count = int(round(float(count[0])))
 
 
 class NotEnoughSamplesError(ValueError):
@@ -144,6 +217,34 @@ class ClassStatistics:
         if self.outer is not None:
             self.outer += features.T @ features
 
+    def gather(self, shards: FitShards) -> None:
+        """On several processes: replace this process's sums by every process's, added (``shards.sum``), so that every
+        process holds the statistics of all the fitting features (what one process holds: ``(K, D)`` and ``(D, D)``,
+        not the features). The sums are first moved to one shift for all, the mean of every process's features:
+        ``sum (x - s) = sum (x - s_p) + n_p (s_p - s)`` per class, and ``sum (x - s)(x - s)^T`` gains ``d S^T + S d^T +
+        n_p d d^T`` with ``d = s_p - s`` and ``S = sum (x - s_p)``: exact in exact arithmetic, and the same float64
+        rounding level as one process's sums."""
+        local_sum = None if self.shift is None else self.shift * self.count + self.class_sums.sum(dim=0)
+        count = shards.sum(torch.tensor([float(self.count)], dtype=torch.float64))
+        total = shards.sum(local_sum)
+        if total is None:  # no process has a sample
+            return
+        shift = total / count
+        class_sums = outer = None
+        if self.shift is not None:
+            offset = self.shift - shift
+            class_sums = self.class_sums + self.class_counts[:, None] * offset
+            if self.outer is not None:
+                shifted = self.class_sums.sum(dim=0)
+                cross = offset[:, None] * shifted[None, :]
+                outer = self.outer + cross + cross.T + self.count * offset[:, None] * offset[None, :]
+        self.class_sums = shards.sum(class_sums)
+        if self.second_moment:
+            self.outer = shards.sum(outer)
+        self.class_counts = shards.sum(self.class_counts)
+        self.count = int(round(float(count[0])))
+        self.shift = shift
+
     def class_means(self, method: str, what: str = "sample") -> torch.Tensor:
         """``(K, D)``; raises when a class has no sample (its mean would be undefined)."""
         empty = (self.class_counts == 0).nonzero().flatten().tolist()
@@ -192,12 +293,127 @@ def tied_precision(covariance: torch.Tensor) -> torch.Tensor:
     return (eigenvectors * inverse) @ eigenvectors.T
 
 
-def mahalanobis_distances(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
-    """Squared Mahalanobis distance to every class mean, ``(B, D) -> (B, K)``, float64."""
-    centred = features.double()[:, None, :] - class_means.double()[None, :, :]
-    return torch.einsum("bkd,de,bke->bk", centred, precision.double(), centred)
+class MahalanobisTerms(NamedTuple):
+    """What scoring the squared Mahalanobis distances to ``K`` class means needs, derived once from the fitted means
+    and precision (:func:`mahalanobis_terms`), float64.
+
+    Attributes:
+        centre: ``(D,)`` the point the features and means are taken about (the mean of the class means).
+        precision: ``(D, D)`` ``P``.
+        means: ``(K, D)`` ``m_k = mu_k - centre``.
+        projected_means: ``(K, D)`` ``P m_k`` with ``m_k = mu_k - centre``.
+        mean_terms: ``(K,)`` ``m_k^T P m_k``.
+    """
+
+    centre: torch.Tensor
+    precision: torch.Tensor
+    means: torch.Tensor
+    projected_means: torch.Tensor
+    mean_terms: torch.Tensor
+
+
+def mahalanobis_terms(class_means: torch.Tensor, precision: torch.Tensor) -> MahalanobisTerms:
+    """The terms of :func:`mahalanobis_distances` for ``class_means`` ``(K, D)`` and ``precision`` ``(D, D)``."""
+    class_means, precision = class_means.double(), precision.double()
+    centre = class_means.mean(dim=0)
+    centred = class_means - centre
+    projected = centred @ precision  # P symmetric: (P m_k)^T = m_k^T P
+    return MahalanobisTerms(centre, precision, centred, projected.contiguous(), (projected * centred).sum(dim=-1))
+
+
+def mahalanobis_distances(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
+    """Squared Mahalanobis distance to every class mean, ``(B, D) -> (B, K)``, float64.
+
+    ``d_k(z) = (z - mu_k)^T P (z - mu_k)`` expanded about the centre ``c``, with ``x = z - c`` and ``m_k = mu_k - c``:
+    ``x^T P x - 2 x^T (P m_k) + m_k^T P m_k``, with ``P m_k`` and ``m_k^T P m_k`` precomputed. That is ``B D^2 + B K
+    D`` work and ``(B, D + K)`` memory, where the direct form is ``B K D^2`` work over a ``(B, K, D)`` tensor. Taking
+    the features about ``c`` keeps the three terms of the size of the distances of ID features (a feature far from
+    every mean has a large ``d_k`` anyway), so the sum cancels few digits; the one distance a score is most sensitive
+    to, the nearest class's, is then taken again directly (:func:`nearest_class_distances`).
+    """
+    centred = features.double() - terms.centre
+    projected = centred @ terms.precision
+    own = (projected * centred).sum(dim=-1, keepdim=True)
+    distances = own - 2.0 * centred @ terms.projected_means.T + terms.mean_terms
+    return distances.clamp_(min=0.0)  # a squared distance under a positive semi-definite P
+
+
+def nearest_class_distances(features: torch.Tensor, terms: MahalanobisTerms, distances: torch.Tensor) -> torch.Tensor:
+    """``distances`` ``(B, K)`` of :func:`mahalanobis_distances` with each row's smallest entry recomputed directly,
+    ``(z - mu_k)^T P (z - mu_k)`` (``B D^2`` more work): the expanded form's rounding, relative to the whole
+    ``x^T P x`` term, can exceed a small nearest distance where the covariance is near-singular."""
+    nearest = distances.argmin(dim=1)
+    difference = features.double() - terms.centre - terms.means[nearest]
+    exact = ((difference @ terms.precision) * difference).sum(dim=-1)
+    return distances.scatter(1, nearest[:, None], exact[:, None])
 
 
 def percentile(values: torch.Tensor, q: float) -> float:
     """``numpy.percentile(values, q)`` (linear interpolation) over all elements."""
     return float(np.percentile(values.detach().double().cpu().numpy().ravel(), q))
+
+
+def _sortable_keys(values: torch.Tensor) -> torch.Tensor:
+    """Integers in the order of the floats ``values`` (float32 -> int32, float64 -> int64; ``-0.0`` just below
+    ``0.0``): the bit pattern, with every bit but the sign flipped for negative numbers. Its own inverse."""
+    if values.is_floating_point():
+        values = values.view(torch.int32 if values.dtype == torch.float32 else torch.int64)
+    bits = values
+    width = bits.element_size() * 8
+    return bits ^ ((bits >> (width - 1)) & ((1 << (width - 1)) - 1))
+
+
+def _kth_smallest_key(chunks: Sequence[torch.Tensor], k: int) -> int:
+    """The key (:func:`_sortable_keys`) of the ``k``-th smallest (0-based) element over ``chunks`` (one float dtype),
+    by radix selection on 16-bit digits: one counting pass over the chunks per digit, each chunk's keys made one at a
+    time, so that nothing the size of the values is copied."""
+    width = chunks[0].element_size() * 8
+    prefix: int | None = None
+    for shift in range(width - 16, -1, -16):
+        counts = torch.zeros(1 << 16, dtype=torch.int64)
+        for chunk in chunks:
+            keys = _sortable_keys(chunk.reshape(-1))
+            if prefix is not None:
+                keys = keys[(keys >> (shift + 16)) == prefix]
+            digits = (keys >> shift) & 0xFFFF if prefix is not None else (keys >> shift) + (1 << 15)
+            counts += torch.bincount(digits.long(), minlength=1 << 16)
+        cumulative = counts.cumsum(0)
+        digit = int(torch.searchsorted(cumulative, torch.tensor(k + 1)))
+        k -= int(cumulative[digit - 1]) if digit else 0
+        prefix = digit - (1 << 15) if prefix is None else (prefix << 16) | digit
+    return prefix
+
+
+def _key_value(key: int, dtype: torch.dtype) -> float:
+    keys = torch.tensor([key], dtype=torch.int32 if dtype == torch.float32 else torch.int64)
+    return float(_sortable_keys(keys).view(dtype)[0])
+
+
+def chunked_percentile(chunks: Sequence[torch.Tensor], q: float) -> float:
+    """``numpy.percentile(np.concatenate([c.ravel() for c in chunks]).astype(float64), q)`` (linear interpolation),
+    the same float64 value, without concatenating or sorting a copy: the two order statistics it interpolates are
+    selected exactly (:func:`_kth_smallest_key`) from the chunks as held (float32 or float64, no NaN)."""
+    chunks = [chunk for chunk in chunks if chunk.numel()]
+    if not chunks:
+        raise ValueError("percentile of no values")
+    dtype = chunks[0].dtype
+    if dtype not in (torch.float32, torch.float64) or any(chunk.dtype != dtype for chunk in chunks):
+        raise ValueError(f"chunked_percentile: float32 or float64 chunks of one dtype expected, got "
+                         f"{sorted({str(chunk.dtype) for chunk in chunks})}")
+    n = sum(chunk.numel() for chunk in chunks)
+    # numpy's 'linear' method: virtual index (n - 1) q, its floor and the lerp's weight, in float64 as numpy.
+    virtual = (n - 1) * np.true_divide(np.float64(q), 100)
+    if virtual >= n - 1:
+        return _key_value(_kth_smallest_key(chunks, n - 1), dtype)
+    lower = int(np.floor(virtual))
+    gamma = virtual - lower
+    low_key = _kth_smallest_key(chunks, lower)
+    below = sum(int((_sortable_keys(chunk.reshape(-1)) <= low_key).sum()) for chunk in chunks)
+    if below > lower + 1:  # ties: the next order statistic is the same value
+        high_key = low_key
+    else:
+        high_key = min(int(_sortable_keys(chunk.reshape(-1))[_sortable_keys(chunk.reshape(-1)) > low_key].min())
+                       for chunk in chunks if bool((_sortable_keys(chunk.reshape(-1)) > low_key).any()))
+    a, b = np.float64(_key_value(low_key, dtype)), np.float64(_key_value(high_key, dtype))
+    difference = b - a
+    return float(b - difference * (1 - gamma) if gamma >= 0.5 else a + difference * gamma)

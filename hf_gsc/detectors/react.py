@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig, number_check, setting
-from .penultimate import LinearHead, collect_features, percentile
+from .penultimate import FeatureStore, LinearHead, chunked_percentile
 from ..utils.scores import energy_score
 from .backbone_pass import BackbonePass
 from .interface import register_detector
@@ -53,10 +53,11 @@ class ReActDetector(FittedDetector):
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"threshold": (1,)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        features, _ = collect_features(stream)
-        self.check_fit_count(features.shape[0])
-        self.threshold = torch.tensor([percentile(features, self.hyperparameters["percentile"])], dtype=torch.float64)
+    def _fit(self, accumulated: FeatureStore) -> None:
+        # np.percentile's value, selected from the stored batches as they are (no float64 copy, no sorted copy).
+        self.check_fit_count(accumulated.count)
+        self.threshold = torch.tensor([chunked_percentile(accumulated.features, self.hyperparameters["percentile"])],
+                                      dtype=torch.float64)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return energy_score(react_logits(self.features(batch), self.head, self.threshold))

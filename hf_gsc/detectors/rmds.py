@@ -10,7 +10,7 @@ import torch
 from ..settings.config import DetectorConfig
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .penultimate import ClassStatistics, mahalanobis_distances, tied_precision
+from .penultimate import ClassStatistics, MahalanobisTerms, tied_precision
 from .mahalanobis import TiedGaussianDetector, mahalanobis_score
 
 
@@ -34,13 +34,19 @@ def background_gaussian(statistics: ClassStatistics, method: str) -> tuple[torch
     return mean, tied_precision(covariance)
 
 
-def rmds_score(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor,
-               background_mean: torch.Tensor, background_precision: torch.Tensor) -> torch.Tensor:
+def background_distance(features: torch.Tensor, mean: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """``(F - mu_0)^T Sigma_0^-1 (F - mu_0)``, ``(B, D) -> (B,)``, float64 (one Gaussian: the direct form)."""
+    centred = features.double() - mean.double()
+    return ((centred @ precision.double()) * centred).sum(dim=-1)
+
+
+def rmds_score(features: torch.Tensor, terms: MahalanobisTerms, background_mean: torch.Tensor,
+               background_precision: torch.Tensor) -> torch.Tensor:
     """``max_c [-d_c(F) + d_0(F)] = max_c -d_c(F) + d_0(F)``: the class-conditional squared Mahalanobis distances
     ``d_c`` (shared precision) relative to the squared distance ``d_0`` under the background Gaussian; ``(B, D) ->
-    (B,)``, float64. ``d_0`` does not depend on ``c``, so the max over classes is the Mahalanobis score plus ``d_0``."""
-    background = mahalanobis_distances(features, background_mean[None, :], background_precision)[:, 0]
-    return mahalanobis_score(features, class_means, precision) + background
+    (B,)``, float64; ``terms``: :func:`~hf_gsc.detectors.penultimate.mahalanobis_terms` of the class means and
+    precision. ``d_0`` does not depend on ``c``, so the max over classes is the Mahalanobis score plus ``d_0``."""
+    return mahalanobis_score(features, terms) + background_distance(features, background_mean, background_precision)
 
 
 @dataclass
@@ -90,5 +96,4 @@ class RMDSDetector(TiedGaussianDetector):
         self.background_mean, self.background_precision = background_gaussian(statistics, self.method)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        return rmds_score(self.features(batch), self.class_means, self.precision, self.background_mean,
-                          self.background_precision)
+        return rmds_score(self.features(batch), self.terms, self.background_mean, self.background_precision)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import Callable, ClassVar, Hashable
 
 import torch
 
 from ..settings.config import DetectorConfig
-from .penultimate import ClassStatistics, LinearHead
+from .penultimate import ClassStatistics, LinearHead, StatisticsPass
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -49,14 +49,16 @@ class SHEDetector(FittedDetector):
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"patterns": (self.num_classes, self.feature_dim)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        statistics = ClassStatistics(self.head.num_classes)
-        seen = 0
-        for features, labels in stream:
-            seen += features.shape[0]
-            statistics.update(features, labels, keep=self.head(features).argmax(dim=-1) == labels)
-        self.check_fit_count(seen)
-        self.patterns = statistics.class_means(self.method, "correctly classified sample")
+    def fit_accumulator(self) -> tuple[Hashable, Callable[[], StatisticsPass]]:
+        # Streamed float64 sums of the correctly classified samples per class: K D numbers whatever N.
+        return "correct class sums", lambda: StatisticsPass(ClassStatistics(self.head.num_classes), self._correct)
+
+    def _correct(self, features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return features, labels, self.head(features).argmax(dim=-1) == labels
+
+    def _fit(self, accumulated: StatisticsPass) -> None:
+        self.check_fit_count(accumulated.count)
+        self.patterns = accumulated.statistics.class_means(self.method, "correctly classified sample")
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return she_score(self.features(batch), self.head, self.patterns)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Iterator
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig, integer_check, setting
-from .penultimate import LinearHead, collect_features
+from .penultimate import FeatureStore, LinearHead
 from ..utils.scores import energy_score
 from .backbone_pass import BackbonePass
 from .interface import register_detector
@@ -29,10 +29,9 @@ def vim_origin(head: LinearHead) -> torch.Tensor:
     return -(torch.linalg.pinv(head.weight.double()) @ head.bias.double())
 
 
-def vim_residual_space(features: torch.Tensor, origin: torch.Tensor, principal_dim: int) -> torch.Tensor:
-    """``(D, D - principal_dim)``: eigenvectors of ``E[(F - u)(F - u)^T]`` beyond the ``principal_dim`` largest."""
-    centred = features.double() - origin
-    covariance = centred.T @ centred / centred.shape[0]
+def vim_residual_space(covariance: torch.Tensor, principal_dim: int) -> torch.Tensor:
+    """``(D, D - principal_dim)``: eigenvectors of ``covariance`` = ``E[(F - u)(F - u)^T]`` beyond the
+    ``principal_dim`` largest."""
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
     order = torch.argsort(eigenvalues, descending=True)
     return eigenvectors[:, order[principal_dim:]].contiguous()
@@ -88,18 +87,27 @@ class ViMDetector(FittedDetector):
         principal_dim = self.hyperparameters["principal_dim"] or vim_principal_dim(dim)
         return {"origin": (dim,), "residual_space": (dim, dim - principal_dim), "alpha": (1,)}
 
-    def _fit(self, stream: Iterator[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        features, _ = collect_features(stream)
+    def _fit(self, accumulated: FeatureStore) -> None:
+        # Two readings of the stored batches, each batch made float64 one at a time: the uncentred covariance about u
+        # and the mean max logit, then (the residual space known) the mean residual norm.
         dim = self.head.feature_dim
         principal_dim = self.hyperparameters["principal_dim"] or vim_principal_dim(dim)
         if not principal_dim < dim:
             raise ValueError(f"vim: principal_dim must be < the feature dim {dim}, got {principal_dim}")
-        self.check_fit_count(features.shape[0])
+        count = accumulated.count
+        self.check_fit_count(count)
         self.origin = vim_origin(self.head)
-        self.residual_space = vim_residual_space(features, self.origin, principal_dim)
-        max_logit = self.head(features.double()).amax(dim=-1).mean()
-        residual = vim_residual_norm(features, self.origin, self.residual_space).mean()
-        self.alpha = (max_logit / residual).reshape(1)
+        head = LinearHead(self.head.weight.double(), self.head.bias.double())
+        second_moment = torch.zeros(dim, dim, dtype=torch.float64)
+        max_logit = torch.zeros((), dtype=torch.float64)
+        for features in accumulated.features:
+            centred = features.double() - self.origin
+            second_moment += centred.T @ centred
+            max_logit += head(features.double()).amax(dim=-1).sum()
+        self.residual_space = vim_residual_space(second_moment / count, principal_dim)
+        residual = sum(vim_residual_norm(features, self.origin, self.residual_space).sum()
+                       for features in accumulated.features)
+        self.alpha = ((max_logit / count) / (residual / count)).reshape(1)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return vim_score(self.features(batch), self.head, self.origin, self.residual_space, self.alpha)

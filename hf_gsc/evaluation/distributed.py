@@ -1,5 +1,6 @@
 """The evaluation's fits on several processes: each process passes its share of the fit data through the backbone,
-and the fit combines the shares exactly, so that a fit on ``N`` processes equals the one-process fit.
+and the fit combines the shares, so that a fit on ``N`` processes equals the one-process fit (to the last bit where
+per-sample values are gathered, up to float64 rounding where sums are added).
 
 Sharding (:func:`shard_loader`): the fit data is cut into the batches one process reads (``batch_size`` rows in
 dataset order) and process ``r`` of ``N`` reads batches ``r, r + N, r + 2N, ...``. Nothing is padded and nothing read
@@ -15,12 +16,12 @@ tokens, hundreds of kB per image) and the pixel values, and fitting again from i
 per-sample work some fits do after the pass (GSC's head gradients, AdaSCALE's gradient step). What detectors take
 per sample is what a one-process fit already holds in memory:
 
-* the penultimate-feature fits (KNN, Mahalanobis, ViM, ReAct, ...; ``FittedDetector``): the features and labels of
-  each batch, one gathering shared by every detector of the pass. The float64 sums (``ClassStatistics``), the banks
-  and the percentiles are then computed by the same code from the same batches in the same order as on one process:
-  the same numbers wherever the backbone gives the same features for the same batch. Reducing per-process float64
-  sums instead would save nothing here (the features are gathered for the banks of the same pass anyway) and would
-  change the summation order and ``ClassStatistics``' shift (the first batch's mean);
+* the penultimate-feature fits (``FittedDetector``): those that read every feature (KNN, ViM, ReAct, ConjNorm,
+  NNGuide) gather the features and labels of each batch, one gathering shared by every detector of the pass, and
+  compute their banks and percentiles by the same code from the same batches in the same order as on one process;
+  those that keep statistics (the Gaussian family, DICE, NCI, fDBD, SHE) add every process's float64 sums
+  (``ClassStatistics.gather``: moved to one shift, then ``shards.sum``), so that no process holds another's
+  features for them: equal to the one-process sums up to float64 rounding;
 * AdaSCALE: ``Q'`` per sample (gathered; its seeded subsample then draws the rows one process draws);
 * GSC's diagonal Fisher: a ``(d,)`` float64 sum and a count per process, reduced (``d`` per process instead of
   ``(N, d)``), added in process order: equal to the one-process running sum up to float64 rounding; GSC's gradient

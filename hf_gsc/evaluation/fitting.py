@@ -1,8 +1,9 @@
 """Fitting the detectors that need ID data (ReAct, KNN, Mahalanobis, ..., GSC's Fisher / adaptive mass), and reusing fits.
 
 Every process fits every detector of one ``fit_split`` from one backbone pass per batch over its share of that
-split's data (:func:`hf_gsc.detectors.backbone_pass.fit_together`); the shares are combined exactly, so that every process
-holds the fit one process would compute (:mod:`hf_gsc.evaluation.distributed`). The main process saves each fitted
+split's data (:func:`hf_gsc.detectors.backbone_pass.fit_together`); the shares are combined, so that every process
+holds the fit one process would compute (:mod:`hf_gsc.evaluation.distributed`). A method that the fit split's rows
+(after ``--max-fit-samples``) cannot satisfy is refused before the pass (``FittedDetector.check_fit_size``). The main process saves each fitted
 state to ``detectors/{method}/`` with a ``fit.json`` holding the fit's fingerprint, the images each process read, the
 wall time of the pass and the methods fitted in it (``fitted_together``, which share that time); a rerun reuses a
 saved fit whose fingerprint still matches (every process loads it). Batches reach the model's device and run under
@@ -97,6 +98,25 @@ def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Ma
     return list(groups.values())
 
 
+def _refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_data: Mapping[str, Any],
+                      failed: dict[str, str]) -> list[str]:
+    """The methods of ``pending`` whose fit split holds enough samples for them; the others go to ``failed`` with the
+    reason before any image is read (the split's row count after ``--max-fit-samples``, where it is known)."""
+    from ..detectors.penultimate import NotEnoughSamplesError
+    from .plan import num_rows
+
+    kept = []
+    for name in pending:
+        rows, check = num_rows(fit_data[name]), getattr(detectors[name], "check_fit_size", None)
+        try:
+            if rows is not None and check is not None:
+                check(rows, f"the ID {detectors[name].fit_split} split (its rows, at most --max-fit-samples)")
+            kept.append(name)
+        except NotEnoughSamplesError as error:
+            failed[name] = f"fit failed: {type(error).__name__}: {error}"
+    return kept
+
+
 def fit_detectors(
     context: RunContext,
     detectors: Mapping[str, Any],
@@ -139,6 +159,7 @@ def fit_detectors(
             detectors[name].load_fitted_state(state, source=str(path))
     failed: dict[str, str] = {}
     passes = []
+    pending = _refuse_too_small(detectors, pending, fit_data, failed)
     for group in fit_groups(detectors, pending, fit_data):
         begin = time.perf_counter()
         torch.manual_seed(seed)

@@ -1,0 +1,39 @@
+"""scripts/benchmark_scale.py's small configuration end to end (the numbers are not checked, only that every fitted
+one-pass method is measured at every N, modelled and projected; the backbones' forwards are left to the full run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import benchmark_scale  # noqa: E402
+
+
+def test_small_configuration_measures_models_and_projects_every_method(tmp_path):
+    output = tmp_path / "scale.json"
+    command = [sys.executable, str(REPO / "scripts" / "benchmark_scale.py"), "--small", "--no-backbones", "--output", str(output)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert results["settings"]["threads"] == 1 and results["settings"]["configuration"] == "small"
+    assert len(benchmark_scale.METHODS) == 14 and set(results["settings"]["methods"]) == set(benchmark_scale.METHODS)
+    for dim, shape in results["shapes"].items():
+        assert shape["sizes"] == [200, 400] and shape["classes"] == 50
+        for name in benchmark_scale.METHODS:
+            row = shape["methods"][name]
+            assert set(row["fit_seconds"]) == {"200", "400"} and all(value > 0 for value in row["fit_seconds"].values())
+            assert all(value >= 0 for value in row["peak_fit_bytes"].values())
+            assert set(row["fit_seconds_model"]) == {"a", "b"}
+            projected = results["projection"][dim]["methods"][name]
+            assert projected["one_process"]["fit_seconds"] == row["fit_seconds_model"]["a"] + \
+                row["fit_seconds_model"]["b"] * benchmark_scale.IMAGENET_FIT
+        assert set(shape["together"]["fit_seconds"]) == {"200", "400"}
+        assert set(shape["summary"]["gaussian_score_over_dd_matmul_float32"]) == {
+            "mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem"}
+    table = output.with_suffix(".md").read_text()
+    assert "#### K = 50, D = 64" in table and "| `knn` |" in table and "the 14 in one pass" in table

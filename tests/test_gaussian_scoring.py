@@ -1,0 +1,97 @@
+"""The Gaussian family's distances to many class means, expanded (``B D^2 + B K D`` work), against the direct float64
+form ``(z - mu_k)^T P (z - mu_k)`` over a ``(B, K, D)`` tensor, kept here as the reference.
+
+Tolerances: the reference itself carries rounding of about ``cond(Sigma) * 1e-16`` relative (its own einsum order is
+arbitrary), so the comparison is relative, at ``1e-9`` where the covariance is well conditioned and on the nearest
+class (what Mahalanobis, RMDS and GEM read) also where it is near-singular (condition number 1e9); the other classes'
+distances on the near-singular case are compared at ``1e-5`` (the expanded sum cancels digits against the whole
+``x^T P x`` term; still below float32 resolution of the scores returned).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_gsc.detectors.gem import gem_score
+from hf_gsc.detectors.mahalanobis import class_distances, l2_normalised, mahalanobis_score
+from hf_gsc.detectors.penultimate import ClassStatistics, mahalanobis_distances, mahalanobis_terms, tied_precision
+from hf_gsc.detectors.rmds import background_gaussian, rmds_score
+
+
+def reference_distances(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
+    """The direct form, float64: ``(B, K, D)`` differences contracted with ``P``."""
+    centred = features.double()[:, None, :] - class_means.double()[None, :, :]
+    return torch.einsum("bkd,de,bke->bk", centred, precision.double(), centred)
+
+
+def fitted(case: str, dim: int = 48, classes: int = 12, samples: int = 1500):
+    generator = torch.Generator().manual_seed(3)
+    mixing = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+    if case == "near_singular":  # eigenvalues from 1 down to 1e-9
+        basis, _ = torch.linalg.qr(mixing)
+        mixing = basis * torch.logspace(0, -9, dim, dtype=torch.float64).sqrt()
+    means = 10.0 + 3.0 * torch.randn(classes, dim, generator=generator, dtype=torch.float64)
+    labels = torch.arange(samples) % classes
+    features = means[labels] + torch.randn(samples, dim, generator=generator, dtype=torch.float64) @ mixing.T
+    if case == "normalised":
+        features = l2_normalised(features)
+    statistics = ClassStatistics(classes, second_moment=True)
+    statistics.update(features, labels)
+    class_means = statistics.class_means("test")
+    precision = tied_precision(statistics.tied_covariance("test"))
+    queries = torch.cat([features[:64], features[:64] + torch.randn(64, dim, generator=generator, dtype=torch.float64)])
+    return statistics, class_means, precision, queries
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float(((got - want).abs() / want.abs()).max())
+
+
+@pytest.mark.parametrize("case", ["well_conditioned", "near_singular", "normalised"])
+def test_nearest_class_distance_equals_the_direct_float64_form(case):
+    _, class_means, precision, queries = fitted(case)
+    want = reference_distances(queries, class_means, precision)
+    terms = mahalanobis_terms(class_means, precision)
+    got = class_distances(queries, terms)
+    assert relative(got.amin(dim=1), want.amin(dim=1)) < 1e-9
+    assert relative(got, want) < (1e-5 if case == "near_singular" else 1e-9)
+    assert torch.equal(got.argmin(dim=1), want.argmin(dim=1))
+
+
+def test_expanded_form_alone_cancels_on_a_near_singular_covariance_and_the_direct_nearest_class_does_not():
+    # Why class_distances retakes the nearest class directly: the expanded sum alone loses digits here.
+    _, class_means, precision, queries = fitted("near_singular")
+    want = reference_distances(queries, class_means, precision).amin(dim=1)
+    expanded = mahalanobis_distances(queries, mahalanobis_terms(class_means, precision)).amin(dim=1)
+    assert relative(expanded, want) > 1e-8
+    assert relative(class_distances(queries, mahalanobis_terms(class_means, precision)).amin(dim=1), want) < 1e-9
+
+
+@pytest.mark.parametrize("case", ["well_conditioned", "near_singular"])
+def test_scores_of_the_family_equal_the_direct_form(case):
+    statistics, class_means, precision, queries = fitted(case)
+    reference = reference_distances(queries, class_means, precision)
+    terms = mahalanobis_terms(class_means, precision)
+    torch.testing.assert_close(mahalanobis_score(queries, terms), -reference.amin(dim=1), rtol=1e-9, atol=0)
+    torch.testing.assert_close(gem_score(queries, terms), torch.logsumexp(-0.5 * reference, dim=1), rtol=1e-9, atol=0)
+    mean, background_precision = background_gaussian(statistics, "test")
+    background = reference_distances(queries, mean[None, :], background_precision)[:, 0]
+    # -d_c + d_0 is a difference of two large terms: its error is relative to them, not to the difference.
+    scale = float(torch.maximum(reference.amin(dim=1), background).max())
+    torch.testing.assert_close(rmds_score(queries, terms, mean, background_precision),
+                               -reference.amin(dim=1) + background, rtol=0, atol=1e-9 * scale)
+
+
+def test_memory_per_batch_is_set_by_batch_times_dim_plus_classes():
+    # At K=1000, D=512 a (B, K, D) float64 tensor for B=64 is 262 MB; the expanded form's largest temporary is (B, K).
+    dim, classes, batch = 512, 1000, 64
+    class_means = torch.randn(classes, dim, dtype=torch.float64)
+    terms = mahalanobis_terms(class_means, torch.eye(dim, dtype=torch.float64))
+    queries = torch.randn(batch, dim)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        class_distances(queries, terms)
+    largest = max(event.cpu_memory_usage for event in profiler.key_averages())
+    assert largest <= 8 * batch * (dim + classes) * 2, largest
