@@ -131,7 +131,9 @@ def passes(detector: FittedDetector, features: torch.Tensor, labels: torch.Tenso
     """``(BackbonePass holding the features of each batch, labels)``, as the evaluation's pass gives them."""
     target = (detector.split.module, detector.split.capture_input)
     for start in range(0, features.shape[0], batch):
-        yield (BackbonePass(torch.empty(0), None, {target: features[start:start + batch]}),
+        rows = features[start:start + batch]
+        # No images: an empty (B, 0) stand-in for pixel_values (every row finite), the features given directly.
+        yield (BackbonePass(torch.empty(rows.shape[0], 0), None, {target: rows}),
                labels[start:start + batch])
 
 

@@ -143,6 +143,7 @@ def test_threshold_at_tpr_matches_fpr95_rule() -> None:
 def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
     output_dir, results = single_run
     saved = json.loads((output_dir / "results.json").read_text())
+    tiny_id = os.path.abspath(saved["config"]["id_dataset"])
     assert saved["methods"].keys() == set(_methods().split(","))
     assert saved["num_processes"] == 1
     assert saved["split_sizes"] == {"id_test": 17, "id_validation": 13, "ood": OOD_SIZES,
@@ -151,7 +152,7 @@ def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
     assert 0.0 <= saved["id_accuracy"] <= 1.0
     for name, entry in saved["methods"].items():
         assert entry["calibration"] == {"split": "validation", "num_samples": 13, "tpr": 0.95, "method": "quantile",
-                                        "delta": None}
+                                        "delta": None, "source": f"split 'validation' of dataset root {tiny_id}"}
         assert set(entry["selective"]) == {"accuracy", "aurc"}
         assert 0.0 <= entry["id_tpr_at_threshold"] <= 1.0
         assert set(entry["ood"]) == set(OOD_SIZES)

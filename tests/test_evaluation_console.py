@@ -4,6 +4,7 @@ names, and a run that fails before writing anything leaves no empty folder."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,8 @@ def test_console_says_what_the_run_did_in_user_words(tiny, tmp_path, capsys):  #
     assert cli.main(["--detector", str(saved), *_argv(tiny, tmp_path / "as_saved")]) == 0
     printed = capsys.readouterr().out
     assert "None" not in printed
-    assert ("The threshold is the saved detector's own, calibrated before this run on ID validation data "
-            "(10 samples, target ID TPR 95%); not recalibrated.") in printed
+    assert ("The threshold is the saved detector's own, calibrated before this run on split 'validation' of dataset "
+            f"root {os.path.abspath(tiny['id'])} (10 samples, target ID TPR 95%); not recalibrated.") in printed
     assert (tmp_path / "as_saved" / "results.md").read_text() in printed
 
 

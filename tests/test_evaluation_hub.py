@@ -38,7 +38,8 @@ def _evaluate(hub: LoopbackHub, tmp_path: Path, model: str, *extra: str) -> dict
     output_dir = tmp_path / ("streamed" if "--streaming" in extra else "downloaded")
     command = [sys.executable, str(REPO / "scripts" / "evaluate_ood.py"), "--model", model, "--benchmark", "cifar10-ood",
                "--ood-splits", "svhn,textures", "--methods", "msp,energy,gsc", "--batch-size", "3", "--no-plots",
-               "--output-dir", str(output_dir), *extra]
+               # a random-weight model with generic labels on named classes: their order taken as the model's, said
+               "--labels-by-order", "--output-dir", str(output_dir), *extra]
     env = {**hub.client_env(hf_home=tmp_path / "hf"), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + ":" + str(REPO / "tests")}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -71,7 +72,7 @@ def test_hf_gsc_evaluate_resolves_every_set_and_reports_near_and_far(
     output_dir = tmp_path / "all_sets"
     command = [sys.executable, "-m", "hf_gsc", "evaluate", "--model", cifar_model, "--benchmark", "cifar10-ood",
                "--methods", "msp,energy", "--batch-size", "4", "--conformal-delta", "0.5", "--tpr", "0.5",
-               "--output-dir", str(output_dir)]
+               "--labels-by-order", "--output-dir", str(output_dir)]
     env = {**hub.client_env(hf_home=tmp_path / "hf"), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO) + ":" + str(REPO / "tests")}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)

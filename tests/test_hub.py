@@ -97,7 +97,7 @@ def test_save_and_load_round_trip(base_dir, tmp_path):
     }
     assert [e.metric_value for e in entries if e.dataset_config == "noise" and e.metric_type == "auroc"] == [0.99]
     # Calibrated on tensors: the card names them, and claims no split (nor "never on test") the library did not choose.
-    assert "calibrated on 3 samples of tensors given by the caller\nto keep" in card.text
+    assert "calibrated on 3 samples read from tensors given by the caller to keep" in card.text
     assert "never on test" not in card.text
     assert "plots/density_gsc.png" in card.text
 
