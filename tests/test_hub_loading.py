@@ -153,14 +153,13 @@ def test_one_saved_format_for_every_reader(base_dir, tmp_path):
 def test_one_list_of_fields_drives_cli_cache_card_and_variants():
     from hf_gsc.analysis.ablations import Variant
     from hf_gsc.evaluation.arguments import EvaluationArgumentParser
-    from hf_gsc.settings.registry import command_line_flags
+    from hf_gsc.evaluation.arguments import METHOD_FLAGS
 
     settings = GSCConfig.setting_names()
-    own_flags = command_line_flags()
-    assert set(own_flags) == {"gsc"}  # gsc_ash, a GSC subclass, does not inherit them
-    assert set(own_flags["gsc"].values()) == set(settings)
+    assert set(METHOD_FLAGS) == {"gsc"}  # gsc_ash, a GSC subclass, is set with --hyperparameter
+    assert set(METHOD_FLAGS["gsc"].values()) == set(settings)
     flags = {action.dest for action in EvaluationArgumentParser()._actions}
-    assert set(own_flags["gsc"]) <= flags
+    assert set(METHOD_FLAGS["gsc"]) <= flags
     assert set(DETECTORS["gsc_ash"].config_class.setting_names()) == set(settings)  # GSC + ASH: GSC's settings
     assert [f.name for f in dataclasses.fields(Variant)] == ["kind", *settings, "steps"]
     assert set(GSCConfig.score_names()) == set(settings) | {"gradient_mass"}

@@ -190,10 +190,6 @@ class GSCDetector(OODDetector):
     config_class = GSCConfig
     card_tags = ("gradient-short-circuit",)
     in_default_table = True
-    #: Every GSC setting has a flag (``--mask-ratio``, ``--split-point``, ...); those whose flag would clash with a run
-    #: option (``--seed``) or read as another method's (``--score``, ``--temperature``) get a ``gsc`` prefix.
-    command_line_flags = {(f"gsc_{name}" if name in ("score", "temperature", "seed") else name): name
-                          for name in GSCConfig.setting_names()}
     state_names = ("fisher_diagonal",)
 
     def __init__(self, model: PreTrainedModel, config: GSCConfig | None = None, **overrides: Any) -> None:

@@ -149,10 +149,6 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
     #: main baselines that need no long fit). Read from the class itself, never inherited
     #: (:func:`hf_gsc.settings.registry.default_methods`).
     in_default_table: ClassVar[bool] = False
-    #: Settings with a flag of their own on ``hf-gsc evaluate``'s command line: flag dest -> setting name (every
-    #: other setting is set with ``--hyperparameter METHOD.NAME=VALUE``). Read from the class itself, never inherited
-    #: (:func:`hf_gsc.settings.registry.command_line_flags`).
-    command_line_flags: ClassVar[dict[str, str]] = {}
     needs_fit: bool = False
     fit_split: str = "train"
     min_fit_samples: int = 1

@@ -80,12 +80,6 @@ def default_methods() -> list[str]:
     return [name for name, cls in DETECTORS.items() if vars(cls).get("in_default_table", False)]
 
 
-def command_line_flags() -> dict[str, dict[str, str]]:
-    """method -> its ``command_line_flags`` (flag dest -> setting), for the methods whose class sets them itself."""
-    load_methods()
-    return {name: dict(flags) for name, cls in DETECTORS.items() if (flags := vars(cls).get("command_line_flags"))}
-
-
 def detector_class(method: str) -> type["OODDetector"]:
     """The registered class of ``method``; the error lists the registered methods and the nearest one."""
     load_methods()
