@@ -1,5 +1,5 @@
-"""Where the documentation installed with hf_gsc is: the pages of ``docs/`` travel inside the package (setup.py maps
-the top-level ``docs/`` to ``hf_gsc/docs``, as it maps ``model_cards/``), so a pip user reads the pages of the
+"""Where the documentation installed with hf_gsc is: the pages of ``docs/`` travel inside the package (pyproject.toml
+maps the top-level ``docs/`` to the package ``hf_gsc.docs``), so a pip user reads the pages of the
 version they run without a network; ``hf-gsc docs`` prints the folder and ``hf-gsc docs PAGE`` a page. The project
 has no hosted documentation site, so no URL is named anywhere (``make docs`` builds one locally from the same
 pages)."""
@@ -30,7 +30,7 @@ def doc_reference(page: str) -> str:
     return f"'hf-gsc docs {page}'"
 
 
-#: The pages (setup.py's package data for ``hf_gsc.docs`` holds the same, with the figures the pages show).
+#: The pages (pyproject.toml's package data for ``hf_gsc.docs`` holds the same, with the figures the pages show).
 PAGE_GLOBS = ("*.md", "api/*.md")
 
 
