@@ -206,8 +206,9 @@ def risk_coverage_figure(id_scores: Mapping[str, Any], correct: Any,
     curves = {method: _as_numpy(scores) for method, scores in id_scores.items()}
     areas = {method: aurc(scores, correct) for method, scores in curves.items()}
     order = sorted(curves, key=lambda method: areas[method])
-    # Taller with many methods, so that the legend's rows fit beside the axes.
-    fig, axes = plt.subplots(1, 1, figsize=(5.2, max(4.0, 0.17 * (len(order) + 2))), squeeze=False)
+    # Taller with many methods, so that the legend's rows fit beside the axes; wide enough for the axes (about 5
+    # inches) and the legend beside them.
+    fig, axes = plt.subplots(1, 1, figsize=(8.0, max(4.0, 0.17 * (len(order) + 2))), squeeze=False)
     ax = axes[0, 0]
     for method, (color, style) in zip(order, curve_styles(len(order))):
         coverage, risk, _ = risk_coverage_curve(curves[method], correct)
