@@ -168,8 +168,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
             config.base_model_name_or_path = getattr(getattr(model, "config", None), "_name_or_path", None) or None
         self.config = config
         # The settings this detector was built with and last checked (check_config compares the config with them).
-        self._built_with = dict(config.hyperparameters)
-        self.hyperparameters  # noqa: B018  (caches the setting names now, outside any compiled forward)
+        # Read through self.hyperparameters, which caches the setting names now, outside any compiled forward.
+        self._built_with = self.hyperparameters
         # Set by from_pretrained when the base model ships one; used to calibrate from images and by the pipeline.
         self.image_processor: Any = None
         self.fitted = not self.needs_fit
@@ -251,7 +251,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         reads and recompiles when one changes): :meth:`compiled`'s forward runs this check eagerly before each call."""
         if torch.compiler.is_compiling():
             return
-        now = dict(self.config.hyperparameters)
+        now = self.hyperparameters
         changed = {name: (self._built_with[name], value) for name, value in now.items()
                    if value != self._built_with.get(name)}
         if changed:
