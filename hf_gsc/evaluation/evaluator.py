@@ -225,8 +225,9 @@ class OODEvaluator:
         for line in (mapping_line(state.label_check), labels_note(state.label_check)):
             if accelerator.is_main_process and line:
                 print(line[:1].upper() + line[1:], flush=True)
-        if accelerator.is_main_process and label_warning(state.label_check):
-            warnings.warn(label_warning(state.label_check), LabelMismatchWarning, stacklevel=2)
+        mismatch = label_warning(state.label_check)
+        if accelerator.is_main_process and mismatch:
+            warnings.warn(mismatch, LabelMismatchWarning, stacklevel=2)
         state.same_as_test = [name for name, dataset in state.ood_splits.items()
                               if same_images(dataset, state.id_splits["test"])]
         if accelerator.is_main_process and state.same_as_test:
