@@ -41,7 +41,8 @@ from ..settings.registry import DETECTORS, detector_class, get_detector, registe
 from ..storage.pretrained import DetectorFiles
 from ..classifier.split_points import SplitPoint
 from ..utils.conformal import conformal_p_value, p_value_cut, sorted_calibration_scores
-from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, calibration_record, check_tpr, threshold_for
+from ..utils.thresholds import (MIN_CALIBRATION_SAMPLES, TOO_FEW_FOR_A_THRESHOLD, calibration_record, check_tpr,
+                                threshold_for)
 
 @dataclass
 class OODDetectorOutput(ModelOutput):
@@ -623,9 +624,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
             )
         if all_scores.numel() < MIN_CALIBRATION_SAMPLES:
             warnings.warn(
-                f"calibrate: {all_scores.numel()} ID validation samples is too few for a threshold to mean much "
-                f"(at least {MIN_CALIBRATION_SAMPLES}; with n samples the accepted fraction on new data varies by "
-                "about sqrt(tpr*(1-tpr)/n))",
+                f"calibrate: {all_scores.numel()} ID validation samples is {TOO_FEW_FOR_A_THRESHOLD}",
                 UserWarning,
                 stacklevel=2,
             )

@@ -225,8 +225,9 @@ class OODEvaluator:
         for line in (mapping_line(state.label_check), labels_note(state.label_check)):
             if accelerator.is_main_process and line:
                 print(line[:1].upper() + line[1:], flush=True)
-        if accelerator.is_main_process and label_warning(state.label_check):
-            warnings.warn(label_warning(state.label_check), LabelMismatchWarning, stacklevel=2)
+        mismatch = label_warning(state.label_check)
+        if accelerator.is_main_process and mismatch:
+            warnings.warn(mismatch, LabelMismatchWarning, stacklevel=2)
         state.same_as_test = [name for name, dataset in state.ood_splits.items()
                               if same_images(dataset, state.id_splits["test"])]
         if accelerator.is_main_process and state.same_as_test:
@@ -467,6 +468,8 @@ class OODEvaluator:
         groups = ood_groups_of(args.benchmark, plan.ood_names, args.ood_dataset_groups)
         fits = {name: fit_record(self.output_dir, name, dataset) for name, dataset in plan.fit_data.items()}
         calibrated = ID_VALIDATION in plan.splits
+        # What every method's threshold was calibrated on: one split for all of them.
+        calibration_source = validation_source(args.benchmark, args.id_dataset) if calibrated else None
         state.id_scores, state.ood_scores, entries = {}, {}, {}
         for name, detector in state.detectors.items():
             id_test = self.load_scores(name, ID_TEST)
@@ -480,7 +483,7 @@ class OODEvaluator:
                 entry = method_results(state.id_scores[name], validation,
                                        state.ood_scores[name], args.target_tpr, "validation", method=name,
                                        id_test_correct=correct, delta=args.conformal_delta, groups=groups)
-                entry["calibration"]["source"] = validation_source(args.benchmark, args.id_dataset)
+                entry["calibration"]["source"] = calibration_source
                 state.cache.save_p_values(name, validation, {ID_TEST: state.id_scores[name], **{
                     OOD_PREFIX + ood: scores for ood, scores in state.ood_scores[name].items()}})
             else:  # a saved detector at its own threshold: nothing calibrated

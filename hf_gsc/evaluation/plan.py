@@ -303,15 +303,14 @@ def check_conformal_size(args: Any, num_validation: int | None) -> None:
 def warn_small_calibration(args: Any, num_validation: int | None) -> None:
     """The warning ``calibrate`` gives in Python below :data:`~hf_gsc.utils.thresholds.MIN_CALIBRATION_SAMPLES`,
     for the thresholds this run calibrates on ID validation (naming ``--max-samples`` when it is the cause)."""
-    from ..utils.thresholds import MIN_CALIBRATION_SAMPLES
+    from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, TOO_FEW_FOR_A_THRESHOLD
 
     if num_validation is None or num_validation >= MIN_CALIBRATION_SAMPLES:
         return
     cause = (f" (--max-samples {args.max_samples})" if args.max_samples is not None
              and args.max_samples < MIN_CALIBRATION_SAMPLES else "")
-    warnings.warn(f"the thresholds are calibrated on {num_validation} ID validation samples{cause}, too few for a "
-                  f"threshold to mean much (at least {MIN_CALIBRATION_SAMPLES}; with n samples the accepted fraction "
-                  "on new data varies by about sqrt(tpr*(1-tpr)/n))", UserWarning, stacklevel=2)
+    warnings.warn(f"the thresholds are calibrated on {num_validation} ID validation samples{cause}, "
+                  f"{TOO_FEW_FOR_A_THRESHOLD}", UserWarning, stacklevel=2)
 
 
 __all__ = ["check_conformal_size", "warn_small_calibration",

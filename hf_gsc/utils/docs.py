@@ -25,11 +25,6 @@ def docs_dir() -> Path | None:
     return next((path for path in DOCS_CANDIDATES if (path / "index.md").is_file()), None)
 
 
-def doc_reference(page: str) -> str:
-    """How a help text points at a page: the command that prints it (works in a wheel and in a checkout alike)."""
-    return f"'hf-gsc docs {page}'"
-
-
 #: The pages (pyproject.toml's package data for ``hf_gsc.docs`` holds the same, with the figures the pages show).
 PAGE_GLOBS = ("*.md", "api/*.md")
 
@@ -62,4 +57,4 @@ def docs_main(argv: Sequence[str] | None = None, prog: str | None = None) -> int
     return 0
 
 
-__all__ = ["DOCS_CANDIDATES", "DOCS_FOLDER", "DOCS_HELP", "PAGE_GLOBS", "doc_reference", "docs_dir", "docs_main", "pages"]
+__all__ = ["DOCS_CANDIDATES", "DOCS_FOLDER", "DOCS_HELP", "PAGE_GLOBS", "docs_dir", "docs_main", "pages"]

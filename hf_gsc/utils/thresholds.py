@@ -24,6 +24,10 @@ ScoresLike = Union[np.ndarray, "torch.Tensor", Sequence[float]]
 #: with n samples the accepted fraction at the 95% rule has a standard error of about sqrt(0.95 * 0.05 / n),
 #: 0.03 at n = 50 and 0.01 at n = 500. ``calibrate`` warns below it.
 MIN_CALIBRATION_SAMPLES = 100
+#: Why fewer than :data:`MIN_CALIBRATION_SAMPLES` are a poor threshold: the end of the warning that ``calibrate`` and
+#: ``hf-gsc evaluate`` give.
+TOO_FEW_FOR_A_THRESHOLD = (f"too few for a threshold to mean much (at least {MIN_CALIBRATION_SAMPLES}; with n samples "
+                           "the accepted fraction on new data varies by about sqrt(tpr*(1-tpr)/n))")
 
 
 def as_scores(scores: ScoresLike, name: str) -> np.ndarray:
@@ -184,6 +188,7 @@ def calibration_record(
 
 __all__ = [
     "MIN_CALIBRATION_SAMPLES",
+    "TOO_FEW_FOR_A_THRESHOLD",
     "CalibrationMethod",
     "ScoresLike",
     "as_scores",
