@@ -208,7 +208,9 @@ def test_other_class_names_are_warned_before_scoring_and_recorded(tiny, tmp_path
     assert "'apple', 'pear', 'plum'" in message and "'cat', 'dog', 'bird'" in message, message
     assert results["label_check"]["status"] == "names_differ"
     assert json.loads((tmp_path / "run" / "results.json").read_text())["label_check"]["only_in_data"] == ["apple", "pear", "plum"]
-    assert "**Warning:** the ID data's class names differ" in (tmp_path / "run" / "results.md").read_text()
+    report = (tmp_path / "run" / "results.md").read_text()  # said once, above the tables the figures are in
+    note = report.index("**Labels do not match:** the ID data's class names differ")
+    assert note < report.index("| Method") and report.count("class names differ") == 1
 
 
 def test_matching_class_names_are_recorded_without_warning(tiny, tmp_path) -> None:

@@ -258,9 +258,6 @@ def markdown_table(
     if results.get("skipped"):
         lines += ["", "Skipped (could not be fitted or scored on this model and data; every other method is reported):"]
         lines += [f"* `{name}`: {reason}" for name, reason in results["skipped"].items()]
-    mismatch = label_warning(results.get("label_check") or {"status": None})
-    if mismatch:
-        lines += ["", f"**Warning:** {mismatch}."]
     if results.get("ood_same_as_id_test"):
         from .plan import same_as_test_warning
 
