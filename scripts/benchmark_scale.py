@@ -63,9 +63,11 @@ IMAGENET_SCORED = 350_000
 FIT_BATCH = 256
 
 FULL = {"classes": 1000, "dims": (2048, 768), "sizes": (5000, 20000, 50000), "scored": 1000, "score_batch": 250,
-        "backbone_batch": 4}
+        "backbone_batch": 4, "end_to_end": {"size": 4000, "batch": 32, "image_size": 224, "resnet": {}}}
 SMALL = {"classes": 50, "dims": (64, 32), "sizes": (200, 400), "scored": 100, "score_batch": 100,
-         "backbone_batch": 1}
+         "backbone_batch": 1,
+         "end_to_end": {"size": 200, "batch": 50, "image_size": 32,
+                        "resnet": {"embedding_size": 8, "hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1]}}}
 
 
 # ----------------------------------------------------------------------------------------------------- measuring
@@ -284,13 +286,25 @@ def project(shape: dict[str, Any], backbone_seconds_per_1000: float | None) -> d
     return {"fit_samples": IMAGENET_FIT, "scored": IMAGENET_SCORED, "methods": rows, "backbone": backbone}
 
 
-def projections(results: dict[str, Any]) -> dict[str, Any]:
-    """:func:`project` for every width, with the backbone of that width (ResNet-50 at 2048, ViT-B/16 at 768)."""
-    forward = {"2048": "resnet50", "768": "vit_b16"}
+#: The backbone whose forward goes with each feature width: ResNet-50 at 2048, ViT-B/16 at 768.
+BACKBONE_OF_WIDTH = {"2048": "resnet50", "768": "vit_b16"}
+
+
+def _forward_seconds_per_1000(results: dict[str, Any], dim: str) -> float | None:
     backbone = results.get("backbones") or {}
-    return {dim: project(shape, backbone[forward[dim]]["forward_seconds_per_1000"] if forward.get(dim) in backbone
-                         else None)
-            for dim, shape in results["shapes"].items()}
+    name = BACKBONE_OF_WIDTH.get(dim)
+    return backbone[name]["forward_seconds_per_1000"] if name in backbone else None
+
+
+def projections(results: dict[str, Any]) -> dict[str, Any]:
+    """:func:`project` for every width, with the backbone of that width (:data:`BACKBONE_OF_WIDTH`)."""
+    return {dim: project(shape, _forward_seconds_per_1000(results, dim)) for dim, shape in results["shapes"].items()}
+
+
+def compositions(results: dict[str, Any]) -> dict[str, Any]:
+    """:func:`composed_with_backbone` for every width whose backbone was measured and whose methods include KNN."""
+    return {dim: composed_with_backbone(shape, forward) for dim, shape in results["shapes"].items()
+            if (forward := _forward_seconds_per_1000(results, dim)) is not None and "knn" in shape["methods"]}
 
 
 # ----------------------------------------------------------------------------------------------------- backbones
@@ -317,6 +331,76 @@ def backbones(batch: int, log: Callable[[str], None]) -> dict[str, Any]:
         model = None
         gc.collect()
     return out
+
+
+def end_to_end(setting: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    """The fit as a user pays for it, backbone included: a random-weight ResNet-50 (``transformers`` defaults, ``K``
+    classes) runs on every fitting image through the library's own pass (:func:`fit_from_passes`, the pass the
+    evaluation runs), once for KNN alone and once for every fitted one-pass method together, on the same batches.
+
+    The trunk's work is done in full at the image size given; its pooled output, the penultimate feature, is then
+    replaced batch by batch (a forward hook) by the synthetic class-conditional features of :func:`run_shape`, so that
+    the detectors fit ImageNet-shaped statistics (a random-weight trunk's own features carry no classes, and SHE needs
+    correctly classified samples of every class). The same fits are timed on the features alone, so that the
+    difference of the two passes can be checked against the methods' own work."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    options = setting["end_to_end"]
+    size, batch, image_size, classes = options["size"], options["batch"], options["image_size"], setting["classes"]
+    config = ResNetConfig(num_labels=classes, **options["resnet"])
+    dim = config.hidden_sizes[-1]
+    class_means = 2.0 * torch.randn(classes, dim, generator=torch.Generator().manual_seed(dim))
+    features, labels = synthetic(size, class_means, seed=2, relu=True)
+    torch.manual_seed(0)
+    model = ResNetForImageClassification(config).eval()
+    with torch.no_grad():  # the head classifies the synthetic features mostly correctly (feature_model's head)
+        model.classifier[-1].weight.copy_(class_means / class_means.norm(dim=1, keepdim=True))
+        model.classifier[-1].bias.zero_()
+    cursor = [0]
+
+    def substitute(module: torch.nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+        rows = features[cursor[0]:cursor[0] + output.shape[0]]
+        cursor[0] += output.shape[0]
+        return rows.reshape(output.shape).to(output.dtype)
+
+    model.resnet.pooler.register_forward_hook(substitute)
+    pixels = torch.randn(batch, 3, image_size, image_size, generator=torch.Generator().manual_seed(0))
+
+    def batches():  # the same pixels each batch: decoding images is not what is measured here
+        for start in range(0, size, batch):
+            yield pixels[:min(batch, size - start)], labels[start:start + batch]
+
+    out: dict[str, Any] = {"model": f"ResNetForImageClassification, random weights, {classes} classes, "
+                                    f"{image_size} px" + (f", config {options['resnet']}" if options["resnet"] else ""),
+                           "dim": dim, "classes": classes, "size": size, "batch": batch, "methods": list(setting["methods"])}
+    for key, names in (("knn_alone", ["knn"]), ("together", list(setting["methods"]))):
+        detectors = [get_detector(name, model) for name in names]
+        cursor[0] = 0
+        start = time.perf_counter()
+        fit_from_passes(detectors, batches(), "benchmark fitting images")
+        out[f"{key}_seconds"] = time.perf_counter() - start
+        if cursor[0] != size:
+            raise RuntimeError(f"end_to_end: the pass read {cursor[0]} features, expected {size}")
+        detectors = [get_detector(name, model) for name in names]
+        out[f"{key}_features_alone_seconds"] = timed(lambda: fit(detectors, features, labels), repeats=1)
+        log(f"end to end, N={size}, {key}: {out[f'{key}_seconds']:.1f} s with the backbone, "
+            f"{out[f'{key}_features_alone_seconds']:.2f} s on the features alone")
+        detectors = None
+        gc.collect()
+    out["together_over_knn_alone"] = out["together_seconds"] / out["knn_alone_seconds"]
+    out["together_over_knn_alone_features_alone"] = (out["together_features_alone_seconds"]
+                                                     / out["knn_alone_features_alone_seconds"])
+    return out
+
+
+def composed_with_backbone(shape: dict[str, Any], forward_seconds_per_1000: float) -> dict[str, Any]:
+    """The methods fitted together against KNN alone at the largest ``N`` measured on the features, with the
+    backbone's measured forward over those ``N`` images added to both (the composition :func:`end_to_end` checks)."""
+    largest = str(shape["sizes"][-1])
+    forward = forward_seconds_per_1000 * int(largest) / 1000
+    together, knn = shape["together"]["fit_seconds"][largest], shape["methods"]["knn"]["fit_seconds"][largest]
+    return {"size": int(largest), "forward_seconds": forward, "together_seconds": forward + together,
+            "knn_alone_seconds": forward + knn, "together_over_knn_alone": (forward + together) / (forward + knn)}
 
 
 def _duration(seconds: float) -> str:
@@ -369,6 +453,19 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [f"KNN's exact search at N = {largest}, per 1,000 queries in one batch: hf_gsc "
                       f"{knn['hf_gsc_seconds_per_1000']:.2f} s, faiss `IndexFlatL2` "
                       + ("not installed" if faiss_seconds is None else f"{faiss_seconds:.2f} s") + ".", ""]
+    end = results.get("end_to_end")
+    if end:
+        lines += [f"**The fit with its backbone** ({end['model']}, N = {end['size']}, batch {end['batch']}, one pass "
+                  f"through `fit_from_passes`): KNN alone {_duration(end['knn_alone_seconds'])}, the "
+                  f"{len(end['methods'])} methods together {_duration(end['together_seconds'])}: "
+                  f"**{end['together_over_knn_alone']:.3f}x**. The same fits on the features alone: "
+                  f"{end['knn_alone_features_alone_seconds']:.2f} s and {end['together_features_alone_seconds']:.2f} s "
+                  f"({end['together_over_knn_alone_features_alone']:.0f}x).", ""]
+    for dim, composed in (results.get("with_backbone") or {}).items():
+        lines += [f"At D = {dim}, N = {composed['size']}, the fits above with the {BACKBONE_OF_WIDTH[dim]} forward over "
+                  f"those N images added ({_duration(composed['forward_seconds'])}): KNN alone "
+                  f"{_duration(composed['knn_alone_seconds'])}, the methods together "
+                  f"{_duration(composed['together_seconds'])}: {composed['together_over_knn_alone']:.3f}x.", ""]
     for name, measured_row in backbone.items():
         lines.append(f"* {name} forward at 224 px, batch {measured_row['batch']}: "
                      f"{measured_row['forward_seconds_per_1000']:.0f} s per 1,000 images"
@@ -386,11 +483,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dims", help="comma-separated feature widths (default: the configuration's)")
     parser.add_argument("--no-backbones", action="store_true", help="skip the ResNet-50 / ViT-B/16 forwards")
     parser.add_argument("--output", required=True, type=Path, help="the JSON; its tables go beside it (.md)")
+    parser.add_argument("--end-to-end", type=int, metavar="N", help="fitting images of the end-to-end fit, backbone "
+                        "included (default: the configuration's, 4000 full, 200 small; 0: skip it)")
     parser.add_argument("--table-only", action="store_true", help="write the tables from an existing --output JSON")
     args = parser.parse_args(argv)
     if args.table_only:  # the projection is derived from the measured rows: recomputed, then the tables
         results = json.loads(args.output.read_text())
         results["projection"] = projections(results)
+        results["with_backbone"] = compositions(results)
         args.output.write_text(json.dumps(results, indent=1))
         args.output.with_suffix(".md").write_text(markdown(results))
         return results
@@ -401,6 +501,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.dims:
         setting["dims"] = tuple(int(dim) for dim in args.dims.split(","))
     setting["methods"] = tuple(args.methods.split(",")) if args.methods else METHODS
+    if args.end_to_end is not None:
+        setting["end_to_end"] = {**setting["end_to_end"], "size": args.end_to_end}
     unknown = sorted(set(setting["methods"]) - set(METHODS))
     if unknown:
         parser.error(f"--methods: unknown {unknown}; the fitted one-pass methods are {list(METHODS)}")
@@ -411,6 +513,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_before = os.getloadavg()
     backbone = None if args.no_backbones else backbones(setting["backbone_batch"], log)
     shapes = {str(dim): run_shape(dim, setting, log) for dim in setting["dims"]}
+    together = end_to_end(setting, log) if setting["end_to_end"]["size"] else None
     results = {
         "settings": {**{key: list(value) if isinstance(value, tuple) else value for key, value in setting.items()},
                      "configuration": "small" if args.small else "full", "threads": torch.get_num_threads(),
@@ -421,8 +524,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "load_average_1min_before_and_after": [load_before[0], os.getloadavg()[0]]},
         "backbones": backbone,
         "shapes": shapes,
+        "end_to_end": together,
     }
     results["projection"] = projections(json.loads(json.dumps(results)))
+    results["with_backbone"] = compositions(json.loads(json.dumps(results)))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=1))
     args.output.with_suffix(".md").write_text(markdown(json.loads(args.output.read_text())))  # the keys as saved

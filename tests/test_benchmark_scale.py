@@ -35,5 +35,12 @@ def test_small_configuration_measures_models_and_projects_every_method(tmp_path)
         assert set(shape["together"]["fit_seconds"]) == {"200", "400"}
         assert set(shape["summary"]["gaussian_score_over_dd_matmul_float32"]) == {
             "mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem"}
+    end = results["end_to_end"]  # the fit through the library's own pass, a (tiny) ResNet's trunk included
+    assert end["size"] == 200 and end["dim"] == 64 and set(end["methods"]) == set(benchmark_scale.METHODS)
+    assert all(end[key] > 0 for key in ("knn_alone_seconds", "together_seconds", "knn_alone_features_alone_seconds",
+                                        "together_features_alone_seconds"))
+    assert end["together_over_knn_alone"] == end["together_seconds"] / end["knn_alone_seconds"]
+    assert results["with_backbone"] == {}  # no backbone forward measured (--no-backbones): nothing composed
     table = output.with_suffix(".md").read_text()
+    assert "**The fit with its backbone**" in table
     assert "#### K = 50, D = 64" in table and "| `knn` |" in table and "the 14 in one pass" in table

@@ -8,17 +8,17 @@ from typing import ClassVar
 import torch
 
 from ..settings.config import DetectorConfig
-from .penultimate import MahalanobisTerms
+from .penultimate import MahalanobisTerms, mahalanobis_distances
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .mahalanobis import TiedGaussianDetector, class_distances
+from .mahalanobis import TiedGaussianDetector
 
 
 def gem_score(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
     """``log sum_c exp(-1/2 (F - mu_c)^T Sigma^-1 (F - mu_c))``: ``(B, D) -> (B,)``, float64; ``terms`` from
     :func:`~hf_gsc.detectors.penultimate.mahalanobis_terms` (the nearest class, which dominates the sum, taken
-    directly: :func:`~hf_gsc.detectors.mahalanobis.class_distances`)."""
-    return torch.logsumexp(-0.5 * class_distances(features, terms), dim=1)
+    again: :func:`~hf_gsc.detectors.penultimate.mahalanobis_distances`)."""
+    return torch.logsumexp(-0.5 * mahalanobis_distances(features, terms), dim=1)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..settings.config import DetectorConfig
 from .penultimate import (ClassStatistics, MahalanobisTerms, StatisticsPass, mahalanobis_distances, mahalanobis_terms,
-                          nearest_class_distances, tied_precision)
+                          tied_precision, whitening)
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -23,17 +23,10 @@ def l2_normalised(features: torch.Tensor) -> torch.Tensor:
     return features / features.norm(dim=-1, keepdim=True)
 
 
-def class_distances(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
-    """``(F - mu_c)^T Sigma^-1 (F - mu_c)`` for every class ``c``, ``(B, D) -> (B, K)``, float64: the expanded form
-    (:func:`~hf_gsc.detectors.penultimate.mahalanobis_distances`) with each row's nearest class taken directly
-    (:func:`~hf_gsc.detectors.penultimate.nearest_class_distances`)."""
-    return nearest_class_distances(features, terms, mahalanobis_distances(features, terms))
-
-
 def mahalanobis_score(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
     """``max_c -(F - mu_c)^T Sigma^-1 (F - mu_c)``: ``(B, D) -> (B,)``, float64; ``terms`` from
     :func:`~hf_gsc.detectors.penultimate.mahalanobis_terms` of the class means and the precision."""
-    return -class_distances(features, terms).amin(dim=1)
+    return -mahalanobis_distances(features, terms).amin(dim=1)
 
 
 class TiedGaussianDetector(FittedDetector):
@@ -53,23 +46,24 @@ class TiedGaussianDetector(FittedDetector):
         # Derived from the fitted means and precision by _prepare (MahalanobisTerms); buffers so that .to(device)
         # moves them with the rest.
         for name in MahalanobisTerms._fields:
-            if name != "precision":
-                self.register_buffer(f"terms_{name}", None, persistent=False)
+            self.register_buffer(f"terms_{name}", None, persistent=False)
+        self._fitted_whitening: torch.Tensor | None = None
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.feature_dim + self.head.num_classes, "feature dim + classes, for a full-rank tied covariance"
 
     def _prepare(self) -> None:
-        for name, value in mahalanobis_terms(self.class_means, self.precision)._asdict().items():
-            if name != "precision":
-                setattr(self, f"terms_{name}", value)
+        # A fit just made hands over its whitening (shared by the family's methods fitted together); a load derives
+        # it from the precision, by the same function.
+        fitted, self._fitted_whitening = self._fitted_whitening, None
+        for name, value in mahalanobis_terms(self.class_means, self.precision, fitted)._asdict().items():
+            setattr(self, f"terms_{name}", value)
 
     @property
     def terms(self) -> MahalanobisTerms:
         """The scoring terms of the class Gaussians (:func:`~hf_gsc.detectors.penultimate.mahalanobis_terms`)."""
         # float64 whatever .to(dtype) made of the buffers: the distances are float64.
-        return MahalanobisTerms(**{name: (self.precision if name == "precision" else getattr(self, f"terms_{name}")).double()
-                                   for name in MahalanobisTerms._fields})
+        return MahalanobisTerms(**{name: getattr(self, f"terms_{name}").double() for name in MahalanobisTerms._fields})
 
     needs_labels = True
 
@@ -92,7 +86,12 @@ class TiedGaussianDetector(FittedDetector):
     def _fit_statistics(self, statistics: ClassStatistics) -> None:
         """Set the fitted tensors from the streamed statistics of the (shaped) ID training features."""
         self.class_means = statistics.class_means(self.method)
-        self.precision = tied_precision(statistics.tied_covariance(self.method))
+
+        def precision_and_whitening() -> tuple[torch.Tensor, torch.Tensor]:
+            precision = tied_precision(statistics.tied_covariance(self.method))
+            return precision, whitening(precision)
+
+        self.precision, self._fitted_whitening = statistics.derived("tied precision", precision_and_whitening)
 
     def shaped(self, features: torch.Tensor) -> torch.Tensor:
         """The feature as fitted and scored: ``z``, or ``z / ||z||_2`` with :attr:`normalise_features` (float64)."""

@@ -16,7 +16,7 @@ many class means are the expanded quadratic form (:func:`mahalanobis_terms`, :fu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -196,10 +196,12 @@ class ClassStatistics:
         self.class_sums: torch.Tensor | None = None  # sum of (x - shift) per class
         self.outer: torch.Tensor | None = None  # sum of (x - shift)(x - shift)^T
         self.shift: torch.Tensor | None = None
+        self._derived: dict[str, Any] = {}
 
     def update(self, features: torch.Tensor, labels: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """Add a batch; ``keep`` (``(B,)`` bool) selects the rows that count."""
         check_labels(labels, self.num_classes)
+        self._derived.clear()
         features = features.detach().to(torch.float64)
         if keep is not None:
             features, labels = features[keep], labels[keep]
@@ -244,6 +246,15 @@ class ClassStatistics:
         self.class_counts = shards.sum(self.class_counts)
         self.count = int(round(float(count[0])))
         self.shift = shift
+        self._derived.clear()
+
+    def derived(self, name: str, derive: Callable[[], Any]) -> Any:
+        """``derive()``, computed once per state of the sums and shared by the detectors that read these statistics
+        (the Gaussian family's precision and its whitening: one ``D^3`` eigendecomposition each for Mahalanobis, RMDS
+        and GEM fitted together, not one per method)."""
+        if name not in self._derived:
+            self._derived[name] = derive()
+        return self._derived[name]
 
     def class_means(self, method: str, what: str = "sample") -> torch.Tensor:
         """``(K, D)``; raises when a class has no sample (its mean would be undefined)."""
@@ -295,56 +306,70 @@ def tied_precision(covariance: torch.Tensor) -> torch.Tensor:
 
 class MahalanobisTerms(NamedTuple):
     """What scoring the squared Mahalanobis distances to ``K`` class means needs, derived once from the fitted means
-    and precision (:func:`mahalanobis_terms`), float64.
+    and precision (:func:`mahalanobis_terms`), float64: the distances are Euclidean ones after whitening.
 
     Attributes:
         centre: ``(D,)`` the point the features and means are taken about (the mean of the class means).
-        precision: ``(D, D)`` ``P``.
-        means: ``(K, D)`` ``m_k = mu_k - centre``.
-        projected_means: ``(K, D)`` ``P m_k`` with ``m_k = mu_k - centre``.
-        mean_terms: ``(K,)`` ``m_k^T P m_k``.
+        whitening: ``(D, D)`` ``W`` with ``W W^T = P`` (``V diag(sqrt(p))`` of the eigendecomposition of ``P``).
+        whitened_means: ``(K, D)`` ``w_k = W^T (mu_k - centre)``.
+        mean_terms: ``(K,)`` ``||w_k||^2``.
     """
 
     centre: torch.Tensor
-    precision: torch.Tensor
-    means: torch.Tensor
-    projected_means: torch.Tensor
+    whitening: torch.Tensor
+    whitened_means: torch.Tensor
     mean_terms: torch.Tensor
 
 
-def mahalanobis_terms(class_means: torch.Tensor, precision: torch.Tensor) -> MahalanobisTerms:
-    """The terms of :func:`mahalanobis_distances` for ``class_means`` ``(K, D)`` and ``precision`` ``(D, D)``."""
-    class_means, precision = class_means.double(), precision.double()
+def whitening(precision: torch.Tensor) -> torch.Tensor:
+    """``W`` ``(D, D)`` with ``W W^T = P`` for a symmetric positive semi-definite precision ``P``, float64: the
+    eigenvectors scaled by the square roots of the eigenvalues (rounding's negative eigenvalues count as 0). One
+    ``D^3`` eigendecomposition, at the fit's end or at load, so that scoring is Euclidean."""
+    precision = precision.double()
+    eigenvalues, eigenvectors = torch.linalg.eigh((precision + precision.T) / 2)
+    return eigenvectors * eigenvalues.clamp(min=0.0).sqrt()
+
+
+def mahalanobis_terms(class_means: torch.Tensor, precision: torch.Tensor,
+                      whitened_by: torch.Tensor | None = None) -> MahalanobisTerms:
+    """The terms of :func:`mahalanobis_distances` for ``class_means`` ``(K, D)`` and ``precision`` ``(D, D)``;
+    ``whitened_by``: :func:`whitening` of that precision where it is already known."""
+    class_means = class_means.double()
     centre = class_means.mean(dim=0)
-    centred = class_means - centre
-    projected = centred @ precision  # P symmetric: (P m_k)^T = m_k^T P
-    return MahalanobisTerms(centre, precision, centred, projected.contiguous(), (projected * centred).sum(dim=-1))
+    transform = whitening(precision) if whitened_by is None else whitened_by.double()
+    whitened_means = (class_means - centre) @ transform
+    return MahalanobisTerms(centre, transform, whitened_means.contiguous(), (whitened_means**2).sum(dim=-1))
 
 
 def mahalanobis_distances(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
     """Squared Mahalanobis distance to every class mean, ``(B, D) -> (B, K)``, float64.
 
-    ``d_k(z) = (z - mu_k)^T P (z - mu_k)`` expanded about the centre ``c``, with ``x = z - c`` and ``m_k = mu_k - c``:
-    ``x^T P x - 2 x^T (P m_k) + m_k^T P m_k``, with ``P m_k`` and ``m_k^T P m_k`` precomputed. That is ``B D^2 + B K
-    D`` work and ``(B, D + K)`` memory, where the direct form is ``B K D^2`` work over a ``(B, K, D)`` tensor. Taking
-    the features about ``c`` keeps the three terms of the size of the distances of ID features (a feature far from
-    every mean has a large ``d_k`` anyway), so the sum cancels few digits; the one distance a score is most sensitive
-    to, the nearest class's, is then taken again directly (:func:`nearest_class_distances`).
+    ``d_k(z) = (z - mu_k)^T P (z - mu_k) = ||w - w_k||^2`` with ``w = W^T (z - c)``, ``w_k = W^T (mu_k - c)``
+    (:class:`MahalanobisTerms`), expanded: ``||w||^2 - 2 w^T w_k + ||w_k||^2``. That is ``B D^2 + B K D`` work and
+    ``(B, D + K)`` memory, where the direct form is ``B K D^2`` work over a ``(B, K, D)`` tensor. Taking the features
+    about ``c`` keeps the three terms of the size of the distances of ID features (a feature far from every mean has
+    a large ``d_k`` anyway), so the sum cancels few digits; the one distance a score is most sensitive to, the nearest
+    class's, is then taken again as ``||w - w_n||^2`` (:func:`nearest_class_distances`).
     """
-    centred = features.double() - terms.centre
-    projected = centred @ terms.precision
-    own = (projected * centred).sum(dim=-1, keepdim=True)
-    distances = own - 2.0 * centred @ terms.projected_means.T + terms.mean_terms
-    return distances.clamp_(min=0.0)  # a squared distance under a positive semi-definite P
+    return nearest_class_distances(*expanded_distances(features, terms), terms)
 
 
-def nearest_class_distances(features: torch.Tensor, terms: MahalanobisTerms, distances: torch.Tensor) -> torch.Tensor:
-    """``distances`` ``(B, K)`` of :func:`mahalanobis_distances` with each row's smallest entry recomputed directly,
-    ``(z - mu_k)^T P (z - mu_k)`` (``B D^2`` more work): the expanded form's rounding, relative to the whole
-    ``x^T P x`` term, can exceed a small nearest distance where the covariance is near-singular."""
+def expanded_distances(features: torch.Tensor, terms: MahalanobisTerms) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w, the expanded distances (B, K))`` of :func:`mahalanobis_distances`: every class's distance the expanded
+    sum, the nearest class not yet retaken."""
+    whitened = (features.double() - terms.centre) @ terms.whitening
+    own = (whitened**2).sum(dim=-1, keepdim=True)
+    distances = own - 2.0 * whitened @ terms.whitened_means.T + terms.mean_terms
+    return whitened, distances.clamp_(min=0.0)  # a squared distance under a positive semi-definite P
+
+
+def nearest_class_distances(whitened: torch.Tensor, distances: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
+    """``distances`` ``(B, K)`` with each row's smallest entry retaken as ``||w - w_n||^2``, ``B D`` work: the
+    expanded sum's rounding is relative to the whole ``||w||^2`` term and, where the covariance is near-singular, can
+    exceed a small nearest distance; the difference of the whitened vectors keeps it relative to the distance itself
+    (``tests/test_gaussian_scoring.py``, against the direct float64 form at condition number 1e9)."""
     nearest = distances.argmin(dim=1)
-    difference = features.double() - terms.centre - terms.means[nearest]
-    exact = ((difference @ terms.precision) * difference).sum(dim=-1)
+    exact = ((whitened - terms.whitened_means[nearest]) ** 2).sum(dim=-1)
     return distances.scatter(1, nearest[:, None], exact[:, None])
 
 
