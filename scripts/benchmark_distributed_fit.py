@@ -89,7 +89,11 @@ def run(num_processes: int, args: argparse.Namespace, output_dir: Path) -> dict:
     return {"num_processes": results["num_processes"], "wall": round(wall, 3), "total": results["seconds"]["total"],
             "fit": round(sum(info["seconds"] for info in passes.values()), 3),
             "fit_images_per_process": [sum(info["images_per_process"][rank] for info in passes.values())
-                                       for rank in range(num_processes)]}
+                                       for rank in range(num_processes)],
+            # Each process's peak resident memory once its fit passes were over (model, data loader and the fit).
+            "peak_memory_mib_per_process": [round(max(info["peak_memory_bytes_per_process"][rank]
+                                                      for info in passes.values()) / 2**20, 1)
+                                            for rank in range(num_processes)]}
 
 
 def max_difference(one: Path, two: Path, pattern: str) -> tuple[float, int]:
@@ -150,6 +154,10 @@ def main() -> int:
     summary = {
         "median_seconds": {configuration: {figure: median(configuration, figure) for figure in ("fit", "total", "wall")}
                            for configuration in ("one_process", "two_processes")},
+        "median_peak_memory_mib_per_process": {
+            configuration: [statistics.median(r[configuration]["peak_memory_mib_per_process"][rank] for r in rounds)
+                            for rank in range(len(rounds[0][configuration]["peak_memory_mib_per_process"]))]
+            for configuration in ("one_process", "two_processes")},
         "median_fit_ratio": fit_ratio,
         "median_total_ratio": total_ratio,
         "max_abs_difference": {key: max(r["max_abs_difference"][key] for r in rounds)
@@ -165,7 +173,8 @@ def main() -> int:
     }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({k: summary[k] for k in ("median_seconds", "median_fit_ratio", "median_total_ratio",
+    print(json.dumps({k: summary[k] for k in ("median_seconds", "median_peak_memory_mib_per_process", "median_fit_ratio",
+                                              "median_total_ratio",
                                               "max_abs_difference", "targets")}, indent=2))
     return 0
 

@@ -87,6 +87,9 @@ def test_each_process_reads_its_own_share_of_the_fit_data(runs):
     for method in script.METHODS:
         info = json.loads((runs["two"] / "run" / "detectors" / method / "fit.json").read_text())
         assert info["images_per_process"] == shares and info["num_samples"] == sum(shares)
+        # Each process's peak resident memory (bytes, by rank), gathered: one reading per process.
+        peaks = info["peak_memory_bytes_per_process"]
+        assert len(peaks) == 2 and all(peak > 2**20 for peak in peaks)
     single = json.loads((runs["one"] / "outcome.json").read_text())
     assert single["images_per_process"] == _expected_shares(1) == [sum(shares)]
 

@@ -14,6 +14,7 @@ the accelerator's autocast, like the scoring batches; unreadable images raise or
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,6 +36,19 @@ FIT_INFO = "fit.json"
 #: and the names fitted in that pass.
 IMAGES_PER_PROCESS = "images_per_process"
 FITTED_TOGETHER = "fitted_together"
+#: Key of ``fit.json`` and of the passes: each process's peak resident memory since it started, in bytes, by rank, read
+#: when the pass (gathering and ``fit_end`` included) is over: what a process held for the fit, beside its model.
+PEAK_MEMORY_PER_PROCESS = "peak_memory_bytes_per_process"
+
+
+def peak_memory_bytes() -> int | None:
+    """This process's peak resident memory since it started (``getrusage``; ``None`` where the platform has none)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
 
 
 def fit_dir(output_dir: Path, method: str) -> Path:
@@ -71,7 +85,8 @@ class FitOutcome(dict):
     Attributes:
         passes: one entry per pass over fit data: ``fitted_together`` (the names fitted in it), ``split``,
             ``seconds`` (wall time of the pass, gathering and ``fit_end`` included), ``images_per_process`` (images
-            each process decoded, by rank), ``num_skipped`` (unreadable images left out, all processes).
+            each process decoded, by rank), ``peak_memory_bytes_per_process`` (:data:`PEAK_MEMORY_PER_PROCESS`),
+            ``num_skipped`` (unreadable images left out, all processes).
         images_per_process: the images the fit passes read on each process, by rank, all passes together (a fit
             reused from an earlier run reads none).
     """
@@ -177,13 +192,14 @@ def fit_detectors(
             fit_together([detectors[name] for name in group], shards.read(bar, keys, accelerator.device),
                          name=f"ID {split} data", errors=errors, shards=shards, names=group)
         failed.update(errors)
-        counts = [(shards.count, shards.skipped)]
+        counts = [(shards.count, shards.skipped, peak_memory_bytes())]
         if accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 
             counts = gather_object(counts)
-        images = [count for count, _ in counts]
-        num_skipped = sum(skipped for _, skipped in counts)
+        images = [count for count, _, _ in counts]
+        num_skipped = sum(skipped for _, skipped, _ in counts)
+        peaks = [peak for _, _, peak in counts]
         seconds = round(time.perf_counter() - begin, 3)
         if output_dir is not None and accelerator.is_main_process:
             for name in [name for name in group if name not in errors]:
@@ -194,9 +210,10 @@ def fit_detectors(
                                                                    "num_samples": sum(images),
                                                                    NUM_SKIPPED_KEY: num_skipped,
                                                                    IMAGES_PER_PROCESS: images, "seconds": seconds,
+                                                                   PEAK_MEMORY_PER_PROCESS: peaks,
                                                                    FITTED_TOGETHER: list(group)}))
         passes.append({FITTED_TOGETHER: list(group), "split": split, "seconds": seconds, IMAGES_PER_PROCESS: images,
-                       NUM_SKIPPED_KEY: num_skipped})
+                       PEAK_MEMORY_PER_PROCESS: peaks, NUM_SKIPPED_KEY: num_skipped})
     accelerator.wait_for_everyone()  # the saved fits are complete before any process goes on
     return FitOutcome(failed, passes, accelerator.num_processes)
 
@@ -212,4 +229,5 @@ def fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
             NUM_SKIPPED_KEY: num_skipped}
 
 
-__all__ = ["fit_record", "DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
+__all__ = ["fit_record", "DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "PEAK_MEMORY_PER_PROCESS",
+           "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
