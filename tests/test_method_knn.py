@@ -64,7 +64,8 @@ def test_a_float16_bank_is_widened_chunk_by_chunk(monkeypatch):
 
     monkeypatch.setattr(torch, "cdist", spy)
     scores = knn_score(features, bank.to(torch.float16), k=4, chunk_size=16)
-    assert searched == [(16, torch.float32)] * 3 + [(2, torch.float32)]  # never the whole bank widened at once
+    # 4 chunks, each widened into at most 16 rows: never the whole bank widened at once.
+    assert len(searched) == 4 and all(rows <= 16 and dtype == torch.float32 for rows, dtype in searched)
     assert scores.dtype == torch.float32
     torch.testing.assert_close(scores, expected, rtol=0, atol=FLOAT16_DISTANCE_BOUND)
 
@@ -103,3 +104,14 @@ def test_bank_dtype_is_refused_once_fitted_and_checked_when_given(vit):
     assert detector.config.bank_dtype == "float32" and detector.bank.dtype == torch.float32
     with pytest.raises(ValueError, match=r"bank_dtype must be one of \('float32', 'float16'\), got 'bfloat16'"):
         get_detector("knn", vit, bank_dtype="bfloat16")
+
+
+def test_a_float16_bank_compiles_whole(fitted):
+    """The widening buffer and its copies trace into one graph (``fullgraph=True``), scoring as the eager forward."""
+    torch._dynamo.reset()
+    detector = fitted["float16"]
+    images = batches(2, seed=1)[0][0][:4]
+    with torch.no_grad():
+        expected = detector(images).ood_score
+        compiled = torch.compile(detector, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(images).ood_score, expected, rtol=1e-6, atol=0)
