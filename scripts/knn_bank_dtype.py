@@ -16,8 +16,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import os
 import platform
@@ -30,29 +28,10 @@ import torch
 
 FIT_BATCH = 256
 SCORE_BATCH = 250
-_LIBC = ctypes.CDLL("libc.so.6")
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
-def peak_above(work):
-    """``(result, seconds, peak resident bytes above those before)`` of ``work()``."""
-    gc.collect()
-    _LIBC.malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current resident memory
-    before = _status_kib("VmRSS")
-    start = time.perf_counter()
-    result = work()
-    seconds = time.perf_counter() - start
-    return result, seconds, max(0, _status_kib("VmHWM") - before) * 1024
 
 
 def main(argv: list[str] | None = None) -> dict:
+    from benchmark_scale import measured  # the scale benchmark's peak above the resident memory (this folder)
     from transformers import ViTConfig, ViTForImageClassification
 
     from hf_gsc import __version__
@@ -90,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     banks = {}
     for bank_dtype in ("float32", "float16"):
         detector = get_detector("knn", model, k=args.k, bank_dtype=bank_dtype)
-        _, fit_seconds, fit_peak = peak_above(lambda: detector._fit(store))
+        _, fit_seconds, fit_peak = measured(lambda: detector._fit(store))
         banks[bank_dtype] = detector.bank
         runs[bank_dtype] = {"bank_dtype": str(detector.bank.dtype), "bank_bytes": detector.bank.nbytes,
                             "fit_seconds": fit_seconds, "fit_peak_bytes_above_store": fit_peak}
@@ -102,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     scores, wall, cpu = {}, {name: [] for name in banks}, {name: [] for name in banks}
     with torch.no_grad():
         for name, bank in banks.items():  # also the warm-up
-            scores[name], _, runs[name]["search_peak_bytes"] = peak_above(lambda: search(bank))
+            scores[name], _, runs[name]["search_peak_bytes"] = measured(lambda: search(bank))
         for _ in range(args.repeats):  # alternated, so that a load from other jobs falls on both alike
             for name, bank in banks.items():
                 start, start_cpu = time.perf_counter(), time.process_time()
