@@ -88,7 +88,8 @@ class KNNConfig(DetectorConfig):
         "float32", choice_check(BANK_DTYPES),
         "The bank's precision. float32: the fitting features' (float64 for a float64 model). float16: half the bytes "
         "(2 N D instead of 4 N D), each row normalised in float32 then rounded; the search widens the bank chunk by "
-        "chunk, so the score stays float32 and moves by at most 2**-11 (a distance between unit vectors lies in [0, 2]).")
+        "chunk, so the score keeps the features' precision (float32) and moves by at most 2**-11 (a distance between unit "
+        "vectors lies in [0, 2]).")
     k: int = setting(50, integer_check(1), "The neighbour whose distance is the score: the ``k``-th nearest. 50: the "
                      "paper's CIFAR-10 setting (ImageNet: 1000 with the whole training set, 10 with 1% of it).")
 
@@ -100,7 +101,7 @@ class KNNDetector(FittedDetector):
     Sun, Ming, Zhu, Li, "Out-of-Distribution Detection with Deep Nearest Neighbors", ICML 2022 (code:
     github.com/deeplearning-wisc/knn-ood). The authors' faiss index returns squared distances; the
     ranking, hence every metric, is the same. The bank is the whole normalised training feature set
-    ``(N, D)`` (features, not images).
+    ``(N, D)`` (features, not images), held in ``bank_dtype`` (float16: half the bytes, searched widened chunk by chunk).
 
     Settings: :class:`KNNConfig`.
     """
