@@ -40,6 +40,7 @@ def test_a_float16_bank_halves_the_bytes_and_scores_within_its_rounding(fitted):
     half, full = fitted["float16"], fitted["float32"]
     assert half.bank.dtype == torch.float16 and full.bank.dtype == torch.float32
     assert half.bank.nbytes * 2 == full.bank.nbytes and half.bank.shape == full.bank.shape == (96, WIDTH)
+    assert half.bank.untyped_storage().nbytes() == half.bank.nbytes  # its own storage, not a view of a wider one
     # Normalised in float32, then rounded once.
     torch.testing.assert_close(half.bank, full.bank.to(torch.float16), rtol=0, atol=0)
     images = batches(2, seed=1)[0][0]
