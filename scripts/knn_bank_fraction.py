@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """KNN with a bank like the authors' on ImageNet (1% of the training set, ``k = 10``: 12.8 rows per class) against
-the whole fitting set (``k = 50``, the default, and ``k = 10``) on the reference models: the evaluation's AUROC and FPR95 per OOD split,
-and the bank's rows. Each row is one ``hf-gsc evaluate --methods knn`` run with the baseline tables' settings
-(``--max-samples 500 --max-fit-samples 2000 --seed 0``).
+the whole fitting set (``k = 50``, the default, and ``k = 10``), and the whole set held in float16
+(``bank_dtype=float16``), on the reference models: the evaluation's AUROC and FPR95 per OOD split. Each row is one
+``hf-gsc evaluate --methods knn`` run with the baseline tables' settings (``--max-samples 500 --max-fit-samples 2000
+--seed 0``).
 
 Example::
 
@@ -22,7 +23,9 @@ SETTINGS = ["--max-samples", "500", "--max-fit-samples", "2000", "--seed", "0", 
 #: of the authors' ImageNet bank (1% of 1,281,167 images, 1,000 classes); 0.01 keeps 2 per class, fewer than k.
 VARIANTS = {"k=50, whole set": ["knn.k=50"], "k=10, whole set": ["knn.k=10"],
             "k=10, bank_fraction=0.064": ["knn.k=10", "knn.bank_fraction=0.064"],
-            "k=10, bank_fraction=0.01": ["knn.k=10", "knn.bank_fraction=0.01"]}
+            "k=10, bank_fraction=0.01": ["knn.k=10", "knn.bank_fraction=0.01"],
+            "k=50, whole set, bank_dtype=float16": ["knn.k=50", "knn.bank_dtype=float16"],
+            "k=10, whole set, bank_dtype=float16": ["knn.k=10", "knn.bank_dtype=float16"]}
 
 
 def main(argv: list[str] | None = None) -> dict:

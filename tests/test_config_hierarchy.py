@@ -40,7 +40,7 @@ def test_a_baseline_config_has_typed_fields_and_names_itself_in_errors():
     config_class = DETECTORS["knn"].config_class
     assert config_class.__name__ == "KNNConfig"
     config = config_class(k=7)
-    assert config.k == 7 and config.hyperparameters == {"bank_fraction": 1.0, "k": 7}
+    assert config.k == 7 and config.hyperparameters == {"bank_dtype": "float32", "bank_fraction": 1.0, "k": 7}
     with pytest.raises(ValueError, match=r"^KNNConfig\.threshold must be a finite number"):
         config.threshold = "high"
     with pytest.raises(ValueError, match=r"^GSCConfig\.mask_ratio must be in"):
@@ -74,4 +74,4 @@ def test_unknown_saved_hyperparameter_is_an_error_unless_a_newer_version_wrote_i
         DetectorConfig.from_dict(values, "saved")
     with pytest.warns(UserWarning, match="newer than the installed"):
         config = DetectorConfig.from_dict({**values, "hf_gsc_version": "99.0"}, "saved")
-    assert config.hyperparameters == {"bank_fraction": 1.0, "k": 3}
+    assert config.hyperparameters == {"bank_dtype": "float32", "bank_fraction": 1.0, "k": 3}

@@ -98,7 +98,7 @@ def test_the_saved_form_is_the_configs_own_and_its_keys_come_from_the_field_kind
     config = hf_gsc.KNNConfig(k=7, threshold=1.5)
     values = config.to_dict()
     assert tuple(values) == DetectorConfig.saved_keys()
-    assert values["hyperparameters"] == {"bank_fraction": 1.0, "k": 7} and values["method"] == "knn"
+    assert values["hyperparameters"] == {"bank_dtype": "float32", "bank_fraction": 1.0, "k": 7} and values["method"] == "knn"
     assert DetectorConfig.from_dict(values) == config
     with pytest.raises(ValueError, match="holds 'knn' settings, not GSCConfig"):
         hf_gsc.GSCConfig.from_dict(values)
@@ -115,7 +115,7 @@ def test_every_methods_config_is_exported_at_the_top_level():
 def test_the_calibration_record_holds_what_the_threshold_depends_on(setting):
     detector = _calibrated(setting, "knn", k=3)
     record = detector.config.calibration
-    assert record["settings"] == {"bank_fraction": 1.0, "k": 3}
+    assert record["settings"] == {"bank_dtype": "float32", "bank_fraction": 1.0, "k": 3}
     assert record["fitted_state"].startswith("sha256:") and len(record["fitted_state"]) == 71
     assert _calibrated(setting, "msp").config.calibration["fitted_state"] is None
 

@@ -235,7 +235,7 @@ def test_baseline_hyperparameters_are_read_only(world):
         detector.config.hyperparameters["k"] = 3
     with pytest.raises(AttributeError):
         detector.config.hyperparameters = {"k": 3}
-    assert detector.hyperparameters == {"bank_fraction": 1.0, "k": 50}
+    assert detector.hyperparameters == {"bank_dtype": "float32", "bank_fraction": 1.0, "k": 50}
 
 
 # ----------------------------------------------------------------------------- saved state checked at load

@@ -372,7 +372,7 @@ def test_publish_a_saved_detector(walkthrough, one_process, published):
     folder = one_process / "detectors" / "knn"
     pulled = walkthrough.python_script(LOAD_SCRIPT, data=walkthrough.data, repos={"knn": published})["knn"]
     local = walkthrough.python_script(LOAD_SCRIPT, data=walkthrough.data, repos={"knn": str(folder)})["knn"]
-    assert pulled["base"] == published and pulled["hyperparameters"] == {"bank_fraction": 1.0, "k": 5}
+    assert pulled["base"] == published and pulled["hyperparameters"] == {"bank_dtype": "float32", "bank_fraction": 1.0, "k": 5}
     assert pulled["threshold"] == local["threshold"] and pulled["state"] == local["state"]
     assert pulled["ood_score"] == local["ood_score"] and pulled["is_ood"] == local["is_ood"]
     assert pulled["served"] == local["served"]

@@ -9,8 +9,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ..settings.config import DetectorConfig, integer_check, number_check, setting
-from .penultimate import FeatureStore, check_fit_samples, take_rows
+from ..settings.config import DetectorConfig, choice_check, integer_check, number_check, setting
+from .penultimate import FeatureStore, check_fit_samples, stored_dtype, take_rows
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .common import FittedDetector
@@ -35,13 +35,37 @@ def knn_bank_rows(num_samples: int, fraction: float, seed: int = BANK_SEED) -> t
     return torch.from_numpy(np.sort(chosen))
 
 
+#: ``bank_dtype`` values: float32 keeps the fitting features' precision (float64 for a float64 model), float16 halves
+#: the bank's bytes.
+BANK_DTYPES = ("float32", "float16")
+
+
+def bank_storage_dtype(bank_dtype: str, feature_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the bank is held in: ``float16`` for ``bank_dtype="float16"``, else the fitting features' stored
+    dtype (:func:`~hf_gsc.detectors.penultimate.stored_dtype`: float32, float64 for a float64 model)."""
+    return torch.float16 if bank_dtype == "float16" else stored_dtype(feature_dtype)
+
+
 def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: int = 4096) -> torch.Tensor:
     """``-||z - z_(k)||_2``: minus the distance of the normalised feature to its ``k``-th nearest normalised
-    training feature. ``features (B, D)``, ``bank (N, D)`` already normalised; returns ``(B,)``."""
-    query = l2_normalise(features.to(bank.dtype))
+    training feature. ``features (B, D)``, ``bank (N, D)`` already normalised; returns ``(B,)``.
+
+    A float16 bank is searched chunk by chunk, each chunk widened to the query's precision (float32, float64 for
+    float64 features): half-precision ``cdist`` is slow or missing on a CPU, and the whole bank is never widened at
+    once. Rounding a unit row to float16 moves it by at most ``2**-11`` (relative rounding of each element), so each
+    distance, hence the ``k``-th, moves by at most that much."""
+    wide = stored_dtype(features.dtype) if bank.dtype == torch.float16 else bank.dtype
+    query = l2_normalise(features.to(wide))
+    # One chunk buffer, reused: a fresh widened chunk per step costs its allocation (page faults on a CPU), about a
+    # sixth of the search at N = 50,000, D = 2048.
+    widened = None if bank.dtype == wide else torch.empty(min(chunk_size, bank.shape[0]), bank.shape[1], dtype=wide,
+                                                           device=bank.device)
     nearest = []
     for start in range(0, bank.shape[0], chunk_size):
-        distances = torch.cdist(query, bank[start : start + chunk_size])
+        chunk = bank[start : start + chunk_size]
+        if widened is not None:
+            chunk = widened[: chunk.shape[0]].copy_(chunk)
+        distances = torch.cdist(query, chunk)
         nearest.append(distances.topk(min(k, distances.shape[1]), dim=1, largest=False).values)
     kth = torch.cat(nearest, dim=1).topk(k, dim=1, largest=False).values[:, -1]
     return -kth
@@ -52,14 +76,20 @@ class KNNConfig(DetectorConfig):
     """Settings of deep nearest neighbours (:class:`KNNDetector`)."""
 
     method: ClassVar[str] = "knn"
-    #: ``bank_fraction`` decides the fitted bank (refused on a fitted detector); ``k`` is read when scoring, not
-    #: fitting: assignable on a fitted detector (a bank smaller than ``k`` refuses it).
-    structural_names: ClassVar[tuple[str, ...]] = ("bank_fraction",)
+    #: ``bank_fraction`` and ``bank_dtype`` decide the fitted bank (refused on a fitted detector); ``k`` is read when
+    #: scoring, not fitting: assignable on a fitted detector (a bank smaller than ``k`` refuses it).
+    structural_names: ClassVar[tuple[str, ...]] = ("bank_fraction", "bank_dtype")
     bank_fraction: float = setting(
         1.0, number_check(0.0, 1.0, low_open=True),
         "Fraction of the fitting samples kept in the bank, drawn as the authors' ``ALPHA`` (run_imagenet.py: "
         "``np.random.choice(N, int(N * ALPHA))``, seed 0); 1: the whole set. The paper's ImageNet results use 1 with "
         "``k = 1000`` and 0.01 with ``k = 10``: a bank, and a search, 100 times smaller.")
+    bank_dtype: str = setting(
+        "float32", choice_check(BANK_DTYPES),
+        "The bank's precision. float32: the fitting features' (float64 for a float64 model). float16: half the bytes "
+        "(2 N D instead of 4 N D), each row normalised in float32 then rounded; the search widens the bank chunk by "
+        "chunk, so the score keeps the features' precision (float32) and moves by at most 2**-11 (a distance between unit "
+        "vectors lies in [0, 2]).")
     k: int = setting(50, integer_check(1), "The neighbour whose distance is the score: the ``k``-th nearest. 50: the "
                      "paper's CIFAR-10 setting (ImageNet: 1000 with the whole training set, 10 with 1% of it).")
 
@@ -71,7 +101,7 @@ class KNNDetector(FittedDetector):
     Sun, Ming, Zhu, Li, "Out-of-Distribution Detection with Deep Nearest Neighbors", ICML 2022 (code:
     github.com/deeplearning-wisc/knn-ood). The authors' faiss index returns squared distances; the
     ranking, hence every metric, is the same. The bank is the whole normalised training feature set
-    ``(N, D)`` (features, not images).
+    ``(N, D)`` (features, not images), held in ``bank_dtype`` (float16: half the bytes, searched widened chunk by chunk).
 
     Settings: :class:`KNNConfig`.
     """
@@ -99,9 +129,10 @@ class KNNDetector(FittedDetector):
         rows = knn_bank_rows(accumulated.count, self.hyperparameters["bank_fraction"])
         chosen = iter(batches) if rows is None else take_rows(batches, rows)
         self.bank = torch.empty(accumulated.count if rows is None else rows.numel(), batches[0].shape[1],
-                                dtype=batches[0].dtype)
+                                dtype=bank_storage_dtype(self.hyperparameters["bank_dtype"], batches[0].dtype))
         filled = 0
         for features in chosen:
+            # Normalised in the features' precision, rounded once by the copy into a float16 bank.
             self.bank[filled:filled + features.shape[0]] = l2_normalise(features)
             filled += features.shape[0]
 
@@ -109,6 +140,14 @@ class KNNDetector(FittedDetector):
         return {"bank": (None, self.feature_dim)}
 
     def _prepare(self) -> None:
+        # A loaded bank's precision must be the config's: refused rather than converted, since widening a float16 bank
+        # would not restore the float32 one (and rounding a float32 one changes the fitted state the record names).
+        bank_dtype = self.hyperparameters["bank_dtype"]
+        if (self.bank.dtype == torch.float16) != (bank_dtype == "float16"):
+            saved = "float16" if self.bank.dtype == torch.float16 else "float32"
+            raise ValueError(
+                f"{self.method}: the bank is {self.bank.dtype} but bank_dtype={bank_dtype!r}; load it with "
+                f"bank_dtype={saved!r} (what it was fitted with), or fit a new detector with bank_dtype={bank_dtype!r}")
         # The bank, fitted or loaded, must hold k rows (a fraction of the fitting samples where bank_fraction < 1).
         k = self.hyperparameters["k"]
         check_fit_samples(self.method, self.bank.shape[0], k, f"k={k} neighbours in the bank")
