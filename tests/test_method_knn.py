@@ -56,14 +56,15 @@ def test_a_float16_bank_is_widened_chunk_by_chunk(monkeypatch):
     features = torch.randn(6, 8, generator=generator)
     expected = knn_score(features, bank, k=4)
     searched = []
-    cdist = torch.cdist
+    addmm = torch.addmm
 
-    def spy(x1, x2, *args, **kwargs):
-        whole = x2 if x2._base is None else x2._base  # a slice of a widened whole bank would show it here
-        searched.append((whole.shape[0], x2.dtype))
-        return cdist(x1, x2, *args, **kwargs)
+    def spy(input, mat1, mat2, *args, **kwargs):  # mat2: the chunk searched, transposed
+        chunk = mat2.T
+        whole = chunk if chunk._base is None else chunk._base  # a slice of a widened whole bank would show it here
+        searched.append((whole.shape[0], chunk.dtype))
+        return addmm(input, mat1, mat2, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "cdist", spy)
+    monkeypatch.setattr(torch, "addmm", spy)
     scores = knn_score(features, bank.to(torch.float16), k=4, chunk_size=16)
     # 4 chunks, each widened into at most 16 rows: never the whole bank widened at once.
     assert len(searched) == 4 and all(rows <= 16 and dtype == torch.float32 for rows, dtype in searched)

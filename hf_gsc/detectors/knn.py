@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from ..settings.config import DetectorConfig, choice_check, integer_check, number_check, setting
 from .penultimate import FeatureStore, check_fit_samples, stored_dtype, take_rows
@@ -46,16 +47,29 @@ def bank_storage_dtype(bank_dtype: str, feature_dtype: torch.dtype) -> torch.dty
     return torch.float16 if bank_dtype == "float16" else stored_dtype(feature_dtype)
 
 
-def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: int = 4096) -> torch.Tensor:
+def bank_squared_norms(bank: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
+    """``||b_i||^2`` of every bank row, ``(N,)``, in the precision the bank is searched in (a float16 bank widened
+    chunk by chunk): 1 up to the rows' rounding, taken as they are so that the search's distances are exact."""
+    wide = torch.float32 if bank.dtype == torch.float16 else bank.dtype
+    return torch.cat([bank[start:start + chunk_size].to(wide).square().sum(dim=-1)
+                      for start in range(0, bank.shape[0], chunk_size)]) if bank.shape[0] else bank.new_zeros(0, dtype=wide)
+
+
+def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: int = 4096,
+              squared_norms: torch.Tensor | None = None) -> torch.Tensor:
     """``-||z - z_(k)||_2``: minus the distance of the normalised feature to its ``k``-th nearest normalised
     training feature. ``features (B, D)``, ``bank (N, D)`` already normalised; returns ``(B,)``.
 
-    A float16 bank is searched chunk by chunk, each chunk widened to the query's precision (float32, float64 for
-    float64 features): half-precision ``cdist`` is slow or missing on a CPU, and the whole bank is never widened at
-    once. Rounding a unit row to float16 moves it by at most ``2**-11`` (relative rounding of each element), so each
-    distance, hence the ``k``-th, moves by at most that much."""
+    Each chunk of the bank is searched by squared distances ``||q||^2 + ||b||^2 - 2 q.b`` (one ``addmm``, as faiss's
+    ``IndexFlatL2`` and ``torch.cdist`` for more than 25 rows compute them), the ``k`` smallest kept, and only the
+    ``k``-th is rooted; ``squared_norms``: :func:`bank_squared_norms` of the bank where it is already known (else
+    taken per chunk, ``N D`` more work per call). A float16 bank is searched chunk by chunk, each chunk widened to the
+    query's precision (float32, float64 for float64 features): half-precision products are slow or missing on a CPU,
+    and the whole bank is never widened at once. Rounding a unit row to float16 moves it by at most ``2**-11``
+    (relative rounding of each element), so each distance, hence the ``k``-th, moves by at most that much."""
     wide = stored_dtype(features.dtype) if bank.dtype == torch.float16 else bank.dtype
     query = l2_normalise(features.to(wide))
+    query_norms = query.square().sum(dim=-1, keepdim=True)
     # One chunk buffer, reused: a fresh widened chunk per step costs its allocation (page faults on a CPU), about a
     # sixth of the search at N = 50,000, D = 2048.
     widened = None if bank.dtype == wide else torch.empty(min(chunk_size, bank.shape[0]), bank.shape[1], dtype=wide,
@@ -65,10 +79,12 @@ def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: in
         chunk = bank[start : start + chunk_size]
         if widened is not None:
             chunk = widened[: chunk.shape[0]].copy_(chunk)
-        distances = torch.cdist(query, chunk)
-        nearest.append(distances.topk(min(k, distances.shape[1]), dim=1, largest=False).values)
+        norms = (chunk.square().sum(dim=-1) if squared_norms is None
+                 else squared_norms[start : start + chunk_size].to(wide))
+        squared = torch.addmm(query_norms + norms[None, :], query, chunk.T, alpha=-2.0)
+        nearest.append(squared.topk(min(k, squared.shape[1]), dim=1, largest=False).values)
     kth = torch.cat(nearest, dim=1).topk(k, dim=1, largest=False).values[:, -1]
-    return -kth
+    return -kth.clamp(min=0.0).sqrt()
 
 
 @dataclass
@@ -112,6 +128,11 @@ class KNNDetector(FittedDetector):
                            "added since the bank here is the --max-fit-samples subset. A k above the bank size is left out")
     state_names = ("bank",)
 
+    def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
+        super().__init__(model, config, **hyperparameters)
+        # Derived from the bank by _prepare (its rows' squared norms, N numbers); a buffer so that .to(device) moves it.
+        self.register_buffer("bank_squared_norms", None, persistent=False)
+
     def fit_requirement(self) -> tuple[int, str]:
         k, fraction = self.hyperparameters["k"], self.hyperparameters["bank_fraction"]
         if fraction >= 1.0:
@@ -151,6 +172,8 @@ class KNNDetector(FittedDetector):
         # The bank, fitted or loaded, must hold k rows (a fraction of the fitting samples where bank_fraction < 1).
         k = self.hyperparameters["k"]
         check_fit_samples(self.method, self.bank.shape[0], k, f"k={k} neighbours in the bank")
+        self.bank_squared_norms = bank_squared_norms(self.bank)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        return knn_score(self.features(batch), self.bank, self.hyperparameters["k"])
+        return knn_score(self.features(batch), self.bank, self.hyperparameters["k"],
+                         squared_norms=self.bank_squared_norms)
