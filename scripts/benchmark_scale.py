@@ -485,6 +485,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--output", required=True, type=Path, help="the JSON; its tables go beside it (.md)")
     parser.add_argument("--end-to-end", type=int, metavar="N", help="fitting images of the end-to-end fit, backbone "
                         "included (default: the configuration's, 4000 full, 200 small; 0: skip it)")
+    parser.add_argument("--end-to-end-only", action="store_true", help="only the end-to-end fit (no shapes, no "
+                        "backbone forwards): to run it beside the rest on another core")
     parser.add_argument("--table-only", action="store_true", help="write the tables from an existing --output JSON")
     args = parser.parse_args(argv)
     if args.table_only:  # the projection is derived from the measured rows: recomputed, then the tables
@@ -511,8 +513,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(message, file=sys.stderr, flush=True)
 
     load_before = os.getloadavg()
-    backbone = None if args.no_backbones else backbones(setting["backbone_batch"], log)
-    shapes = {str(dim): run_shape(dim, setting, log) for dim in setting["dims"]}
+    if args.end_to_end_only and not setting["end_to_end"]["size"]:
+        parser.error("--end-to-end-only with --end-to-end 0 measures nothing")
+    backbone = None if args.no_backbones or args.end_to_end_only else backbones(setting["backbone_batch"], log)
+    shapes = {} if args.end_to_end_only else {str(dim): run_shape(dim, setting, log) for dim in setting["dims"]}
     together = end_to_end(setting, log) if setting["end_to_end"]["size"] else None
     results = {
         "settings": {**{key: list(value) if isinstance(value, tuple) else value for key, value in setting.items()},
