@@ -152,6 +152,7 @@ def test_a_load_of_another_fitted_state_drops_the_threshold(setting, tmp_path):
 
 def test_a_setting_assigned_after_calibration_or_a_refit_drops_the_threshold(setting):
     gsc = _calibrated(setting, "gsc")
+    assert gsc(setting.x_test).is_ood is not None  # a forward that checked the config: the next one sees assignments
     gsc.config.mask_ratio = 0.5
     with pytest.warns(UserWarning, match=rf"{DROPPED} mask_ratio \(0.05 -> 0.5\) changed since it was calibrated"):
         assert gsc(setting.x_test).is_ood is None
@@ -161,7 +162,7 @@ def test_a_setting_assigned_after_calibration_or_a_refit_drops_the_threshold(set
     assert knn.config.threshold is None
     knn = _calibrated(setting, "knn", k=3)
     knn.fit(setting.batches())  # the same data: the same fitted state, the threshold still holds
-    assert knn.config.threshold is not None
+    assert knn.config.threshold is not None and knn(setting.x_test).is_ood is not None
     knn.config.k = 5  # read when scoring: honoured, and the threshold calibrated at k=3 dropped
     with pytest.warns(UserWarning, match=rf"{DROPPED} k \(3 -> 5\) changed since it was calibrated"):
         out = knn(setting.x_test)

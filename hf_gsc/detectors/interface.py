@@ -249,8 +249,15 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         record no longer matches the settings is dropped (:meth:`stale_threshold`, :meth:`clear_calibration`).
 
         Skipped inside a compiled forward (a compiler cannot trace it; the compiled graph guards on the settings it
-        reads and recompiles when one changes): :meth:`compiled`'s forward runs this check eagerly before each call."""
+        reads and recompiles when one changes): :meth:`compiled`'s forward runs this check eagerly before each call.
+        Skipped too while the config has taken no assignment (:attr:`DetectorConfig.assignments`) since the last
+        check that passed (each forward would otherwise compare every setting and the calibration record again)."""
         if torch.compiler.is_compiling():
+            return
+        config = self.config
+        checking = (config, config.assignments)
+        checked = self.__dict__.get("_checked")
+        if checked is not None and checked[0] is config and checked[1] == checking[1]:
             return
         now = self.hyperparameters
         changed = {name: (self._built_with[name], value) for name, value in now.items()
@@ -270,6 +277,9 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         reason = self.stale_threshold(fitted_state=False)
         if reason is not None:
             self.clear_calibration(reason)
+        # The count read before the check: an assignment made by the check itself (a rebuild, the dropped
+        # threshold) has the next call check again.
+        self.__dict__["_checked"] = checking
 
     def rebuild(self, changed: dict[str, tuple[Any, Any]]) -> None:
         """Rebuild what depends on the structural settings in ``changed`` (``name -> (built with, now)``).
