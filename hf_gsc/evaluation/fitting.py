@@ -41,14 +41,22 @@ def fit_dir(output_dir: Path, method: str) -> Path:
     return Path(output_dir) / DETECTORS_DIR / method
 
 
+def read_fit_info(directory: Path) -> dict[str, Any]:
+    """The ``fit.json`` of the saved fit in ``directory`` (:func:`fit_dir`; the one reader of it); ``{}`` when it is
+    missing, unreadable or not a JSON object."""
+    try:
+        info = json.loads((Path(directory) / FIT_INFO).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def _load_fit(directory: Path, expected: str) -> dict[str, torch.Tensor] | None:
     """The fitted state saved with fingerprint ``expected``, else ``None`` (missing, stale, truncated or
     unreadable: fit again)."""
+    if read_fit_info(directory).get("fingerprint") != expected:
+        return None
     try:
-        with open(directory / FIT_INFO) as handle:
-            info = json.load(handle)
-        if info.get("fingerprint") != expected:
-            return None
         return read_state(directory / STATE_FILE)
     except (OSError, ValueError):
         return None
@@ -57,10 +65,10 @@ def _load_fit(directory: Path, expected: str) -> dict[str, torch.Tensor] | None:
 def saved_fit_info(output_dir: Path, method: str) -> dict[str, int]:
     """``num_samples`` and ``num_skipped`` (unreadable images) of the saved fit of ``method`` (``fit.json``);
     ``{}`` without one."""
+    info = read_fit_info(fit_dir(output_dir, method))
     try:
-        info = json.loads((fit_dir(output_dir, method) / FIT_INFO).read_text())
         return {"num_samples": int(info["num_samples"]), NUM_SKIPPED_KEY: int(info.get(NUM_SKIPPED_KEY, 0))}
-    except (OSError, ValueError, KeyError):
+    except (ValueError, KeyError):
         return {}
 
 
@@ -212,4 +220,4 @@ def fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
             NUM_SKIPPED_KEY: num_skipped}
 
 
-__all__ = ["fit_record", "DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
+__all__ = ["fit_record", "DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "fit_detectors", "fit_dir", "fit_groups", "read_fit_info", "saved_fit_info"]
