@@ -107,9 +107,10 @@ def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Ma
 
 
 def _refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_data: Mapping[str, Any],
-                      failed: dict[str, str]) -> list[str]:
-    """The methods of ``pending`` whose fit split holds enough samples for them; the others go to ``failed`` with the
-    reason before any image is read (the split's row count after ``--max-fit-samples``, where it is known)."""
+                      failed: dict[str, str], source: str | None = None) -> list[str]:
+    """The methods of ``pending`` whose fit data holds enough samples for them (``FittedDetector.check_fit_size``);
+    the others go to ``failed`` with the reason before any image is read (the data's row count, where it is known).
+    ``source``: what the rows are, for the reason (default: the method's ID fit split after ``--max-fit-samples``)."""
     from ..detectors.penultimate import NotEnoughSamplesError
     from .plan import num_rows
 
@@ -118,7 +119,7 @@ def _refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_
         rows, check = num_rows(fit_data[name]), getattr(detectors[name], "check_fit_size", None)
         try:
             if rows is not None and check is not None:
-                check(rows, f"the ID {detectors[name].fit_split} split (its rows, at most --max-fit-samples)")
+                check(rows, source or f"the ID {detectors[name].fit_split} split (its rows, at most --max-fit-samples)")
             kept.append(name)
         except NotEnoughSamplesError as error:
             failed[name] = f"fit failed: {type(error).__name__}: {error}"
