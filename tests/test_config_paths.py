@@ -145,23 +145,24 @@ def test_a_load_of_another_fitted_state_drops_the_threshold(setting, tmp_path):
     from hf_gsc.settings.config import STATE_FILE
 
     save_state(refitted.fitted_state(), tmp_path / STATE_FILE)
-    with pytest.warns(UserWarning, match=f"{DROPPED} the fitted state differs"):
+    with pytest.warns(UserWarning, match=f"{DROPPED} the fitted state changed since it was calibrated"):
         loaded = AutoOODDetector.from_pretrained(tmp_path, model=setting.model)
     assert loaded.config.threshold is None
 
 
 def test_a_setting_assigned_after_calibration_or_a_refit_drops_the_threshold(setting):
     gsc = _calibrated(setting, "gsc")
+    assert gsc(setting.x_test).is_ood is not None  # a forward that checked the config: the next one sees assignments
     gsc.config.mask_ratio = 0.5
     with pytest.warns(UserWarning, match=rf"{DROPPED} mask_ratio \(0.05 -> 0.5\) changed since it was calibrated"):
         assert gsc(setting.x_test).is_ood is None
     knn = _calibrated(setting, "knn", k=3)
-    with pytest.warns(UserWarning, match=f"{DROPPED} the detector was fitted again"):
+    with pytest.warns(UserWarning, match=f"{DROPPED} the fitted state changed since it was calibrated"):
         knn.fit(setting.batches(limit=64))
     assert knn.config.threshold is None
     knn = _calibrated(setting, "knn", k=3)
     knn.fit(setting.batches())  # the same data: the same fitted state, the threshold still holds
-    assert knn.config.threshold is not None
+    assert knn.config.threshold is not None and knn(setting.x_test).is_ood is not None
     knn.config.k = 5  # read when scoring: honoured, and the threshold calibrated at k=3 dropped
     with pytest.warns(UserWarning, match=rf"{DROPPED} k \(3 -> 5\) changed since it was calibrated"):
         out = knn(setting.x_test)
@@ -185,10 +186,10 @@ def test_a_setting_assigned_after_calibration_or_a_refit_drops_the_threshold(set
 def test_a_folder_saved_today_loaded_with_another_setting_drops_its_threshold():
     from test_saved_today import FIXTURES
 
-    with pytest.warns(UserWarning, match=rf"{DROPPED} k \(3 -> 5\)"):
+    with pytest.warns(UserWarning, match=rf"{DROPPED} k \(3 -> 5\) changed since it was calibrated"):
         knn = AutoOODDetector.from_pretrained(str(FIXTURES / "knn"), k=5)
     assert knn.config.threshold is None
-    with pytest.warns(UserWarning, match=rf"{DROPPED} mask_ratio \(0.1 -> 0.5\)"):
+    with pytest.warns(UserWarning, match=rf"{DROPPED} mask_ratio \(0.1 -> 0.5\) changed since it was calibrated"):
         gsc = AutoOODDetector.from_pretrained(str(FIXTURES / "gsc"), mask_ratio=0.5)
     assert gsc.config.threshold is None
 

@@ -112,10 +112,10 @@ def _keeping_calibration_honest(fit_end: Any) -> Any:
         finally:
             if outer:
                 self.__dict__["_ending_fit"] = False
-        if outer and self.config.threshold is not None:
-            recorded = (self.config.calibration or {}).get("fitted_state")
-            if recorded is None or recorded != fitted_state_digest(self.fitted_state()):
-                self.clear_calibration("the detector was fitted again after its threshold was calibrated")
+        if outer:
+            reason = self.stale_threshold(settings=False, refitted=True)
+            if reason is not None:
+                self.clear_calibration(reason)
 
     wrapped._keeps_calibration_honest = True
     return wrapped
@@ -246,11 +246,18 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         A structural setting assigned since the detector was built (:attr:`DetectorConfig.structural_names`) is
         rebuilt for (:meth:`rebuild`), any other is checked against the fitted state (:meth:`settings_changed`); when
         either refuses or fails, the assignments are undone and the error raised. A threshold whose calibration
-        record no longer matches the settings is dropped (:meth:`clear_calibration`).
+        record no longer matches the settings is dropped (:meth:`stale_threshold`, :meth:`clear_calibration`).
 
         Skipped inside a compiled forward (a compiler cannot trace it; the compiled graph guards on the settings it
-        reads and recompiles when one changes): :meth:`compiled`'s forward runs this check eagerly before each call."""
+        reads and recompiles when one changes): :meth:`compiled`'s forward runs this check eagerly before each call.
+        Skipped too while the config has taken no assignment (:attr:`DetectorConfig.assignments`) since the last
+        check that passed (each forward would otherwise compare every setting and the calibration record again)."""
         if torch.compiler.is_compiling():
+            return
+        config = self.config
+        checking = (config, config.assignments)
+        checked = self.__dict__.get("_checked")
+        if checked is not None and checked[0] is config and checked[1] == checking[1]:
             return
         now = self.hyperparameters
         changed = {name: (self._built_with[name], value) for name, value in now.items()
@@ -267,11 +274,12 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
                     object.__setattr__(self.config, name, old)  # already checked when it was first assigned
                 raise
             self._built_with = now
-        calibration = self.config.calibration or {}
-        if self.config.threshold is not None and "settings" in calibration:
-            differ = changed_settings(calibration["settings"], self.calibration_settings())
-            if differ:
-                self.clear_calibration(f"{differ} changed since it was calibrated")
+        reason = self.stale_threshold(fitted_state=False)
+        if reason is not None:
+            self.clear_calibration(reason)
+        # The count read before the check: an assignment made by the check itself (a rebuild, the dropped
+        # threshold) has the next call check again.
+        self.__dict__["_checked"] = checking
 
     def rebuild(self, changed: dict[str, tuple[Any, Any]]) -> None:
         """Rebuild what depends on the structural settings in ``changed`` (``name -> (built with, now)``).
@@ -288,10 +296,11 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         """Called by :meth:`check_config` after settings changed (``name -> (before, now)``), structural ones
         rebuilt for: re-derive what depends on them, or raise to have them undone. Default: nothing."""
 
-    def calibration_settings(self) -> dict[str, Any]:
+    def calibration_settings(self, config: DetectorConfig | None = None) -> dict[str, Any]:
         """The values ``ood_score`` depends on besides the fitted tensors (the settings and fitted values other than
-        the threshold and its record), as JSON stores them: what a calibration record keeps as ``settings``."""
-        return json.loads(json.dumps(self.config.score_hyperparameters()))
+        the threshold and its record), as JSON stores them: what a calibration record keeps as ``settings``. Those of
+        this detector's config, or of ``config`` (at load: the saved one)."""
+        return json.loads(json.dumps((self.config if config is None else config).score_hyperparameters()))
 
     def calibration_dependencies(self) -> dict[str, Any]:
         """What a threshold calibrated now depends on: ``settings`` (:meth:`calibration_settings`) and
@@ -314,26 +323,45 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         )
 
     def check_loaded_calibration(self, saved_settings: dict[str, Any]) -> None:
-        """After a load: keep the saved threshold only for the settings and fitted state it was calibrated for.
+        """After a load: keep the saved threshold only for the settings and fitted state it was calibrated for
+        (:meth:`stale_threshold`; ``saved_settings``: the saved values of the settings given again at load)."""
+        reason = self.stale_threshold(saved_settings=saved_settings)
+        if reason is not None:
+            self.clear_calibration(reason)
 
-        A record written with ``settings`` and ``fitted_state`` is checked against both; an older record (without
-        them) against ``saved_settings``, the settings saved beside it (a keyword given to ``from_pretrained``
-        that changes one drops the threshold); ``saved_settings`` holds the saved values of the settings given again
-        at load. Such a threshold is kept, without a warning, unverified against the fitted state (which that format
-        did not record): the folder and its state file were written together."""
+    def stale_threshold(self, settings: bool = True, fitted_state: bool = True,
+                        saved_settings: dict[str, Any] | None = None, refitted: bool = False) -> str | None:
+        """Why the threshold no longer applies to this detector (the reason :meth:`clear_calibration` gives), or
+        ``None`` while it does or none is set; the one check at load, before each score or save, and after a refit.
+
+        Args:
+            settings: compare the calibration record's ``settings`` with :meth:`calibration_settings`. A record
+                written without them (an older format) is compared, on the settings in ``saved_settings`` only, with
+                ``saved_settings`` when given (at load: the saved values of the settings given again, so that a
+                keyword given to ``from_pretrained`` that changes one drops the threshold), else not at all.
+            fitted_state: compare the record's ``fitted_state`` with :func:`fitted_state_digest` of
+                :meth:`fitted_state`. A record without one is kept unverified (the older format saved the threshold
+                with the state file it was calibrated with) unless ``refitted``: after a fit it vouches for nothing.
+            refitted: the detector was fitted since the record was written.
+        """
         calibration = self.config.calibration or {}
         if self.config.threshold is None:
-            return
-        current = self.calibration_settings()
-        if "settings" in calibration:
-            recorded = calibration["settings"]
-        else:
-            recorded, current = saved_settings, {name: current.get(name) for name in saved_settings}
-        differ = changed_settings(recorded, current)
+            return None
+        differ = ""
+        if settings and "settings" in calibration:
+            differ = changed_settings(calibration["settings"], self.calibration_settings())
+        elif settings and saved_settings is not None:
+            current = self.calibration_settings()
+            differ = changed_settings(saved_settings, {name: current.get(name) for name in saved_settings})
         if differ:
-            self.clear_calibration(f"{differ} differ from the settings it was calibrated for")
-        elif "fitted_state" in calibration and calibration["fitted_state"] != fitted_state_digest(self.fitted_state()):
-            self.clear_calibration("the fitted state differs from the one it was calibrated with")
+            return f"{differ} changed since it was calibrated"
+        if fitted_state:
+            recorded = calibration.get("fitted_state")
+            if refitted and recorded is None:
+                return "the detector was fitted again since it was calibrated, with no fitted state recorded to compare"
+            if "fitted_state" in calibration and recorded != fitted_state_digest(self.fitted_state()):
+                return "the fitted state changed since it was calibrated"
+        return None
 
     @property
     def hyperparameters(self) -> dict[str, Any]:

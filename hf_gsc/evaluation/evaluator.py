@@ -471,15 +471,20 @@ class OODEvaluator:
         # What every method's threshold was calibrated on: one split for all of them.
         calibration_source = validation_source(args.benchmark, args.id_dataset) if calibrated else None
         state.id_scores, state.ood_scores, entries = {}, {}, {}
+        # The first method's score files by split: run_details reads the split sizes and the unreadable images left
+        # out there (the same for every method), without loading them again.
+        first_files: dict[str, dict[str, torch.Tensor]] = {}
         for name, detector in state.detectors.items():
-            id_test = self.load_scores(name, ID_TEST)
+            files = {ID_TEST: self.load_scores(name, ID_TEST)}
+            id_test = files[ID_TEST]
             if not torch.equal(id_test["labels"], base["labels"]):
                 raise RuntimeError(f"score files of {name!r} and of the base model list the ID test samples differently")
+            files.update({OOD_PREFIX + ood: self.load_scores(name, OOD_PREFIX + ood) for ood in plan.ood_names})
             state.id_scores[name] = id_test[SCORE_KEY]
-            state.ood_scores[name] = {ood: self.load_scores(name, OOD_PREFIX + ood)[SCORE_KEY]
-                                      for ood in plan.ood_names}
+            state.ood_scores[name] = {ood: files[OOD_PREFIX + ood][SCORE_KEY] for ood in plan.ood_names}
             if calibrated:
-                validation = self.load_scores(name, ID_VALIDATION)[SCORE_KEY]
+                files[ID_VALIDATION] = self.load_scores(name, ID_VALIDATION)
+                validation = files[ID_VALIDATION][SCORE_KEY]
                 entry = method_results(state.id_scores[name], validation,
                                        state.ood_scores[name], args.target_tpr, "validation", method=name,
                                        id_test_correct=correct, delta=args.conformal_delta, groups=groups)
@@ -493,7 +498,8 @@ class OODEvaluator:
             if name in plan.fit_data:
                 entry["fit"] = {"split": detector.fit_split, **fits[name]}
             entries[name] = entry
-        details = run_details(self, base, fits, calibrated, groups)
+            first_files = first_files or files
+        details = run_details(self, base, fits, calibrated, groups, first_files)
         if state.shipped is not None:
             method = state.shipped.method
             details["detector"] = at_shipped_threshold(entries[method], state.shipped, self.model_name(),

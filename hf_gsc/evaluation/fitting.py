@@ -55,14 +55,22 @@ def fit_dir(output_dir: Path, method: str) -> Path:
     return Path(output_dir) / DETECTORS_DIR / method
 
 
+def read_fit_info(directory: Path) -> dict[str, Any]:
+    """The ``fit.json`` of the saved fit in ``directory`` (:func:`fit_dir`; the one reader of it); ``{}`` when it is
+    missing, unreadable or not a JSON object."""
+    try:
+        info = json.loads((Path(directory) / FIT_INFO).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def _load_fit(directory: Path, expected: str) -> dict[str, torch.Tensor] | None:
     """The fitted state saved with fingerprint ``expected``, else ``None`` (missing, stale, truncated or
     unreadable: fit again)."""
+    if read_fit_info(directory).get("fingerprint") != expected:
+        return None
     try:
-        with open(directory / FIT_INFO) as handle:
-            info = json.load(handle)
-        if info.get("fingerprint") != expected:
-            return None
         return read_state(directory / STATE_FILE)
     except (OSError, ValueError):
         return None
@@ -71,10 +79,10 @@ def _load_fit(directory: Path, expected: str) -> dict[str, torch.Tensor] | None:
 def saved_fit_info(output_dir: Path, method: str) -> dict[str, int]:
     """``num_samples`` and ``num_skipped`` (unreadable images) of the saved fit of ``method`` (``fit.json``);
     ``{}`` without one."""
+    info = read_fit_info(fit_dir(output_dir, method))
     try:
-        info = json.loads((fit_dir(output_dir, method) / FIT_INFO).read_text())
         return {"num_samples": int(info["num_samples"]), NUM_SKIPPED_KEY: int(info.get(NUM_SKIPPED_KEY, 0))}
-    except (OSError, ValueError, KeyError):
+    except (ValueError, KeyError):
         return {}
 
 
@@ -114,9 +122,10 @@ def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Ma
 
 
 def _refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_data: Mapping[str, Any],
-                      failed: dict[str, str]) -> list[str]:
-    """The methods of ``pending`` whose fit split holds enough samples for them; the others go to ``failed`` with the
-    reason before any image is read (the split's row count after ``--max-fit-samples``, where it is known)."""
+                      failed: dict[str, str], source: str | None = None) -> list[str]:
+    """The methods of ``pending`` whose fit data holds enough samples for them (``FittedDetector.check_fit_size``);
+    the others go to ``failed`` with the reason before any image is read (the data's row count, where it is known).
+    ``source``: what the rows are, for the reason (default: the method's ID fit split after ``--max-fit-samples``)."""
     from ..detectors.penultimate import NotEnoughSamplesError
     from .plan import num_rows
 
@@ -125,7 +134,7 @@ def _refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_
         rows, check = num_rows(fit_data[name]), getattr(detectors[name], "check_fit_size", None)
         try:
             if rows is not None and check is not None:
-                check(rows, f"the ID {detectors[name].fit_split} split (its rows, at most --max-fit-samples)")
+                check(rows, source or f"the ID {detectors[name].fit_split} split (its rows, at most --max-fit-samples)")
             kept.append(name)
         except NotEnoughSamplesError as error:
             failed[name] = f"fit failed: {type(error).__name__}: {error}"
@@ -230,4 +239,4 @@ def fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
 
 
 __all__ = ["fit_record", "DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "PEAK_MEMORY_PER_PROCESS",
-           "fit_detectors", "fit_dir", "fit_groups", "saved_fit_info"]
+           "fit_detectors", "fit_dir", "fit_groups", "read_fit_info", "saved_fit_info"]

@@ -114,16 +114,18 @@ def at_shipped_threshold(entry: dict[str, Any], detector: Any, source: str, id_s
 
 
 def run_details(evaluator: Any, base: Mapping[str, torch.Tensor], fits: Mapping[str, dict[str, Any]],
-                calibrated: bool, groups: Mapping[str, list[str]]) -> dict[str, Any]:
+                calibrated: bool, groups: Mapping[str, list[str]],
+                score_files: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, Any]:
     """Every ``results.json`` entry beside the methods, the selection and the timings: the run's model, data,
     split sizes, unreadable images, label check, configuration, device and versions (``evaluator``: the
-    :class:`~hf_gsc.evaluation.evaluator.OODEvaluator` after its phases, on the main process)."""
+    :class:`~hf_gsc.evaluation.evaluator.OODEvaluator` after its phases, on the main process; ``score_files``: the
+    first method's score files, by split, as the collect phase loaded them)."""
     args, state, plan, context = evaluator.args, evaluator.state, evaluator.state.plan, evaluator.context
     assert plan is not None and context is not None
     any_method = next(iter(state.detectors))
 
     def skipped(split: str) -> int:  # the same for every method: all read the split through the same decoding
-        return int(evaluator.load_scores(any_method, split).get(NUM_SKIPPED_KEY, torch.tensor(0)))
+        return int(score_files[split].get(NUM_SKIPPED_KEY, torch.tensor(0)))
 
     details: dict[str, Any] = {
         "model": evaluator.model_name(),
@@ -132,7 +134,7 @@ def run_details(evaluator: Any, base: Mapping[str, torch.Tensor], fits: Mapping[
         "id_accuracy": float((base[PREDICTIONS_KEY] == base["labels"]).double().mean()),
         "split_sizes": {  # from the score files: a streamed split's size is known once it was read
             "id_test": int(state.id_scores[any_method].numel()),
-            **({"id_validation": int(evaluator.load_scores(any_method, ID_VALIDATION)[SCORE_KEY].numel())}
+            **({"id_validation": int(score_files[ID_VALIDATION][SCORE_KEY].numel())}
                if calibrated else {}),
             "ood": {ood: int(scores.numel()) for ood, scores in state.ood_scores[any_method].items()},
             "fit": {name: fit["num_samples"] for name, fit in fits.items()},

@@ -4,13 +4,12 @@ folders a failed run made and leaves empty."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from contextlib import suppress
 from pathlib import Path
 
-from .fitting import FIT_INFO, fit_dir
+from .fitting import FIT_INFO, fit_dir, read_fit_info
 from .report import RESULTS_JSON, RESULTS_MD
 
 #: The folder (under ``OUTPUT/detectors/``) of the detector the selection chose.
@@ -41,10 +40,7 @@ def copy_results_json(output_dir: Path, folders: list[Path]) -> None:
 
 
 def saved_fingerprint(output_dir: Path, method: str) -> str | None:
-    try:
-        return json.loads((fit_dir(output_dir, method) / FIT_INFO).read_text()).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return read_fit_info(fit_dir(output_dir, method)).get("fingerprint")
 
 
 def remove_saved_detector(output_dir: Path, method: str) -> None:

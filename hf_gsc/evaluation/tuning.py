@@ -103,7 +103,7 @@ def tune_hyperparameters(
     from ..utils.version import __version__
     from ..detectors import get_detector
     from .fingerprints import dataset_fingerprint, fingerprint, model_fingerprint
-    from .fitting import fit_detectors
+    from .fitting import fit_detectors, _refuse_too_small
     from .json_files import jsonable
     from .loaders import make_dataloader
     from .loop import score_split
@@ -155,10 +155,9 @@ def tune_hyperparameters(
             continue
         size = num_rows(data)
         fit_sizes["tune_fit" if split == "validation" else split] = size
-        too_few = [key for key in keys if size is not None and size < candidates[key].min_fit_samples]
-        problems.update({key: f"needs at least {candidates[key].min_fit_samples} fit samples, the fit data has {size}"
-                         for key in too_few})
-        keys = [key for key in keys if key not in too_few]
+        keys = _refuse_too_small(candidates, keys, dict.fromkeys(keys, data), problems,
+                                 "tune_fit (half of the ID validation rows, at most --max-samples)"
+                                 if split == "validation" else None)
         if not keys:
             continue
         prints = {key: fingerprint(jsonable({

@@ -208,6 +208,9 @@ class DetectorConfig:
 
     method: ClassVar[str] = ""
     structural_names: ClassVar[tuple[str, ...] | None] = None
+    #: How many assignments this config has taken (its construction's included; an instance's own count shadows
+    #: this 0): a detector checks its config again only after it changed (:meth:`hf_gsc.OODDetector.check_config`).
+    assignments: ClassVar[int] = 0
 
     threshold: float | None = fitted(None, _threshold, "``is_ood = not ood_score >= threshold``; set by ``calibrate`` "
                                                        "on ID validation data.")
@@ -238,6 +241,7 @@ class DetectorConfig:
             except ValueError as error:
                 raise ValueError(f"{type(self).__name__}.{error}") from None
         object.__setattr__(self, name, value)
+        self.__dict__["assignments"] = self.assignments + 1
 
     @property
     def hyperparameters(self) -> "ReadOnlyDict":

@@ -4,7 +4,6 @@ its base model, saved or given."""
 
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -177,10 +176,6 @@ def load_detector(
         raise ValueError(f"{path} holds a saved {method!r} detector ({cls.__name__}), not a {expected_class.__name__}; "
                          f"load it with AutoOODDetector.from_pretrained({path!r})")
     overrides, hub, model_kwargs = split_kwargs(kwargs, hyperparameter_names(cls))
-    # The saved values of the settings given again here: an older calibration record (without the settings it
-    # depends on) keeps its threshold only where these are unchanged.
-    given_settings = {} if saved is None else json.loads(json.dumps(
-        {name: getattr(saved, name) for name in overrides if name in saved.score_names()}))
     if saved is not None:
         if model is None:
             base, base_hub = _base_reference(path, detector_dir, saved, overrides, hub)
@@ -211,6 +206,10 @@ def load_detector(
             detector.config.base_model_name_or_path = path
             detector.config.base_model_revision = hub.get("revision")
     if saved is not None:
+        # The saved values of the settings given again here: an older calibration record (without the settings it
+        # depends on) keeps its threshold only where these are unchanged.
+        given_settings = {name: value for name, value in detector.calibration_settings(saved).items()
+                          if name in overrides}
         detector.check_loaded_calibration(given_settings)
     return detector
 
