@@ -181,6 +181,14 @@ def test_a_setting_assigned_after_calibration_or_a_refit_drops_the_threshold(set
     with pytest.raises(ValueError, match="assignment is undone"):
         react(setting.x_test)
     assert react.config.percentile == 90.0 and react(setting.x_test).is_ood is not None
+    adascale = _calibrated(setting, "adascale_a")
+    assert adascale(setting.x_test).is_ood is not None
+    with pytest.raises(TypeError):  # a pair is assigned whole (which the detector sees), never edited in place
+        adascale.config.percentile[0] = 70.0
+    adascale.config.percentile = [70.0, 80.0]  # assigned whole: seen, and (a fit setting) refused and undone
+    with pytest.raises(ValueError, match="assignment is undone"):
+        adascale(setting.x_test)
+    assert adascale.config.percentile == (75.0, 85.0) and adascale(setting.x_test).is_ood is not None
 
 
 def test_a_folder_saved_today_loaded_with_another_setting_drops_its_threshold():

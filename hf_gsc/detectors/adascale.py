@@ -71,12 +71,13 @@ def adascale_logits(features: torch.Tensor, head: LinearHead, scale: torch.Tenso
 
 
 def _percentile_pair(name: str, value: Any) -> Any:
-    """A pair ``[low, high]`` with ``0 < low <= high < 100``, as a list of floats (the saved format is JSON)."""
+    """A pair ``[low, high]`` with ``0 < low <= high < 100``, held as a tuple of floats (saved as a JSON list): a
+    setting is changed by assigning it, which the detector sees, never by editing it in place, which it would not."""
     if (not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2
             or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
             or not 0 < value[0] <= value[1] < 100):
         raise ValueError(f"{name} must be a pair [low, high] with 0 < low <= high < 100, got {value!r}")
-    return [float(v) for v in value]
+    return (float(value[0]), float(value[1]))
 
 
 @dataclass
@@ -84,8 +85,8 @@ class AdaSCALEConfig(DetectorConfig):
     """Settings of adaptive activation scaling, shared by its two variants (:class:`AdaSCALEDetector`); every
     default is OpenOOD adascale_*.yml ``postprocessor_args``."""
 
-    percentile: list[float] = setting(
-        [75.0, 85.0], _percentile_pair,
+    percentile: tuple[float, float] = setting(
+        (75.0, 85.0), _percentile_pair,
         "The range ``[p_min, p_max]`` of the adaptive percentile; ``[75, 85]``: OpenOOD adascale_*.yml (the yml "
         "notes ``[80, 85]`` as best for ResNet-50).")
     k1: float = setting(5.0, number_check(0.0, 100.0),
