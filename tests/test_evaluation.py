@@ -701,10 +701,7 @@ def test_two_processes_skip_the_same_unreadable_image(
         scores = [load_file(str(_score_file(tmp_path / run, method, "ood_broken")))["ood_score"] for run in ("two", "one")]
         if streaming:
             scores = [values.sort().values for values in scores]
-        # Computed in float32 (the tiny model's precision) over batches the two runs compose differently, and a KNN
-        # search's distance products round by batch shape (as cdist's and faiss's do): equal to float32 rounding,
-        # where an image's score in another's place would be off by orders more.
-        torch.testing.assert_close(*scores, rtol=1e-5, atol=1e-6, msg=lambda message: f"{method}: {message}")
+        torch.testing.assert_close(*scores)
 
 
 def test_two_processes_stop_together_at_an_unreadable_image(tiny: dict[str, str], broken_folder: str, tmp_path: Path) -> None:

@@ -60,13 +60,16 @@ def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: in
     """``-||z - z_(k)||_2``: minus the distance of the normalised feature to its ``k``-th nearest normalised
     training feature. ``features (B, D)``, ``bank (N, D)`` already normalised; returns ``(B,)``.
 
-    Each chunk of the bank is searched by squared distances ``||q||^2 + ||b||^2 - 2 q.b`` (one ``addmm``, as faiss's
-    ``IndexFlatL2`` and ``torch.cdist`` for more than 25 rows compute them), the ``k`` smallest kept, and only the
-    ``k``-th is rooted; ``squared_norms``: :func:`bank_squared_norms` of the bank where it is already known (else
-    taken per chunk, ``N D`` more work per call). A float16 bank is searched chunk by chunk, each chunk widened to the
-    query's precision (float32, float64 for float64 features): half-precision products are slow or missing on a CPU,
-    and the whole bank is never widened at once. Rounding a unit row to float16 moves it by at most ``2**-11``
-    (relative rounding of each element), so each distance, hence the ``k``-th, moves by at most that much."""
+    The neighbours are found chunk by chunk by squared distances ``||q||^2 + ||b||^2 - 2 q.b`` (one ``addmm``, as
+    faiss's ``IndexFlatL2`` and ``torch.cdist`` beyond 25 rows compute them), the ``k`` smallest of each chunk kept;
+    the score is then the ``k``-th neighbour's distance taken directly, ``||q - b_(k)||``: the expanded form rounds
+    relative to ``||q||^2 + ||b||^2`` (about ``1e-7 / d`` in float32 for a distance ``d``, its products' rounding
+    varying with the batch's shape), the direct one relative to ``d``. ``squared_norms``: :func:`bank_squared_norms`
+    of the bank where it is already known (else taken per chunk, ``N D`` more work per call). A float16 bank is
+    searched chunk by chunk, each chunk widened to the query's precision (float32, float64 for float64 features):
+    half-precision products are slow or missing on a CPU, and the whole bank is never widened at once. Rounding a
+    unit row to float16 moves it by at most ``2**-11`` (relative rounding of each element), so each distance, hence
+    the ``k``-th, moves by at most that much."""
     wide = stored_dtype(features.dtype) if bank.dtype == torch.float16 else bank.dtype
     query = l2_normalise(features.to(wide))
     query_norms = query.square().sum(dim=-1, keepdim=True)
@@ -74,7 +77,7 @@ def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: in
     # sixth of the search at N = 50,000, D = 2048.
     widened = None if bank.dtype == wide else torch.empty(min(chunk_size, bank.shape[0]), bank.shape[1], dtype=wide,
                                                            device=bank.device)
-    nearest = []
+    nearest, rows = [], []
     for start in range(0, bank.shape[0], chunk_size):
         chunk = bank[start : start + chunk_size]
         if widened is not None:
@@ -82,9 +85,12 @@ def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: in
         norms = (chunk.square().sum(dim=-1) if squared_norms is None
                  else squared_norms[start : start + chunk_size].to(wide))
         squared = torch.addmm(query_norms + norms[None, :], query, chunk.T, alpha=-2.0)
-        nearest.append(squared.topk(min(k, squared.shape[1]), dim=1, largest=False).values)
-    kth = torch.cat(nearest, dim=1).topk(k, dim=1, largest=False).values[:, -1]
-    return -kth.clamp(min=0.0).sqrt()
+        kept = squared.topk(min(k, squared.shape[1]), dim=1, largest=False)
+        nearest.append(kept.values)
+        rows.append(kept.indices + start)
+    position = torch.cat(nearest, dim=1).topk(k, dim=1, largest=False).indices[:, -1:]
+    kth = bank[torch.cat(rows, dim=1).gather(1, position)[:, 0]].to(wide)
+    return -(query - kth).norm(dim=-1)
 
 
 @dataclass
