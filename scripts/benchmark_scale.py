@@ -20,7 +20,7 @@ within ~5x of it) and the head ``(B, D) @ (D, K)``. KNN is compared with faiss `
 authors' index) on the same bank where ``faiss-cpu`` is installed (``pip install hf_gsc[scale]``).
 
 Growth model per method: least squares ``a + b N`` for fit seconds, peak bytes and scoring seconds per 1,000
-(KNN's and NNGuide's scoring grow with their bank). Projection: fit at ``N = 1,281,167`` and scoring of 350,000
+(KNN's and NNGuide's scoring grow with their bank; where the fitted growth is not positive, the median is taken). Projection: fit at ``N = 1,281,167`` and scoring of 350,000
 inputs; on 8 processes each process accumulates ``N / 8`` (the ``b N`` part divided, the ``a`` part not) and scores
 ``1/8`` of the inputs, and holds what its method keeps after the reduction (statistics: the same as one process;
 feature-reading methods: every process's features, gathered); the gathering's own time is not modelled.
@@ -266,7 +266,9 @@ def project(shape: dict[str, Any], backbone_seconds_per_1000: float | None) -> d
         fit_model, memory_model, score_model = (row[key] for key in ("fit_seconds_model", "peak_fit_bytes_model",
                                                                      "score_seconds_per_1000_model"))
         fit_one = fit_model["a"] + fit_model["b"] * IMAGENET_FIT
-        per_1000 = (score_model["a"] + score_model["b"] * IMAGENET_FIT if name in BANK_METHODS
+        # A bank's search grows with N; where the measured growth is not positive (NNGuide's bank is 1% of N, its
+        # search a small part of its scoring at these sizes), the scoring is taken as constant, as for the others.
+        per_1000 = (score_model["a"] + score_model["b"] * IMAGENET_FIT if name in BANK_METHODS and score_model["b"] > 0
                     else float(np.median(list(row["score_seconds_per_1000"].values()))))
         score_one = per_1000 * IMAGENET_SCORED / 1000
         memory_one = memory_model["a"] + memory_model["b"] * IMAGENET_FIT
