@@ -134,3 +134,15 @@ def test_the_family_fitted_together_decomposes_the_shared_covariance_once(monkey
     queries = 1.5 * torch.randn(8, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
     for joint, alone in zip(together, apart):
         torch.testing.assert_close(joint.score(queries), alone.score(queries), rtol=1e-12, atol=0)
+
+
+def test_a_fits_whitening_follows_the_fitted_state_to_its_device():
+    # A fit hands its whitening over from the CPU statistics while fit_end moves the fitted means and precision to
+    # the model's device: every scoring term is derived on theirs (the meta device stands here for an accelerator).
+    from hf_gsc.detectors.penultimate import whitening
+
+    generator = torch.Generator().manual_seed(0)
+    class_means = torch.randn(3, 4, generator=generator, dtype=torch.float64)
+    precision = torch.eye(4, dtype=torch.float64)
+    terms = mahalanobis_terms(class_means.to("meta"), precision.to("meta"), whitening(precision))
+    assert {name: value.device.type for name, value in terms._asdict().items()} == dict.fromkeys(terms._fields, "meta")

@@ -333,10 +333,11 @@ def whitening(precision: torch.Tensor) -> torch.Tensor:
 def mahalanobis_terms(class_means: torch.Tensor, precision: torch.Tensor,
                       whitened_by: torch.Tensor | None = None) -> MahalanobisTerms:
     """The terms of :func:`mahalanobis_distances` for ``class_means`` ``(K, D)`` and ``precision`` ``(D, D)``;
-    ``whitened_by``: :func:`whitening` of that precision where it is already known."""
+    ``whitened_by``: :func:`whitening` of that precision where it is already known (a fit's, on the CPU where its
+    statistics are: taken to the means' device)."""
     class_means = class_means.double()
     centre = class_means.mean(dim=0)
-    transform = whitening(precision) if whitened_by is None else whitened_by.double()
+    transform = whitening(precision) if whitened_by is None else whitened_by.to(class_means)
     whitened_means = (class_means - centre) @ transform
     return MahalanobisTerms(centre, transform, whitened_means.contiguous(), (whitened_means**2).sum(dim=-1))
 
