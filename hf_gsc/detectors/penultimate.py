@@ -10,7 +10,8 @@ Fitting data arrive as an iterable of ``(pixel_values, labels)`` batches; :func:
 turns them into ``(features, labels)`` batches one at a time, so the image set is never held in memory. A fit keeps
 of each batch only what its method reads afterwards: float64 sums (:class:`ClassStatistics` through
 :class:`StatisticsPass`), or every feature once, float32 (:class:`FeatureStore`). The Gaussian family's distances to
-many class means are the expanded quadratic form (:func:`mahalanobis_terms`, :func:`mahalanobis_distances`).
+many class means are Euclidean ones after whitening, expanded (:func:`whitening`, :func:`mahalanobis_terms`,
+:func:`mahalanobis_distances`).
 """
 
 from __future__ import annotations
