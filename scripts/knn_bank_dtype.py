@@ -4,9 +4,10 @@ above the stored features, the search time per 1,000 queries, and how far the fl
 
 The bank is built by ``KNNDetector._fit`` (normalised batch by batch into the one bank tensor) from a feature store of
 synthetic ReLU features around ``K`` class means (``N`` rows, ``D`` wide, batches of 256), and searched by
-:func:`hf_gsc.detectors.knn.knn_score` (what ``KNNDetector.score_batch`` calls) in batches of 250 queries, one thread;
-the two searches alternate, each repeated, and the median is kept (CPU seconds of the one thread, and wall-clock
-seconds).
+:func:`hf_gsc.detectors.knn.knn_score` (what ``KNNDetector.score_batch`` calls; here without the bank's squared norms
+precomputed, so each call takes them chunk by chunk: ``N D`` more work, 1/250 of the search) in batches of 250
+queries, one thread; the two searches alternate, each repeated, and the median is kept (CPU seconds of the one
+thread, and wall-clock seconds).
 
 Example::
 
