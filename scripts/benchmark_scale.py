@@ -309,6 +309,13 @@ def compositions(results: dict[str, Any]) -> dict[str, Any]:
             if (forward := _forward_seconds_per_1000(results, dim)) is not None and "knn" in shape["methods"]}
 
 
+def derive(results: dict[str, Any]) -> None:
+    """Set what is derived from the measured rows, :func:`projections` and :func:`compositions`, on ``results``
+    (read as saved: the widths are string keys), after a run and again by ``--table-only``."""
+    saved = json.loads(json.dumps(results))
+    results["projection"], results["with_backbone"] = projections(saved), compositions(saved)
+
+
 # ----------------------------------------------------------------------------------------------------- backbones
 def backbones(batch: int, log: Callable[[str], None]) -> dict[str, Any]:
     """One real random-weight ResNet-50 and ViT-B/16 forward at 224 px (per 1,000 images), and the bytes a KNN fit on
@@ -493,8 +500,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.table_only:  # the projection is derived from the measured rows: recomputed, then the tables
         results = json.loads(args.output.read_text())
-        results["projection"] = projections(results)
-        results["with_backbone"] = compositions(results)
+        derive(results)
         args.output.write_text(json.dumps(results, indent=1))
         args.output.with_suffix(".md").write_text(markdown(results))
         return results
@@ -532,8 +538,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "shapes": shapes,
         "end_to_end": together,
     }
-    results["projection"] = projections(json.loads(json.dumps(results)))
-    results["with_backbone"] = compositions(json.loads(json.dumps(results)))
+    derive(results)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=1))
     args.output.with_suffix(".md").write_text(markdown(json.loads(args.output.read_text())))  # the keys as saved
