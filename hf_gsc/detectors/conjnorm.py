@@ -90,7 +90,7 @@ class ConjNormConfig(DetectorConfig):
         "feature", choice_check(("feature", "class")),
         "``\"feature\"``: the paper's gradient of ``1/2 ||mu||_q^2`` (norm of each prototype). The public ``dist`` "
         "takes that norm along the class axis of the transposed prototype matrix instead; ``\"class\"`` reproduces "
-        "the code as written. See :func:`conjnorm_similarity`.")
+        "the code as written. See :func:`conjnorm_dual`.")
 
 
 @register_detector
