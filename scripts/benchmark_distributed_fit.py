@@ -15,6 +15,8 @@ medians. Figures:
   loading, the backbone on the process's share, gathering and every method's ``fit_end``);
 * ``total``: ``results.json``'s ``seconds.total`` (the whole evaluation, in the process); ``wall``: the subprocess,
   interpreter and ``accelerate launch`` included;
+* ``peak_memory_mib_per_process``: each process's peak resident memory once its fit passes were over, by rank
+  (``fit.json``'s ``peak_memory_bytes_per_process``, the largest over the passes: model, data loader and the fit);
 * equality: the largest absolute difference between the two runs' saved fitted tensors
   (``detectors/*/detector_state.safetensors``) and between their score files (``scores/*/*.safetensors``).
 
