@@ -146,3 +146,25 @@ def test_a_fits_whitening_follows_the_fitted_state_to_its_device():
     precision = torch.eye(4, dtype=torch.float64)
     terms = mahalanobis_terms(class_means.to("meta"), precision.to("meta"), whitening(precision))
     assert {name: value.device.type for name, value in terms._asdict().items()} == dict.fromkeys(terms._fields, "meta")
+
+
+def test_a_whitening_left_by_a_failed_fit_is_not_taken_for_another_precision():
+    # A fit that fails after deriving its precision and whitening (RMDS's background Gaussian, the move to the device)
+    # leaves the hand-over behind; a later load of another state derives its own whitening.
+    from conftest import IMAGE_SIZE
+    from test_detectors import NUM_FIT, balanced_model
+
+    from hf_gsc.detectors import get_detector
+
+    model = balanced_model("resnet")
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(NUM_FIT, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
+    labels = torch.arange(NUM_FIT) % model.config.num_labels
+    fitted = get_detector("mahalanobis", model).fit([(images[i:i + 16], labels[i:i + 16]) for i in range(0, NUM_FIT, 16)])
+    other = get_detector("mahalanobis", model).fit([(2.0 * images[i:i + 16], labels[i:i + 16])
+                                                   for i in range(0, NUM_FIT, 16)])
+    stale = get_detector("mahalanobis", model)
+    stale._fitted_whitening = (fitted.precision, fitted.terms.whitening)  # what a failed fit would leave
+    stale.load_fitted_state(other.fitted_state())
+    queries = 1.5 * torch.randn(8, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
+    torch.testing.assert_close(stale.score(queries), other.score(queries), rtol=1e-12, atol=0)

@@ -109,7 +109,7 @@ class KNNConfig(DetectorConfig):
     bank_dtype: str = setting(
         "float32", choice_check(BANK_DTYPES),
         "The bank's precision. float32: the fitting features' (float64 for a float64 model). float16: half the bytes "
-        "(2 N D instead of 4 N D), each row normalised in float32 then rounded; the search widens the bank chunk by "
+        "(2 N D instead of 4 N D), each row normalised in the features' precision then rounded; the search widens the bank chunk by "
         "chunk, so the score keeps the features' precision (float32) and moves by at most 2**-11 (a distance between unit "
         "vectors lies in [0, 2]).")
     k: int = setting(50, integer_check(1), "The neighbour whose distance is the score: the ``k``-th nearest. 50: the "

@@ -47,15 +47,21 @@ class TiedGaussianDetector(FittedDetector):
         # moves them with the rest.
         for name in MahalanobisTerms._fields:
             self.register_buffer(f"terms_{name}", None, persistent=False)
-        self._fitted_whitening: torch.Tensor | None = None
+        # (precision, its whitening) handed from _fit_statistics to _prepare.
+        self._fitted_whitening: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def fit_requirement(self) -> tuple[int, str]:
         return self.head.feature_dim + self.head.num_classes, "feature dim + classes, for a full-rank tied covariance"
 
     def _prepare(self) -> None:
-        # A fit just made hands over its whitening (shared by the family's methods fitted together); a load derives
+        # A fit just made hands over its whitening (shared by the family's methods fitted together), taken only for
+        # the precision it was derived from (a fit that failed after deriving it leaves one behind); a load derives
         # it from the precision, by the same function.
-        fitted, self._fitted_whitening = self._fitted_whitening, None
+        handed, self._fitted_whitening = self._fitted_whitening, None
+        fitted = None
+        if handed is not None and handed[0].shape == self.precision.shape and torch.equal(
+                handed[0].to(self.precision), self.precision):
+            fitted = handed[1]
         for name, value in mahalanobis_terms(self.class_means, self.precision, fitted)._asdict().items():
             setattr(self, f"terms_{name}", value)
 
@@ -91,7 +97,8 @@ class TiedGaussianDetector(FittedDetector):
             precision = tied_precision(statistics.tied_covariance(self.method))
             return precision, whitening(precision)
 
-        self.precision, self._fitted_whitening = statistics.derived("tied precision", precision_and_whitening)
+        self.precision, whitened_by = statistics.derived("tied precision", precision_and_whitening)
+        self._fitted_whitening = (self.precision, whitened_by)
 
     def shaped(self, features: torch.Tensor) -> torch.Tensor:
         """The feature as fitted and scored: ``z``, or ``z / ||z||_2`` with :attr:`normalise_features` (float64)."""
