@@ -208,12 +208,12 @@ def test_too_few_fitting_samples_are_refused_before_the_backbone_pass(vit, metho
 
 
 def test_the_evaluation_refuses_a_method_its_fit_split_cannot_satisfy_before_the_pass(vit):
-    from hf_gsc.evaluation.fitting import _refuse_too_small
+    from hf_gsc.evaluation.fitting import refuse_too_small
 
     detectors = {name: get_detector(name, vit) for name in ("mahalanobis", "vim", "dice")}
     data = list(range(33))  # 33 rows: below D + K = 36, enough for ViM's D = 32 and for DICE
     failed: dict[str, str] = {}
-    kept = _refuse_too_small(detectors, list(detectors), {name: data for name in detectors}, failed)
+    kept = refuse_too_small(detectors, list(detectors), {name: data for name in detectors}, failed)
     assert kept == ["vim", "dice"]
     assert failed["mahalanobis"].startswith("fit failed: NotEnoughSamplesError: detector 'mahalanobis' needs at "
                                             "least 36")

@@ -121,7 +121,7 @@ def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Ma
     return list(groups.values())
 
 
-def _refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_data: Mapping[str, Any],
+def refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_data: Mapping[str, Any],
                       failed: dict[str, str], source: str | None = None) -> list[str]:
     """The methods of ``pending`` whose fit data holds enough samples for them (``FittedDetector.check_fit_size``);
     the others go to ``failed`` with the reason before any image is read (the data's row count, where it is known).
@@ -183,7 +183,7 @@ def fit_detectors(
             detectors[name].load_fitted_state(state, source=str(path))
     failed: dict[str, str] = {}
     passes = []
-    pending = _refuse_too_small(detectors, pending, fit_data, failed)
+    pending = refuse_too_small(detectors, pending, fit_data, failed)
     for group in fit_groups(detectors, pending, fit_data):
         begin = time.perf_counter()
         torch.manual_seed(seed)
@@ -239,4 +239,4 @@ def fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
 
 
 __all__ = ["fit_record", "DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "PEAK_MEMORY_PER_PROCESS",
-           "fit_detectors", "fit_dir", "fit_groups", "read_fit_info", "saved_fit_info"]
+           "fit_detectors", "fit_dir", "fit_groups", "read_fit_info", "refuse_too_small", "saved_fit_info"]

@@ -103,7 +103,7 @@ def tune_hyperparameters(
     from ..utils.version import __version__
     from ..detectors import get_detector
     from .fingerprints import dataset_fingerprint, fingerprint, model_fingerprint
-    from .fitting import fit_detectors, _refuse_too_small
+    from .fitting import fit_detectors, refuse_too_small
     from .json_files import jsonable
     from .loaders import make_dataloader
     from .loop import score_split
@@ -155,7 +155,7 @@ def tune_hyperparameters(
             continue
         size = num_rows(data)
         fit_sizes["tune_fit" if split == "validation" else split] = size
-        keys = _refuse_too_small(candidates, keys, dict.fromkeys(keys, data), problems,
+        keys = refuse_too_small(candidates, keys, dict.fromkeys(keys, data), problems,
                                  "tune_fit (half of the ID validation rows, at most --max-samples)"
                                  if split == "validation" else None)
         if not keys:
