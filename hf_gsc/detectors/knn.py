@@ -47,10 +47,17 @@ def bank_storage_dtype(bank_dtype: str, feature_dtype: torch.dtype) -> torch.dty
     return torch.float16 if bank_dtype == "float16" else stored_dtype(feature_dtype)
 
 
-def bank_squared_norms(bank: torch.Tensor, chunk_size: int = 4096) -> torch.Tensor:
-    """``||b_i||^2`` of every bank row, ``(N,)``, in the precision the bank is searched in (a float16 bank widened
-    chunk by chunk): 1 up to the rows' rounding, taken as they are so that the search's distances are exact."""
-    wide = torch.float32 if bank.dtype == torch.float16 else bank.dtype
+def search_dtype(bank: torch.Tensor, feature_dtype: torch.dtype) -> torch.dtype:
+    """The precision a bank is searched in: its own, or for a float16 bank the features' stored one
+    (:func:`~hf_gsc.detectors.penultimate.stored_dtype`: float32, float64 for a float64 model)."""
+    return stored_dtype(feature_dtype) if bank.dtype == torch.float16 else bank.dtype
+
+
+def bank_squared_norms(bank: torch.Tensor, feature_dtype: torch.dtype, chunk_size: int = 4096) -> torch.Tensor:
+    """``||b_i||^2`` of every bank row, ``(N,)``, in the precision the bank is searched in (:func:`search_dtype`; a
+    float16 bank widened chunk by chunk): 1 up to the rows' rounding, taken as they are so that the search's distances
+    are exact."""
+    wide = search_dtype(bank, feature_dtype)
     return torch.cat([bank[start:start + chunk_size].to(wide).square().sum(dim=-1)
                       for start in range(0, bank.shape[0], chunk_size)]) if bank.shape[0] else bank.new_zeros(0, dtype=wide)
 
@@ -70,7 +77,7 @@ def knn_score(features: torch.Tensor, bank: torch.Tensor, k: int, chunk_size: in
     half-precision products are slow or missing on a CPU, and the whole bank is never widened at once. Rounding a
     unit row to float16 moves it by at most ``2**-11`` (relative rounding of each element), so each distance, hence
     the ``k``-th, moves by at most that much."""
-    wide = stored_dtype(features.dtype) if bank.dtype == torch.float16 else bank.dtype
+    wide = search_dtype(bank, features.dtype)
     query = l2_normalise(features.to(wide))
     query_norms = query.square().sum(dim=-1, keepdim=True)
     # One chunk buffer, reused: a fresh widened chunk per step costs its allocation (page faults on a CPU), about a
@@ -178,7 +185,7 @@ class KNNDetector(FittedDetector):
         # The bank, fitted or loaded, must hold k rows (a fraction of the fitting samples where bank_fraction < 1).
         k = self.hyperparameters["k"]
         check_fit_samples(self.method, self.bank.shape[0], k, f"k={k} neighbours in the bank")
-        self.bank_squared_norms = bank_squared_norms(self.bank)
+        self.bank_squared_norms = bank_squared_norms(self.bank, self.head.weight.dtype)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return knn_score(self.features(batch), self.bank, self.hyperparameters["k"],
