@@ -42,7 +42,9 @@ class OODImageClassificationPipeline(Pipeline):
 
     Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL),
     ``explain`` (GSC only: add ``"explanation"``, why the input scored as it did,
-    :meth:`hf_gsc.GSCForImageClassification.explain`, with its map over positions resized to the image as given).
+    :meth:`hf_gsc.GSCForImageClassification.explain`, with its map over positions resized to the image as given),
+    ``map_size`` (with ``explain=True``: the ``(height, width)`` the map is resized to instead; a display of a large
+    image needs no map at its full size).
     Construction argument ``compile_mode`` (``pipeline(..., compile_mode="reduce-overhead")``; default ``None``, the
     eager forward): the detector's forward compiled whole (:meth:`hf_gsc.OODDetector.compiled`, one of
     ``torch.compile``'s modes; ``"reduce-overhead"`` replays CUDA graphs on a GPU). The first call at each batch size
@@ -84,10 +86,10 @@ class OODImageClassificationPipeline(Pipeline):
         return super().__call__(inputs, *args, **kwargs)
 
     def _sanitize_parameters(self, top_k: int | None = None, timeout: float | None = None, explain: bool | None = None,
-                             **unknown: Any):
+                             map_size: tuple[int, int] | None = None, **unknown: Any):
         if unknown:
-            raise TypeError(f"{TASK}: unknown arguments {sorted(unknown)}; it takes top_k, timeout, explain and "
-                            "batch_size")
+            raise TypeError(f"{TASK}: unknown arguments {sorted(unknown)}; it takes top_k, timeout, explain, map_size "
+                            "and batch_size")
         if explain is not None and not isinstance(explain, bool):
             raise ValueError(f"{TASK}: explain must be True or False, got {explain!r}")
         if explain and not hasattr(self.model, "explain"):
@@ -95,8 +97,16 @@ class OODImageClassificationPipeline(Pipeline):
                              f"{self.model.method!r}, which has no explanation")
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"{TASK}: top_k must be a positive int, got {top_k!r}")
+        if map_size is not None:
+            if not explain:
+                raise ValueError(f"{TASK}: map_size sizes the explanation's map; pass it with explain=True")
+            if (not isinstance(map_size, (tuple, list)) or len(map_size) != 2
+                    or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in map_size)):
+                raise ValueError(f"{TASK}: map_size must be (height, width), two positive ints, got {map_size!r}")
         preprocess = {} if timeout is None else {"timeout": timeout}
         postprocess = {} if top_k is None else {"top_k": top_k}
+        if map_size is not None:
+            postprocess["map_size"] = tuple(map_size)
         forward = {} if explain is None else {"explain": explain}
         return preprocess, forward, postprocess
 
@@ -126,7 +136,8 @@ class OODImageClassificationPipeline(Pipeline):
                            feature_shape=torch.tensor([explanation.feature_shape] * len(pixel_values)))
         return outputs
 
-    def postprocess(self, model_outputs: dict[str, torch.Tensor | None], top_k: int = 5) -> dict[str, Any]:
+    def postprocess(self, model_outputs: dict[str, torch.Tensor | None], top_k: int = 5,
+                    map_size: tuple[int, int] | None = None) -> dict[str, Any]:
         id2label = self.model.id2label
         probabilities = model_outputs["logits"][0].float().softmax(dim=-1)
         scores, classes = probabilities.topk(min(top_k, probabilities.numel()))
@@ -139,12 +150,15 @@ class OODImageClassificationPipeline(Pipeline):
             "is_ood": None if is_ood is None else bool(is_ood[0]),
             "p_value": None if p_value is None else float(p_value[0]),
             "method": self.model.method,
-            **({"explanation": self._explanation(model_outputs, id2label)} if "score_before" in model_outputs else {}),
+            **({"explanation": self._explanation(model_outputs, id2label, map_size)}
+               if "score_before" in model_outputs else {}),
         }
 
     @staticmethod
-    def _explanation(model_outputs: dict[str, Any], id2label: dict[int, str]) -> dict[str, Any]:
-        """The explanation of one image as plain values, its map resized to the image as given."""
+    def _explanation(model_outputs: dict[str, Any], id2label: dict[int, str],
+                     map_size: tuple[int, int] | None = None) -> dict[str, Any]:
+        """The explanation of one image as plain values, its map resized to ``map_size`` (default: the image as
+        given)."""
         from .gsc_math.explanation import resized_map
 
         predicted = int(model_outputs["predicted_class"][0])
@@ -153,7 +167,7 @@ class OODImageClassificationPipeline(Pipeline):
         feature_shape = tuple(int(v) for v in model_outputs["feature_shape"][0])
         description = model_outputs["description"]
         position_map = model_outputs["position_map"]
-        size = tuple(int(v) for v in model_outputs["image_size"][0])
+        size = map_size or tuple(int(v) for v in model_outputs["image_size"][0])
         return {
             "predicted_label": id2label.get(predicted, str(predicted)),
             "score_before": float(model_outputs["score_before"][0]),

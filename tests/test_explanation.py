@@ -118,6 +118,18 @@ def test_pipeline_explains_gsc_and_refuses_other_methods(tmp_path):
             assert flat == int(expected.coordinates[0, 0])
             assert first["contribution"] == pytest.approx(float(expected.contributions[0, 0]), rel=1e-4, abs=1e-7)
     assert "explanation" not in ood(images[0])
+    # map_size: the same map at another size (a display of a large image needs no map at its full size)
+    from hf_gsc.gsc_math.explanation import resized_map
+
+    sized = ood(images[0], explain=True, map_size=(7, 5))["explanation"]["map"]
+    positions = detector.explain(processor(images=images[0], return_tensors="pt")["pixel_values"]).position_map
+    assert sized.shape == (7, 5)
+    assert np.allclose(sized, resized_map(positions[:1], (7, 5))[0].float().numpy(), rtol=1e-5, atol=1e-7)
+    for bad in ((0, 5), (7,), (7.0, 5), "7x5"):
+        with pytest.raises(ValueError, match="map_size must be"):
+            ood(images[0], explain=True, map_size=bad)
+    with pytest.raises(ValueError, match="with explain=True"):
+        ood(images[0], map_size=(7, 5))
     energy = AutoOODDetector.from_pretrained(make_tiny_model("resnet").float(), method="energy")
     energy.image_processor = processor
     with pytest.raises(ValueError, match="explain=True explains GSC"):

@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 PROG = "hf-gsc demo"
@@ -47,8 +49,45 @@ def verdict_text(result: dict[str, Any], p_value_cut: float | None) -> str:
     return ("Flagged as out-of-distribution" if result["is_ood"] else "In-distribution") + p_text
 
 
-def score_figure(score: float, threshold: float | None, calibration_scores: Any, method: str) -> Any:
-    """The input's score on the score axis, against the threshold and a histogram of the ID calibration scores."""
+#: The most ID calibration scores the app's histogram is drawn from (evenly spaced order statistics of the sorted
+#: scores: the histogram of a quantile sample), computed once when the app starts.
+HISTOGRAM_SAMPLE = 100_000
+#: The largest upload the app accepts (Gradio's ``max_file_size``); a larger one is refused before it is stored.
+MAX_UPLOAD_SIZE = "20mb"
+#: Gradio's ``delete_cache`` (every hour, uploads and outputs older than an hour are deleted; all of them when the
+#: server stops).
+DELETE_CACHE = (3600, 3600)
+#: The longer side of the overlay when the image processor does not say the model's input size.
+DEFAULT_INPUT_SIDE = 224
+
+
+@dataclass(frozen=True)
+class CalibrationHistogram:
+    """The histogram of the ID calibration scores the app draws: ``counts`` per bin between ``edges``, scaled to
+    ``n`` scores (the whole set, of which at most :data:`HISTOGRAM_SAMPLE` were binned)."""
+
+    counts: Any
+    edges: Any
+    n: int
+
+
+def calibration_histogram(calibration_scores: Any, sample: int | None = None) -> CalibrationHistogram | None:
+    """The histogram of ``calibration_scores`` (ascending, as a detector keeps them) from at most ``sample`` of them
+    (default :data:`HISTOGRAM_SAMPLE`), evenly spaced in rank; ``None`` without scores."""
+    import numpy as np
+
+    if calibration_scores is None or len(calibration_scores) == 0:
+        return None
+    n, sample = len(calibration_scores), sample or HISTOGRAM_SAMPLE
+    ranks = np.unique(np.linspace(0, n - 1, min(n, sample)).round().astype(np.int64))
+    values = np.asarray(calibration_scores[ranks], dtype=np.float64)
+    counts, edges = np.histogram(values, bins=min(40, max(5, n // 10)))
+    return CalibrationHistogram(counts * (n / len(values)), edges, n)
+
+
+def score_figure(score: float, threshold: float | None, histogram: CalibrationHistogram | None, method: str) -> Any:
+    """The input's score on the score axis, against the threshold and the histogram of the ID calibration scores
+    (:func:`calibration_histogram`, computed once)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,9 +95,9 @@ def score_figure(score: float, threshold: float | None, calibration_scores: Any,
 
     figure = Figure(figsize=(6.4, 2.4), layout="constrained")
     axes = figure.add_subplot()
-    if calibration_scores is not None:
-        axes.hist(calibration_scores.numpy(), bins=min(40, max(5, len(calibration_scores) // 10)), color="0.75",
-                  label=f"ID calibration scores (n = {len(calibration_scores)})")
+    if histogram is not None:
+        axes.stairs(histogram.counts, histogram.edges, fill=True, color="0.75",
+                    label=f"ID calibration scores (n = {histogram.n})")
     if threshold is not None:
         axes.axvline(threshold, color="black", linestyle="--", label=f"threshold {threshold:.4g}")
     flagged = threshold is not None and not score >= threshold
@@ -69,19 +108,45 @@ def score_figure(score: float, threshold: float | None, calibration_scores: Any,
     return figure
 
 
+def input_side(image_processor: Any) -> int:
+    """The longer side of the model's input as ``image_processor`` prepares it (its crop, else its resize size; a
+    dict or transformers' ``SizeDict``); :data:`DEFAULT_INPUT_SIDE` when it does not say."""
+    size = getattr(image_processor, "crop_size", None) if getattr(image_processor, "do_center_crop", False) else None
+    size = size or getattr(image_processor, "size", None)
+    if isinstance(size, int):
+        return size
+    keys = ("height", "width", "shortest_edge", "longest_edge")
+    sides = [size.get(key) if isinstance(size, dict) else getattr(size, key, None) for key in keys]
+    sides = [side for side in sides if isinstance(side, int) and side > 0]
+    return max(sides) if sides else DEFAULT_INPUT_SIDE
+
+
+def overlay_size(image_size: tuple[int, int], side: int) -> tuple[int, int]:
+    """``(height, width)`` of an image of ``image_size`` (PIL's ``(width, height)``) shrunk, its aspect kept, to fit
+    ``side`` pixels on its longer side (a smaller image keeps its size)."""
+    width, height = image_size
+    scale = min(1.0, side / max(width, height))
+    return max(1, round(height * scale)), max(1, round(width * scale))
+
+
 def overlay(image: Any, contribution_map: Any, min_side: int = 256) -> Any:
-    """``image`` (PIL) with the explanation's map (``(H, W)`` at the image's size) drawn over it: red where the
-    short-circuit lowered the predicted logit, blue where it raised it, in proportion to the largest magnitude;
-    enlarged (nearest neighbour) to at least ``min_side`` pixels on its longer side, so that a 28x28 image shows."""
+    """``image`` (PIL) with the explanation's map (``(h, w)``) drawn over it: red where the short-circuit lowered the
+    predicted logit, blue where it raised it, in proportion to the largest magnitude. The blend is computed at the
+    map's size (the image is resized to it as 8-bit first: a large image costs no full-size float array), then
+    enlarged (nearest neighbour, 8-bit) to at least ``min_side`` pixels on its longer side, so that a 28x28 image
+    shows."""
     import numpy as np
     from matplotlib import colormaps
     from PIL import Image
 
-    values = np.asarray(contribution_map, dtype=np.float64)
+    values = np.asarray(contribution_map, dtype=np.float32)
+    height, width = values.shape
     scale = float(np.abs(values).max()) or 1.0
-    colours = colormaps["RdBu"](0.5 + 0.5 * values / scale)[..., :3]  # -scale: red, 0: white, +scale: blue
-    base = np.asarray(image.convert("RGB"), dtype=np.float64) / 255.0
-    blended = Image.fromarray(np.uint8(255 * (0.45 * base + 0.55 * colours)))
+    colours = colormaps["RdBu"](0.5 + 0.5 * values / scale, bytes=True)[..., :3]  # -scale: red, 0: white, +: blue
+    base = image.convert("RGB")
+    if base.size != (width, height):
+        base = base.resize((width, height), Image.Resampling.BILINEAR, reducing_gap=3.0)
+    blended = Image.blend(base, Image.fromarray(np.ascontiguousarray(colours)), 0.55)
     factor = max(1, -(-min_side // max(blended.size)))
     return blended.resize((blended.width * factor, blended.height * factor), Image.Resampling.NEAREST)
 
@@ -91,37 +156,70 @@ def coordinate_rows(explanation: dict[str, Any]) -> list[list[Any]]:
     return [[", ".join(str(i) for i in row["index"]), row["contribution"]] for row in explanation["coordinates"]]
 
 
+def shown_name(source: Any) -> str:
+    """How the page names a detector: a Hub id as it is, a folder by its name only (the browser is shown no local
+    path), a loaded detector as "a detector"."""
+    if not isinstance(source, (str, os.PathLike)):
+        return "a detector"
+    from ..storage.repo_ids import is_hub_id
+
+    text = os.fspath(source)
+    return text if is_hub_id(text) and not os.path.exists(text) else Path(text).resolve().name
+
+
 class DemoModel:
-    """What the app runs: the detector behind the ``ood-image-classification`` pipeline, and one call per image."""
+    """What the app runs: the detector behind the ``ood-image-classification`` pipeline, and one call per image.
+
+    An upload is a file path (Gradio's ``type="filepath"``: Gradio decodes nothing) decoded once by
+    :func:`hf_gsc.utils.images.load_image`, the rule of the pipeline, ``fit``, ``calibrate`` and ``hf-gsc evaluate``:
+    the pixel limit from the header before decoding, EXIF orientation, bit depth, alpha composited on white, the
+    model's channels. The decoded image is what the pipeline scores."""
 
     def __init__(self, detector: Any, top_k: int = 5) -> None:
         import transformers
 
         from .. import pipeline as _registers_the_task  # noqa: F401
+        from ..utils.images import model_mode
 
         self.detector = load_detector(detector)
         self.top_k = top_k
         self.explains = hasattr(self.detector, "explain")
         self.pipeline = transformers.pipeline("ood-image-classification", model=self.detector)
+        self.mode = model_mode(self.detector.num_channels)
+        self.side = input_side(self.detector.image_processor)
+        # Drawn on every request from this, computed once: never from every kept score.
+        self.histogram = calibration_histogram(self.detector.calibration_scores)
+        self.p_value_cut = self.detector.p_value_cut
 
-    def __call__(self, image: Any) -> tuple[Any, ...]:
-        """Top labels, verdict, score figure, summary (JSON), overlay (or ``None``) and coordinate rows of ``image``."""
-        if image is None:
+    def decode(self, upload: Any) -> Any:
+        """The upload (a path, or anything :func:`~hf_gsc.utils.images.load_image` takes) as the 8-bit image the model
+        is given; errors name the file by its name only."""
+        from ..utils.images import describe, load_image
+
+        name = Path(upload).name if isinstance(upload, (str, os.PathLike)) else describe(upload)
+        return load_image(upload, self.mode, name=f"the image {name!r}" if name else None)
+
+    def __call__(self, upload: Any) -> tuple[Any, ...]:
+        """Top labels, verdict, score figure, summary (JSON), overlay (or ``None``) and coordinate rows of ``upload``."""
+        if upload is None:
             raise ValueError("drop or paste an image first")
-        result = self.pipeline(image, top_k=self.top_k, explain=self.explains)
+        image = self.decode(upload)
         detector = self.detector
+        map_size = overlay_size(image.size, self.side)
+        options = {"explain": True, "map_size": map_size} if self.explains else {}
+        result = self.pipeline(image, top_k=self.top_k, **options)
         labels = {row["label"]: row["score"] for row in result["predictions"]}
-        figure = score_figure(result["ood_score"], detector.config.threshold, detector.calibration_scores,
-                              detector.method)
+        figure = score_figure(result["ood_score"], detector.config.threshold, self.histogram, detector.method)
         summary = {
             "method": detector.method,
             "ood_score": result["ood_score"],
             "threshold": detector.config.threshold,
             "is_ood": result["is_ood"],
             "p_value": result["p_value"],
-            "p_value_cut": detector.p_value_cut,
+            "p_value_cut": self.p_value_cut,
             "p_value_unavailable": detector.p_value_unavailable if result["p_value"] is None else None,
             "top_label": result["predictions"][0]["label"],
+            "image": f"{image.width} x {image.height} {image.mode}",
         }
         explanation = result.get("explanation")
         shown, rows = None, []
@@ -131,7 +229,7 @@ class DemoModel:
             if explanation["map"] is not None:
                 shown = overlay(image, explanation["map"])
             rows = coordinate_rows(explanation)
-        return labels, verdict_text(result, detector.p_value_cut), figure, summary, shown, rows
+        return labels, verdict_text(result, self.p_value_cut), figure, summary, shown, rows
 
 
 def _theme_where(function: Any) -> dict[str, Any]:
@@ -148,7 +246,9 @@ def _theme_where(function: Any) -> dict[str, Any]:
 
 
 def launch(app: Any, **kwargs: Any) -> Any:
-    """``app.launch(**kwargs)`` with the app's theme (passed to ``launch`` from Gradio 6 on)."""
+    """``app.launch(**kwargs)`` with the app's theme (passed to ``launch`` from Gradio 6 on) and the upload limit
+    :data:`MAX_UPLOAD_SIZE` (``max_file_size=`` in ``kwargs`` overrides it)."""
+    kwargs.setdefault("max_file_size", MAX_UPLOAD_SIZE)
     return app.launch(**_theme_where(app.launch), **kwargs)
 
 
@@ -157,14 +257,23 @@ def build_app(detector: Any, title: str | None = None) -> Any:
     import gradio as gr
 
     model = DemoModel(detector)
-    source = detector if isinstance(detector, (str, os.PathLike)) else "a detector"
-    title = title or f"{model.detector.method} OOD detector ({source})"
-    with gr.Blocks(title=title, analytics_enabled=False, **_theme_where(gr.Blocks.__init__)) as app:
+    title = title or f"{model.detector.method} OOD detector ({shown_name(detector)})"
+
+    def predict(upload: Any) -> tuple[Any, ...]:
+        try:
+            return model(upload)
+        except ValueError as error:  # an unreadable or too large image, or none: one line, shown on the page
+            raise gr.Error(str(error)) from None
+
+    with gr.Blocks(title=title, analytics_enabled=False, delete_cache=DELETE_CACHE,
+                   **_theme_where(gr.Blocks.__init__)) as app:
         gr.Markdown(f"# {title}\nDrop or paste an image. Higher `ood_score` = more in-distribution; the p-value is the "
                     "chance that an in-distribution image scores this low.")
         with gr.Row():
             with gr.Column():
-                image = gr.Image(type="pil", sources=["upload", "clipboard"], label="image", height=300)
+                # A path: Gradio reads the header only (image_mode=None), the library decodes (DemoModel.decode).
+                image = gr.Image(type="filepath", image_mode=None, format="png", sources=["upload", "clipboard"],
+                                 label="image", height=300)
                 labels = gr.Label(label="base model's top labels")
             with gr.Column():
                 verdict = gr.Textbox(label="verdict", elem_id=VERDICT_ID, interactive=False)
@@ -172,10 +281,10 @@ def build_app(detector: Any, title: str | None = None) -> Any:
                 summary = gr.JSON(label="details", elem_id=SUMMARY_ID)
         with gr.Row(visible=model.explains):
             shown = gr.Image(label="what the short-circuit did to the predicted logit, per position (red: lowered "
-                                   "it, blue: raised it)", interactive=False, height=300)
+                                   "it, blue: raised it)", interactive=False, height=300, format="png")
             rows = gr.Dataframe(headers=["coordinate of F", "contribution to the predicted logit"],
                                 label="short-circuited coordinates, largest first", interactive=False)
-        image.upload(model, inputs=image, outputs=[labels, verdict, figure, summary, shown, rows], api_name="predict")
+        image.upload(predict, inputs=image, outputs=[labels, verdict, figure, summary, shown, rows], api_name="predict")
     return app
 
 
@@ -200,4 +309,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["DemoModel", "build_app", "launch", "load_detector", "main", "overlay", "score_figure", "verdict_text"]
+__all__ = ["DELETE_CACHE", "HISTOGRAM_SAMPLE", "MAX_UPLOAD_SIZE", "CalibrationHistogram", "DemoModel", "build_app",
+           "calibration_histogram", "input_side", "launch", "load_detector", "main", "overlay", "overlay_size",
+           "score_figure", "shown_name", "verdict_text"]
