@@ -310,3 +310,32 @@ def test_the_server_serves_large_pngs_in_bounded_memory(served):
           f"{added / 2**30:.2f} GiB over the process after a small image ({served_large['before_kib'] / 2**20:.2f} "
           "GiB)")
     assert added < 5 * 9000 * 9000 * 3
+
+
+def test_space_never_writes_over_the_users_files(tmp_path, capsys):
+    """A non-empty --output that hf-gsc space did not write is refused (nothing replaced) unless --overwrite; a folder
+    it wrote is rewritten; nothing else in the folder is ever touched."""
+    from hf_gsc import cli
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    own = {"app.py": "print('my app')\n", "README.md": "# my space\n", "requirements.txt": "numpy\n",
+           "notes.txt": "keep me\n"}
+    for name, text in own.items():
+        (mine / name).write_text(text)
+    command = ["space", "--detector", "user/gsc-fmnist-resnet", "--output", str(mine)]
+    assert cli.main(command) == 1
+    err = capsys.readouterr().err
+    assert "is not empty and was not written by hf-gsc space" in err and "--overwrite" in err
+    assert {name: (mine / name).read_text() for name in own} == own
+    (mine / "app.py").unlink()
+    assert cli.main(command) == 1  # any other file makes it the user's folder
+    assert cli.main([*command, "--overwrite"]) == 0
+    assert 'build_app("user/gsc-fmnist-resnet")' in (mine / "app.py").read_text()
+    assert (mine / "notes.txt").read_text() == "keep me\n"
+    # A folder this command wrote is its own: written again without --overwrite, for another detector.
+    assert cli.main(["space", "--detector", "user/other", "--output", str(mine)]) == 0
+    assert 'build_app("user/other")' in (mine / "app.py").read_text() and (mine / "notes.txt").is_file()
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["space", "--detector", "user/other", "--output", str(tmp_path / "file")]) == 1
+    assert "is a file, not a folder" in capsys.readouterr().err

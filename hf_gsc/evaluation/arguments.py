@@ -131,7 +131,9 @@ class RunArguments:
         "are skipped with the reason), or 'all,-NAME,-NAME' (every method but those); default: the default table, "
         "GSC and the main baselines that need no long fit (--list-methods shows every method, the default ones "
         "marked)")
-    output_dir: str = field(metadata={"help": "results, score cache, fitted detectors, plots"})
+    output_dir: str = field(metadata={"help": "results, score cache, fitted detectors, plots; a new or empty folder, "
+                                      "or one an earlier run wrote (a non-empty folder of other files needs "
+                                      "--overwrite)"})
     batch_size: int = _option(64, help="images per batch of every backbone pass (fit, scoring, tuning), per process")
     seed: int = _option(0, help="seed of every random choice: the --max-samples subsets, the ID validation halves, "
                         "the generated OOD validation sets, fits that draw")
@@ -148,7 +150,10 @@ class RunArguments:
         "method, half of ID validation vs OOD sets generated from the other half (never a test split); costs one "
         "backbone pass over 1.5x the ID validation rows for all grid points together, plus fit passes and ODIN's own "
         "passes (see 'hf-gsc docs evaluation')")
-    overwrite: bool = _option(False, help="recompute cached scores and fits")
+    overwrite: bool = _option(
+        False, help="recompute cached scores and fits; and write into a non-empty --output-dir that holds no run of "
+        "hf-gsc evaluate (refused without it): the run's files replace those of the same names, nothing else there "
+        "is deleted")
     no_plots: bool = _option(False, help="skip the PNG figures (they need matplotlib: pip install 'hf_gsc[plots]')")
     save_detectors: bool = _option(
         False, help="save every evaluated method as a detector (fitted, threshold calibrated on ID validation, model "

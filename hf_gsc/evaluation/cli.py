@@ -2,8 +2,9 @@
 :class:`~hf_gsc.evaluation.arguments.EvaluationArgumentParser` + :class:`~hf_gsc.evaluation.evaluator.OODEvaluator`.
 
 Exits: 0 with ``results.md`` printed (main process); 2 with one line on bad input or an image that cannot be decoded
-(without ``--skip-unreadable-images``); 1 with one line naming each reason when every method was skipped; 130 on
-Ctrl-C, with one line saying that the same command resumes. No traceback for any of these.
+(without ``--skip-unreadable-images``); 1 with one line naming each reason when every method was skipped, or with one
+line naming the output folder and what it keeps when the disk is full; 130 on Ctrl-C, with one line saying that the
+same command resumes. No traceback for any of these.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .arguments import EvaluationArgumentParser
-from .errors import InputError
+from .errors import DiskFullError, InputError
 
 #: The exit status of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
@@ -38,6 +39,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             _end_process_group()
     except (InputError, UndecodableImageError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except DiskFullError as error:
+        print(f"{parser.prog}: error: {error.strerror}", file=sys.stderr)
+        return 1
     except EverythingSkippedError as error:
         if _is_main_process():
             print(f"{parser.prog}: error: every method was skipped: "

@@ -35,6 +35,7 @@ tuning record and rebuilds the rest. A run that fails before writing anything le
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -53,7 +54,7 @@ from .accelerator import make_accelerator, quiet_libraries
 from .arguments import is_evaluation_arguments
 from .context import EvaluationState, RunContext
 from .distributed import broadcast
-from .errors import InputError
+from .errors import DiskFullError, InputError
 from .fitting import fit_detectors, fit_dir, fit_record
 from .json_files import jsonable, write_json
 from .labels import LabelMismatchWarning, check_labels, label_warning, labels_note, mapping_line
@@ -80,7 +81,17 @@ from .plan import (
 )
 from .report import RESULTS_JSON, method_results, write_report
 from .result import EvaluationResult, EverythingSkippedError, at_shipped_threshold, ood_groups_of, run_details
-from .run_folder import SELECTED, clear_stale_results, copy_results_json, first_missing, remove_empty_folders
+from .run_folder import (
+    SELECTED,
+    claim_output_dir,
+    clear_stale_results,
+    copy_results_json,
+    first_missing,
+    kept_files,
+    mark_run_folder,
+    remove_empty_folders,
+    unmark_if_alone,
+)
 from .run_info import check_process_count, evaluation_header, validation_source
 from .score_cache import PREDICTIONS_KEY, SCORE_KEY, ScoreCache
 from .scoring import score_missing
@@ -123,6 +134,9 @@ class OODEvaluator:
         self.model_source = model if model is not None else (args.model or args.detector)
         self.image_processor = image_processor
         self.output_dir = Path(args.output_dir)
+        # Whether --output-dir is a run's (its earlier files are this run's to replace or remove) or a folder of the
+        # user's accepted with --overwrite (nothing in it is deleted); set by load().
+        self.run_folder = True
         self.state = EvaluationState()
         self.context: RunContext | None = None  # built by load()
 
@@ -132,17 +146,32 @@ class OODEvaluator:
 
         Raises :class:`~hf_gsc.evaluation.errors.InputError` on bad input (before fitting or scoring),
         :class:`~hf_gsc.data.decoding.UndecodableImageError` at an unreadable image (without
-        ``--skip-unreadable-images``), :class:`EverythingSkippedError` when no method is left to report.
+        ``--skip-unreadable-images``), :class:`EverythingSkippedError` when no method is left to report,
+        :class:`~hf_gsc.evaluation.errors.DiskFullError` (one line naming the folder and what it keeps) when the disk
+        fills up.
         """
         created = first_missing(self.output_dir)
         try:
             return self._run()
+        except OSError as error:
+            self._clean_up_after_failure(created)
+            if error.errno != errno.ENOSPC or isinstance(error, DiskFullError):
+                raise
+            where = f" while writing {error.filename}" if error.filename else ""
+            raise DiskFullError(errno.ENOSPC, f"no space left on the device{where}; --output-dir {self.output_dir} "
+                                f"keeps {kept_files(self.output_dir)}: free some space and run the same command again "
+                                "to resume from them") from None
         except BaseException:
-            # A run that failed before writing anything leaves no empty folder behind; a folder that existed before
-            # this run, or holds anything, is kept.
-            if created is not None and os.environ.get("RANK", "0") == "0":
-                remove_empty_folders(self.output_dir, created)
+            self._clean_up_after_failure(created)
             raise
+
+    def _clean_up_after_failure(self, created: Path | None) -> None:
+        """A run that failed before writing anything leaves no empty folder (nor its marker alone) behind; a folder
+        that existed before this run, or holds anything, is kept."""
+        if os.environ.get("RANK", "0") == "0":
+            unmark_if_alone(self.output_dir)
+            if created is not None:
+                remove_empty_folders(self.output_dir, created)
 
     def _run(self) -> EvaluationResult | None:
         start = time.perf_counter()
@@ -199,10 +228,13 @@ class OODEvaluator:
         then the run context."""
         self._begin("load")
         args, state = self.args, self.state
+        self.run_folder = claim_output_dir(self.output_dir, args.overwrite)  # a folder of the user's: --overwrite only
         check_output_dir(self.output_dir)
         accelerator = make_accelerator(args.mixed_precision)
         check_process_count(accelerator)
         check_output_dir(self.output_dir, accelerator.process_index)
+        if accelerator.is_main_process:
+            mark_run_folder(self.output_dir)
         if not accelerator.is_local_main_process:
             quiet_libraries()
         from accelerate.utils import set_seed
@@ -371,9 +403,10 @@ class OODEvaluator:
         if accelerator.is_main_process:
             print(evaluation_header(self, plan), flush=True)
             # Before this run writes anything: the folder never holds results or detectors that disagree with its
-            # fits and score files, even when this run is interrupted.
-            clear_stale_results(self.output_dir, plan.fit_fingerprints, shipped=state.shipped is not None,
-                                overwrite=args.overwrite)
+            # fits and score files, even when this run is interrupted. A folder of the user's: nothing is deleted.
+            if self.run_folder:
+                clear_stale_results(self.output_dir, plan.fit_fingerprints, shipped=state.shipped is not None,
+                                    overwrite=args.overwrite)
         accelerator.wait_for_everyone()
         return plan
 
