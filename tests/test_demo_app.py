@@ -339,3 +339,14 @@ def test_space_never_writes_over_the_users_files(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert cli.main(["space", "--detector", "user/other", "--output", str(tmp_path / "file")]) == 1
     assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_an_unreadable_upload_is_one_line_naming_it_without_its_folder(served):
+    from hf_gsc.app.demo import DemoModel
+
+    _app, detector, folder = served
+    path = folder / "notes.png"
+    path.write_bytes(b"not an image")
+    with pytest.raises(ValueError, match="cannot read the image 'notes.png': ") as caught:
+        DemoModel(detector)(str(path))
+    assert str(folder) not in str(caught.value)

@@ -193,11 +193,17 @@ class DemoModel:
 
     def decode(self, upload: Any) -> Any:
         """The upload (a path, or anything :func:`~hf_gsc.utils.images.load_image` takes) as the 8-bit image the model
-        is given; errors name the file by its name only."""
-        from ..utils.images import describe, load_image
+        is given; errors name the file by its name only (the server's folders are nobody's business)."""
+        from ..utils.images import load_image
 
-        name = Path(upload).name if isinstance(upload, (str, os.PathLike)) else describe(upload)
-        return load_image(upload, self.mode, name=f"the image {name!r}" if name else None)
+        if not isinstance(upload, (str, os.PathLike)):
+            return load_image(upload, self.mode)
+        path = os.fspath(upload)
+        name = repr(Path(path).name)
+        try:
+            return load_image(path, self.mode, name=name)
+        except ValueError as error:  # a reason from PIL may quote the whole path
+            raise type(error)(str(error).replace(repr(path), name).replace(path, name)) from None
 
     def __call__(self, upload: Any) -> tuple[Any, ...]:
         """Top labels, verdict, score figure, summary (JSON), overlay (or ``None``) and coordinate rows of ``upload``."""
