@@ -6,6 +6,10 @@ p-value (:mod:`hf_gsc.utils.conformal`) and, for GSC, the map over the image of 
 predicted logit (:meth:`hf_gsc.GSCForImageClassification.explain`). The same function serves the browser and the
 API (``gradio_client``: ``Client(url).predict(handle_file(path), api_name="/predict")``).
 
+The upload reaches the library as a file and is decoded by :func:`hf_gsc.utils.images.load_image`, as the pipeline
+decodes it (:class:`DemoModel`); uploads are limited to :data:`MAX_UPLOAD_SIZE` and Gradio's cache is cleaned
+(:data:`DELETE_CACHE`); the page shows no local path.
+
 Needs the ``demo`` extra (``pip install 'hf_gsc[demo]'``: gradio and matplotlib).
 """
 
