@@ -64,7 +64,7 @@ def test_neco_matches_the_authors_code(setting, architecture_type, neco_dim):  #
     switches = {} if architecture_type == "as the model" else dict(max_logit=arch != "resnet",
                                                                    raw_norm=arch in ("deit", "swin"))
     detector = setting.detector("neco", neco_dim=neco_dim, **switches)
-    assert detector.axes.shape == (setting.F_fit.shape[1], dim)
+    assert detector.neco_dim == dim and detector.axes.shape == (setting.F_fit.shape[1],) * 2
     np.testing.assert_allclose(detector.score(setting.x_test).double().numpy(), expected, rtol=RTOL)
 
 
@@ -82,7 +82,15 @@ def test_neco_keeps_statistics_not_features(setting):  # noqa: F811
     assert detector.fit_accumulator()[0] == "mean and covariance"
     np.testing.assert_allclose(detector.mean.numpy(), setting.F_fit.mean(axis=0), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(detector.scale.numpy(), StandardScaler().fit(setting.F_fit).scale_, rtol=1e-9)
-    assert detector.fitted_state().keys() == {"mean", "scale", "axes"}
+    assert detector.fitted_state().keys() == {"mean", "scale", "axes", "variances"}
+
+
+def test_neco_dim_changes_after_the_fit_without_another(setting):  # noqa: F811
+    """Every axis is kept: assigning ``neco_dim`` on a fitted detector scores as a detector fitted with it."""
+    detector = get_detector("neco", setting.model).fit(setting.batches())
+    detector.config.neco_dim = 2
+    np.testing.assert_allclose(detector.score(setting.x_test).double().numpy(),
+                               setting.score("neco", neco_dim=2), rtol=0, atol=0)
 
 
 def test_neco_dim_is_checked_against_the_feature_width(setting):  # noqa: F811

@@ -89,5 +89,5 @@ class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
     """
 
     config_class = MahalanobisPPConfig
-    search_space_source = ("not searched: maha-norm's mdsn.yml has no postprocessor_sweep, and the radially scaled "
+    search_space_source = ("maha-norm's mdsn.yml has no postprocessor_sweep, and the radially scaled "
                            "variant's authors choose beta from ID geometry statistics, with no published grid")

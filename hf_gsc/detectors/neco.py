@@ -72,10 +72,10 @@ class NECOConfig(DetectorConfig):
     """Settings of neural-collapse-inspired OOD detection (:class:`NECODetector`)."""
 
     method: ClassVar[str] = "neco"
-    structural_names: ClassVar[tuple[str, ...]] = ("neco_dim",)
+    structural_names: ClassVar[tuple[str, ...]] = ()  # every axis is kept: each setting applies at scoring
     neco_dim: int | None = setting(
         None, integer_check(1, optional=True),
-        "Principal axes kept; ``None``: the fewest that explain 90% of the standardised ID features' variance (the "
+        "Principal axes scored on; ``None``: the fewest that explain 90% of the standardised ID features' variance (the "
         "NECO postprocessor of github.com/mueller-mp/maha-norm and the ORA authors' ``neco_score``; the NECO "
         "authors' ``test_all_ood.py`` takes it per model on the command line, with no default). At most the "
         "feature width.")
@@ -114,15 +114,17 @@ class NECODetector(FittedDetector):
     from streamed float64 sums (the features are never held), where sklearn takes the SVD of the centred
     standardised features; the mean of the standardised training features, which sklearn's PCA subtracts, is zero
     in exact arithmetic and is not subtracted. Fitting needs at least ``D`` samples, as the code's ``PCA(D)``.
+    Every principal axis and its variance is kept (``D x D`` float64, as the code's ``PCA(D)``), so that
+    ``neco_dim`` can change after the fit without another.
 
     Settings: :class:`NECOConfig`.
     """
 
     config_class = NECOConfig
-    search_space_source = ("not searched: the authors choose neco_dim per model on the command line; neither their "
+    search_space_source = ("the authors choose neco_dim per model on the command line; neither their "
                            "code nor maha-norm's neco.yml has a sweep")
     reads_logits = False
-    state_names = ("mean", "scale", "axes")
+    state_names = ("mean", "scale", "axes", "variances")
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
@@ -143,7 +145,11 @@ class NECODetector(FittedDetector):
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         dim = self.feature_dim
-        return {"mean": (dim,), "scale": (dim,), "axes": (dim, self.hyperparameters["neco_dim"])}
+        return {"mean": (dim,), "scale": (dim,), "axes": (dim, dim), "variances": (dim,)}
+
+    def _prepare(self) -> None:
+        # The axes scored on: the first neco_dim, or as many as explain 90% of the variance.
+        self.neco_dim = self.hyperparameters["neco_dim"] or explained_dim(self.variances)
 
     def fit_accumulator(self) -> tuple[Hashable, Callable[[], StatisticsPass]]:
         # The mean and covariance of every feature, streamed: (D + D^2) float64 whatever N.
@@ -157,11 +163,10 @@ class NECODetector(FittedDetector):
         covariance = statistics.tied_covariance(self.method)  # one class: the covariance about the mean
         self.mean = statistics.class_means(self.method)[0]
         self.scale = standard_scale(torch.diagonal(covariance), self.mean, statistics.count)
-        eigenvalues, axes = principal_axes(covariance, self.scale)
-        dim = self.hyperparameters["neco_dim"] or explained_dim(eigenvalues)
-        self.axes = axes[:, :dim].contiguous()
+        self.variances, self.axes = principal_axes(covariance, self.scale)
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         features = self.features(batch)
         max_logit = self.head(features.double()).amax(dim=-1) if self.hyperparameters["max_logit"] else None
-        return neco_score(features, self.mean, self.scale, self.axes, max_logit, self.hyperparameters["raw_norm"])
+        return neco_score(features, self.mean, self.scale, self.axes[:, :self.neco_dim], max_logit,
+                          self.hyperparameters["raw_norm"])
