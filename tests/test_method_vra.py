@@ -33,16 +33,16 @@ def test_vra_matches_openood(setting, percentiles):  # noqa: F811
 
 
 def test_vra_raises_low_activations_to_the_low_threshold_not_to_zero(setting):  # noqa: F811
-    """OpenOOD's clip, not the paper's zeroing below ``low``: the two give different scores where ``low`` is not 0
+    """OpenOOD's clip, not the VRA authors' zeroing below ``low``: the two give different scores where ``low`` is not 0
     (a ReLU ResNet's lower percentiles are 0: the percentile is taken above its share of zeros)."""
     percentile_low = min(100.0 * float(np.mean(setting.F_fit <= 0)) + 10.0, 80.0)
     expected, (low, high) = openood_vra(setting.F_fit, setting.F_test, setting.W, setting.b, 90.0, percentile_low)
     assert low != 0
     zeroed = np.where(setting.F_test < low, 0.0, np.minimum(setting.F_test, high))
-    paper = logsumexp(zeroed @ setting.W.T + setting.b, axis=1)
+    zeroing = logsumexp(zeroed @ setting.W.T + setting.b, axis=1)
     actual = setting.score("vra", percentile_low=percentile_low)
     np.testing.assert_allclose(actual, expected, rtol=1e-12)
-    assert np.abs(actual - paper).max() > 1e-6
+    assert np.abs(actual - zeroing).max() > 1e-6
 
 
 def test_vra_defaults_grid_and_fit_split(setting):  # noqa: F811

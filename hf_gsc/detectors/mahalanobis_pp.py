@@ -62,7 +62,8 @@ class MahalanobisPPConfig(DetectorConfig):
 
 @register_detector
 class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
-    """Mahalanobis on the L2-normalised penultimate feature ``z / ||z||_2``, fitted and scored.
+    """Mahalanobis on the L2-normalised penultimate feature ``z / ||z||_2`` (``z / ||z||_2^beta`` with ``beta``),
+    fitted and scored.
 
     Mueller & Hein, "Mahalanobis++: Improving OOD Detection via Feature Normalization", ICML 2025. The reference is
     the authors' code, github.com/mueller-mp/maha-norm, ``OpenOOD/openood/postprocessors/mdsn_postprocessor.py``:

@@ -101,11 +101,11 @@ class NECODetector(FittedDetector):
     ones; a feature's score is the norm of its first ``neco_dim`` PCA coordinates over the norm of its standardised
     vector, multiplied by its max logit. Paper and code differ; this follows the code:
 
-    * the paper (its eq. 6) divides by the norm of the feature and projects it without standardising, for every
-      model; the code standardises (a per-dimension scaling that the paper does not mention) and projects the
-      standardised feature, divides by its norm except for DeiT and Swin (there, the raw feature's norm:
-      ``raw_norm``), and multiplies by the max logit for every architecture but ResNet (``max_logit``). Both
-      switches are settings whose ``None`` default applies the code's rule to ``config.model_type``.
+    * the paper writes the score as ``||P h(x)|| / ||h(x)||`` of the feature ``h(x)``; the code standardises the
+      feature first and projects the standardised one, divides by its norm except for DeiT and Swin (there, the
+      raw feature's norm: ``raw_norm``), and multiplies by the max logit for every architecture but ResNet
+      (``max_logit``). Both switches are settings whose ``None`` default applies the code's rule to
+      ``config.model_type``.
     * ``neco_dim`` is a command-line argument of the code, chosen per model; the default here is the 90% rule of
       the other public NECO postprocessors (maha-norm's OpenOOD ``neco_postprocessor.py``, the ORA authors'
       ``neco_score``), on the same standardised PCA.

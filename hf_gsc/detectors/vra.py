@@ -49,11 +49,13 @@ class VRADetector(FittedDetector):
     (``id_loader_dict['val']``; here the ``validation`` fit split, never test), and the score is the energy of the
     clipped feature's logits.
 
-    OpenOOD's code and the paper (and its authors' code, github.com/zeroQiaoba/VRA ``models/resnet.py`` ``clip2``)
-    differ; this follows OpenOOD's: the paper's VRA sets activations below ``low`` to **zero** (and VRA+ shifts the
-    band by a learned ``lambda``), OpenOOD's raises them **to** ``low``. OpenOOD runs VRA with ``APS_mode: True``,
-    choosing both percentiles on its OOD validation set; here the defaults are OpenOOD's ``postprocessor_args``
-    and ``--tune`` searches its grid on ID validation data with generated OOD validation sets only.
+    OpenOOD's code and the authors' own (github.com/zeroQiaoba/VRA, ``models/resnet.py``, ``data_type='clip2'``)
+    differ; this follows OpenOOD's: the authors' code adds a constant ``lamb`` to every activation, sets those below
+    ``featmin + lamb`` to **zero** and those above ``featmax + lamb`` to ``featmax``; OpenOOD's raises the
+    activations below ``low`` **to** ``low``, caps those above ``high`` at ``high``, and adds nothing. OpenOOD runs
+    VRA with ``APS_mode: True``, choosing both percentiles on its OOD validation set; here the defaults are
+    OpenOOD's ``postprocessor_args`` and ``--tune`` searches its grid on ID validation data with generated OOD
+    validation sets only (the ID-only mode).
 
     Settings: :class:`VRAConfig`.
     """
