@@ -5,15 +5,19 @@ normalisation raised to that power."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from conftest import NUM_LABELS
 from test_detectors import ToyClassifier
 from test_method_rmds import (ARCHS, FLOAT64_TOLERANCE, authors_scores, check_fit_without_some_class_raises,
                               check_float32_model_is_fitted_and_scored_in_float64, check_matches_the_authors_code,
                               data)
+from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.backbone_pass import fit_together
 
@@ -129,3 +133,31 @@ def test_a_zero_feature_is_allowed_where_beta_divides_by_no_positive_power():
 
 def test_fit_without_some_class_raises():
     check_fit_without_some_class_raises("mahalanobis_pp")
+
+
+def test_beta_one_saves_as_before_the_setting_and_another_beta_is_refused_at_load(tmp_path):
+    """A state fitted with ``beta = 1`` is saved as before ``beta`` existed (no ``fitted_beta`` tensor, no ``beta`` in
+    the calibration record), so such a folder, without ``beta`` among its settings too, loads with its threshold;
+    loading a fitted state with another ``beta`` than its own is refused, naming it (its means and precision are of
+    other features)."""
+    d = data("resnet")
+    detector = get_detector("mahalanobis_pp", d.model).fit(d.batches())
+    detector.calibrate(d.x_fit[:100])
+    detector.save_pretrained(tmp_path / "one")
+    saved = json.loads((tmp_path / "one" / "detector_config.json").read_text())
+    assert saved["hyperparameters"] == {"beta": 1.0} and saved["calibration"]["settings"] == {}
+    assert set(load_file(str(tmp_path / "one" / "detector_state.safetensors"))) == {"class_means", "precision",
+                                                                                   "calibration_scores"}
+    saved["hyperparameters"] = {}
+    (tmp_path / "one" / "detector_config.json").write_text(json.dumps(saved))
+    old = AutoOODDetector.from_pretrained(tmp_path / "one", model=d.model)
+    assert old.config.beta == 1.0 and old.config.threshold == detector.config.threshold
+    torch.testing.assert_close(old.score(d.x_test), detector.score(d.x_test), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"fitted state is of z / \|\|z\|\|\^beta with beta=1, but beta=0\.5; "
+                                         r"load it with beta=1"):
+        AutoOODDetector.from_pretrained(tmp_path / "one", model=d.model, beta=0.5)
+    get_detector("mahalanobis_pp", d.model, beta=0.5).fit(d.batches()).save_pretrained(tmp_path / "half")
+    assert load_file(str(tmp_path / "half" / "detector_state.safetensors"))["fitted_beta"].tolist() == [0.5]
+    with pytest.raises(ValueError, match=r"with beta=0\.5, but beta=1; load it with beta=0\.5"):
+        AutoOODDetector.from_pretrained(tmp_path / "half", model=d.model, beta=1.0)
+    assert AutoOODDetector.from_pretrained(tmp_path / "half", model=d.model).config.beta == 0.5

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -12,6 +12,7 @@ from ..settings.config import DetectorConfig, number_check, setting
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .mahalanobis import MahalanobisDetector
+from .penultimate import StatisticsPass
 
 
 def check_normalisable(method: str, features: torch.Tensor, beta: float = 1.0) -> None:
@@ -90,5 +91,48 @@ class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
     """
 
     config_class = MahalanobisPPConfig
+    #: ``fitted_beta``: the ``beta`` the state was fitted with, kept (and saved) where it is not 1, so that a state
+    #: fitted with the published normalisation is saved as before the setting existed.
+    state_names = ("class_means", "precision", "fitted_beta")
+
+    def expected_state(self) -> dict[str, tuple[int | None, ...]]:
+        extra = {} if self.radial_exponent() == 1.0 else {"fitted_beta": (1,)}
+        return {**super().expected_state(), **extra}
+
+    def _fit(self, accumulated: StatisticsPass) -> None:
+        super()._fit(accumulated)
+        self.fitted_beta = torch.tensor([self.radial_exponent()], dtype=torch.float64)
+
+    def fit_end(self) -> None:
+        super().fit_end()
+        if self.radial_exponent() == 1.0:
+            self.fitted_beta = None  # not kept, nor saved, for the published normalisation
+
+    def load_fitted_state(self, state: dict[str, torch.Tensor], source: str = "the saved state") -> None:
+        if "fitted_beta" not in state:  # fitted with beta = 1: said so here, before the check names a missing tensor
+            self._check_fitted_beta(1.0)
+        super().load_fitted_state(state, source)
+
+    def _prepare(self) -> None:
+        self._check_fitted_beta(1.0 if self.fitted_beta is None else float(self.fitted_beta.reshape(-1)[0]))
+        super()._prepare()
+
+    def _check_fitted_beta(self, fitted: float) -> None:
+        # The means and precision are of the features as scaled at the fit: scoring features scaled with another
+        # beta would compare unlike things, so a load with another beta is refused (beta is structural: a fitted
+        # detector refuses its assignment too).
+        if fitted != self.radial_exponent():
+            raise ValueError(f"{self.method}: the fitted state is of z / ||z||^beta with beta={fitted:g}, but "
+                             f"beta={self.radial_exponent():g}; load it with beta={fitted:g} (what it was fitted "
+                             f"with), or fit a new detector with beta={self.radial_exponent():g}")
+
+    def calibration_settings(self, config: DetectorConfig | None = None) -> dict[str, Any]:
+        # ``beta = 1`` is the score a record without ``beta`` was calibrated for (folders saved before the setting
+        # existed record no settings): left out there, so that their thresholds keep applying; any other ``beta`` is
+        # recorded, and a change of it drops the threshold.
+        settings = super().calibration_settings(config)
+        if settings.get("beta") == 1.0:
+            del settings["beta"]
+        return settings
     search_space_source = ("maha-norm's mdsn.yml has no postprocessor_sweep, and the radially scaled "
                            "variant's authors choose beta from ID geometry statistics, with no published grid")
