@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
+from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS, get_detector
 
 from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
@@ -52,3 +53,13 @@ def test_vra_defaults_grid_and_fit_split(setting):  # noqa: F811
     assert DETECTORS["vra"].fit_split == "validation"
     with pytest.raises(ValueError, match=r"percentile_low \(50\.0\) must be at most percentile_high \(40\.0\)"):
         get_detector("vra", setting.model, percentile_high=40.0, percentile_low=50.0)
+
+
+def test_a_load_with_other_percentiles_than_the_fitted_ones_is_refused(setting, tmp_path):  # noqa: F811
+    """The thresholds are values at the fitted percentiles; loading them with others would score with thresholds that
+    are not theirs."""
+    setting.detector("vra").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"fitted at percentile_low=10, percentile_high=90, not 10, 95"):
+        AutoOODDetector.from_pretrained(tmp_path, model=setting.model, percentile_high=95.0)
+    loaded = AutoOODDetector.from_pretrained(tmp_path, model=setting.model)
+    np.testing.assert_array_equal(loaded.score(setting.x_test).numpy(), setting.score("vra"))

@@ -65,7 +65,8 @@ class VRADetector(FittedDetector):
     search_space_source = ("OpenOOD vra.yml postprocessor_sweep: percentile_high_list [85, 90, 95, 99], "
                            "percentile_low_list [1, 5, 10, 15]")
     fit_split = "validation"
-    state_names = ("thresholds",)
+    #: ``percentiles``: ``[percentile_low, percentile_high]`` the thresholds were fitted at, checked at load.
+    state_names = ("thresholds", "percentiles")
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
@@ -75,13 +76,26 @@ class VRADetector(FittedDetector):
                              "[low, high] the activations are clipped into would be empty")
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
-        return {"thresholds": (2,)}
+        return {"thresholds": (2,), "percentiles": (2,)}
+
+    def _settings(self) -> list[float]:
+        return [self.hyperparameters["percentile_low"], self.hyperparameters["percentile_high"]]
 
     def _fit(self, accumulated: FeatureStore) -> None:
         # Both np.percentile values, selected from the stored batches as they are (no float64 or sorted copy).
         self.check_fit_count(accumulated.count)
-        self.thresholds = torch.tensor([chunked_percentile(accumulated.features, self.hyperparameters[name])
-                                        for name in ("percentile_low", "percentile_high")], dtype=torch.float64)
+        self.thresholds = torch.tensor([chunked_percentile(accumulated.features, q) for q in self._settings()],
+                                       dtype=torch.float64)
+        self.percentiles = torch.tensor(self._settings(), dtype=torch.float64)
+
+    def _prepare(self) -> None:
+        # The thresholds are the activations' values at the fitted percentiles (the activations are not kept): a load
+        # with other percentiles is refused rather than scored with thresholds that are not theirs.
+        fitted = [float(value) for value in self.percentiles.tolist()]
+        if fitted != self._settings():
+            raise ValueError(f"{self.method}: the thresholds were fitted at percentile_low={fitted[0]:g}, "
+                             f"percentile_high={fitted[1]:g}, not {self._settings()[0]:g}, {self._settings()[1]:g}; "
+                             "load it with the percentiles it was fitted at, or fit a new detector")
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return energy_score(vra_logits(self.features(batch), self.head, self.thresholds))
