@@ -91,8 +91,11 @@ class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
     """
 
     config_class = MahalanobisPPConfig
-    #: ``fitted_beta``: the ``beta`` the state was fitted with, kept (and saved) where it is not 1, so that a state
-    #: fitted with the published normalisation is saved as before the setting existed.
+    search_space_source = ("maha-norm's mdsn.yml has no postprocessor_sweep, and the radially scaled "
+                           "variant's authors choose beta from ID geometry statistics, with no published grid")
+    #: ``fitted_beta``: the ``beta`` the state was fitted with, kept (and saved) where it is not 1; ``beta = 1`` is
+    #: said by its absence, in the state as in the calibration record (:meth:`calibration_settings`), so that a
+    #: Mahalanobis++ folder with no ``beta`` anywhere loads as ``beta = 1`` with its threshold.
     state_names = ("class_means", "precision", "fitted_beta")
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
@@ -127,12 +130,9 @@ class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
                              f"with), or fit a new detector with beta={self.radial_exponent():g}")
 
     def calibration_settings(self, config: DetectorConfig | None = None) -> dict[str, Any]:
-        # ``beta = 1`` is the score a record without ``beta`` was calibrated for (folders saved before the setting
-        # existed record no settings): left out there, so that their thresholds keep applying; any other ``beta`` is
-        # recorded, and a change of it drops the threshold.
+        # ``beta = 1`` is recorded by its absence (a record without ``beta`` is of the published normalisation); any
+        # other ``beta`` is recorded, and a change of it drops the threshold.
         settings = super().calibration_settings(config)
         if settings.get("beta") == 1.0:
             del settings["beta"]
         return settings
-    search_space_source = ("maha-norm's mdsn.yml has no postprocessor_sweep, and the radially scaled "
-                           "variant's authors choose beta from ID geometry statistics, with no published grid")
