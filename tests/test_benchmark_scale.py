@@ -13,6 +13,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import benchmark_scale  # noqa: E402
 
+from hf_gsc.detectors import DETECTORS  # noqa: E402
+
 
 def test_small_configuration_measures_models_and_projects_every_method(tmp_path):
     output = tmp_path / "scale.json"
@@ -21,7 +23,8 @@ def test_small_configuration_measures_models_and_projects_every_method(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(output.read_text())
     assert results["settings"]["threads"] == 1 and results["settings"]["configuration"] == "small"
-    assert len(benchmark_scale.METHODS) == 14 and set(results["settings"]["methods"]) == set(benchmark_scale.METHODS)
+    fitted = {name for name, cls in DETECTORS.items() if cls.one_pass and cls.needs_fit}  # every fitted one-pass method
+    assert set(benchmark_scale.METHODS) == fitted and set(results["settings"]["methods"]) == fitted
     for dim, shape in results["shapes"].items():
         assert shape["sizes"] == [200, 400] and shape["classes"] == 50
         for name in benchmark_scale.METHODS:
@@ -43,4 +46,4 @@ def test_small_configuration_measures_models_and_projects_every_method(tmp_path)
     assert results["with_backbone"] == {}  # no backbone forward measured (--no-backbones): nothing composed
     table = output.with_suffix(".md").read_text()
     assert "**The fit with its backbone**" in table
-    assert "#### K = 50, D = 64" in table and "| `knn` |" in table and "the 14 in one pass" in table
+    assert "#### K = 50, D = 64" in table and "| `knn` |" in table and f"the {len(fitted)} in one pass" in table

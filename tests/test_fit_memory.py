@@ -22,8 +22,9 @@ from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.backbone_pass import fit_together
 from hf_gsc.detectors.penultimate import ClassStatistics, chunked_percentile
 
-STATISTIC_METHODS = ["mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem", "dice", "nci", "fdbd", "she"]
-FEATURE_METHODS = ["knn", "vim", "react", "conjnorm", "nnguide"]
+STATISTIC_METHODS = ["mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem", "dice", "nci", "fdbd", "she", "neco",
+                     "ora"]
+FEATURE_METHODS = ["knn", "vim", "react", "vra", "conjnorm", "nnguide"]
 WIDTH = 32
 
 

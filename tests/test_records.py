@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_tiny_model
+from hf_gsc.detectors import DETECTORS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -212,15 +213,16 @@ def test_figures_stay_readable_with_every_method_and_heavy_tails(tmp_path):
 
     rng = np.random.default_rng(0)
     correct = rng.random(300) > 0.2
-    id_scores = {f"method_{i:02d}": rng.normal(size=300) + 0.05 * i * correct for i in range(28)}  # --methods all
+    count = len(DETECTORS)  # --methods all
+    id_scores = {f"method_{i:02d}": rng.normal(size=300) + 0.05 * i * correct for i in range(count)}
     fig, axes = plots.risk_coverage_figure(id_scores, correct, {name: 0.0 for name in id_scores})
     ax = axes[0, 0]
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1  # covers no curve
     curves = [line for line in ax.get_lines() if line.get_label().startswith("method_")]
-    assert len(curves) == 28
-    assert len({(to_rgb(line.get_color()), line.get_linestyle()) for line in curves}) == 28
+    assert len(curves) == count
+    assert len({(to_rgb(line.get_color()), line.get_linestyle()) for line in curves}) == count
     matplotlib.pyplot.close(fig)
     assert plots.plot_risk_coverage(id_scores, correct, tmp_path / "risk_coverage.png").stat().st_size > 0
 

@@ -23,6 +23,16 @@ def l2_normalised(features: torch.Tensor) -> torch.Tensor:
     return features / features.norm(dim=-1, keepdim=True)
 
 
+def radially_scaled(features: torch.Tensor, beta: float) -> torch.Tensor:
+    """``z / ||z||_2^beta`` row-wise in float64: radially scaled L2 normalisation (Janiak, Binkowski & Kajdanowicz,
+    arXiv:2510.15202), which keeps each feature's direction and maps its norm ``r`` to ``r^(1 - beta)``. ``beta = 1``
+    is :func:`l2_normalised` (Mahalanobis++; that exact expression), ``beta = 0`` the feature itself."""
+    if beta == 1.0:
+        return l2_normalised(features)
+    features = features.double()
+    return features / features.norm(dim=-1, keepdim=True) ** beta
+
+
 def mahalanobis_score(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:
     """``max_c -(F - mu_c)^T Sigma^-1 (F - mu_c)``: ``(B, D) -> (B,)``, float64; ``terms`` from
     :func:`~hf_gsc.detectors.penultimate.mahalanobis_terms` of the class means and the precision."""
@@ -38,7 +48,8 @@ class TiedGaussianDetector(FittedDetector):
     """
 
     state_names = ("class_means", "precision")
-    #: Fit and score the L2-normalised feature ``z / ||z||_2`` (Mahalanobis++, Mueller & Hein, ICML 2025).
+    #: Fit and score the L2-normalised feature ``z / ||z||_2`` (Mahalanobis++, Mueller & Hein, ICML 2025), or its
+    #: radially scaled form ``z / ||z||_2^beta`` with ``beta`` from :meth:`radial_exponent`.
     normalise_features: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
@@ -79,7 +90,7 @@ class TiedGaussianDetector(FittedDetector):
     def fit_accumulator(self) -> tuple[Hashable, Callable[[], StatisticsPass]]:
         # Streamed float64 class sums and sum of outer products of the shaped features: (K + D) D numbers whatever
         # N; shared by every method of the family fitted in the pass on the same shaping.
-        return ("class gaussian", self.normalise_features), lambda: StatisticsPass(
+        return ("class gaussian", self.radial_exponent()), lambda: StatisticsPass(
             ClassStatistics(self.head.num_classes, second_moment=True), self._shape_for_fit)
 
     def _shape_for_fit(self, features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
@@ -100,9 +111,17 @@ class TiedGaussianDetector(FittedDetector):
         self.precision, whitened_by = statistics.derived("tied precision", precision_and_whitening)
         self._fitted_whitening = (self.precision, whitened_by)
 
+    def radial_exponent(self) -> float:
+        """``beta`` of the feature as fitted and scored, ``z / ||z||_2^beta``: 0 (``z`` itself) unless
+        :attr:`normalise_features`, 1 (``z / ||z||_2``) there unless the method has a ``beta`` setting."""
+        if not self.normalise_features:
+            return 0.0
+        return float(self.hyperparameters.get("beta", 1.0))
+
     def shaped(self, features: torch.Tensor) -> torch.Tensor:
-        """The feature as fitted and scored: ``z``, or ``z / ||z||_2`` with :attr:`normalise_features` (float64)."""
-        return l2_normalised(features) if self.normalise_features else features
+        """The feature as fitted and scored: ``z``, or ``z / ||z||_2^beta`` with :attr:`normalise_features`
+        (:func:`radially_scaled`, float64)."""
+        return radially_scaled(features, self.radial_exponent()) if self.normalise_features else features
 
     def features(self, batch: BackbonePass) -> torch.Tensor:
         return self.shaped(super().features(batch))
