@@ -445,7 +445,16 @@ def toy_inputs(classes: torch.Tensor, ood: bool, generator: torch.Generator) -> 
     return x.view(-1, 1, 1, 16)
 
 
-@pytest.mark.parametrize("name", ALL_METHODS)
+#: Methods that fail the toy problem by design, with the reason (their reference implementation fails it alike).
+TOY_FAILURES = {
+    "openmax": "OpenMax's Weibull models are fitted on the 20 largest training distances to each class mean: an ID "
+               "test sample beyond that tail gets W-score 1, all its logit mass goes to the unknown class (score -1, "
+               "as OpenOOD with libMR gives), below the OOD samples' near-zero logits (about -1/(K+1))",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=TOY_FAILURES[name]))
+                                  if name in TOY_FAILURES else name for name in ALL_METHODS])
 def test_ood_scores_lower_on_toy_problem(name):
     generator = torch.Generator().manual_seed(0)
     model = ToyClassifier()
