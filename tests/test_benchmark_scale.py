@@ -21,7 +21,7 @@ def test_small_configuration_measures_models_and_projects_every_method(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     results = json.loads(output.read_text())
     assert results["settings"]["threads"] == 1 and results["settings"]["configuration"] == "small"
-    assert len(benchmark_scale.METHODS) == 14 and set(results["settings"]["methods"]) == set(benchmark_scale.METHODS)
+    assert len(benchmark_scale.METHODS) == 18 and set(results["settings"]["methods"]) == set(benchmark_scale.METHODS)
     for dim, shape in results["shapes"].items():
         assert shape["sizes"] == [200, 400] and shape["classes"] == 50
         for name in benchmark_scale.METHODS:
@@ -43,4 +43,4 @@ def test_small_configuration_measures_models_and_projects_every_method(tmp_path)
     assert results["with_backbone"] == {}  # no backbone forward measured (--no-backbones): nothing composed
     table = output.with_suffix(".md").read_text()
     assert "**The fit with its backbone**" in table
-    assert "#### K = 50, D = 64" in table and "| `knn` |" in table and "the 14 in one pass" in table
+    assert "#### K = 50, D = 64" in table and "| `knn` |" in table and f"the {len(benchmark_scale.METHODS)} in one pass" in table
