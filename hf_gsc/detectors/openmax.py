@@ -85,6 +85,21 @@ def openmax_unknown_probability(logits: torch.Tensor, means: torch.Tensor, scale
     return torch.exp(unknown[:, 0] - torch.logsumexp(torch.cat([modified, unknown], dim=-1), dim=-1))
 
 
+def class_tails(values: torch.Tensor, classes: torch.Tensor, num_classes: int, size: int) -> torch.Tensor:
+    """``(num_classes, size)``: the ``size`` largest ``values`` of each class, descending, ``-inf`` where a class has
+    fewer. One sort of all the values, then a stable sort by class: within each class the values stay descending."""
+    order = values.argsort(descending=True)
+    order = order[classes[order].argsort(stable=True)]
+    values, classes = values[order], classes[order]
+    starts = torch.zeros(num_classes + 1, dtype=torch.long)
+    starts[1:] = torch.bincount(classes, minlength=num_classes).cumsum(0)
+    rank = torch.arange(values.shape[0]) - starts[classes]
+    keep = rank < size
+    tails = torch.full((num_classes, size), -torch.inf, dtype=values.dtype)
+    tails[classes[keep], rank[keep]] = values[keep]
+    return tails
+
+
 def openmax_fit(batches: FeatureStore, head: LinearHead, tail_size: int, method: str
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(means (K, K), scale, shape, small_score (K,))``: each class's mean logit vector over its correctly classified
@@ -103,15 +118,14 @@ def openmax_fit(batches: FeatureStore, head: LinearHead, tail_size: int, method:
         raise ValueError(f"{method}: classes {short} have fewer than 2 correctly classified fitting samples; the "
                          "Weibull fit of each class needs at least 2 (fit on more ID data, or leave openmax out)")
     means = sums / counts[:, None]
-    tails = torch.full((num_classes, tail_size), -torch.inf, dtype=torch.float64)
+    distances, classes = [], []  # of the correctly classified samples: N numbers, not N K
     for features, labels in batches.batches():
         logits = head(features).double()
         correct = logits.argmax(dim=-1) == labels
         logits, labels = logits[correct], labels[correct]
-        distances = (logits - means[labels]).norm(dim=-1)
-        for label in labels.unique().tolist():
-            merged = torch.cat([tails[label], distances[labels == label]])
-            tails[label] = merged.topk(tail_size).values
+        distances.append((logits - means[labels]).norm(dim=-1))
+        classes.append(labels)
+    tails = class_tails(torch.cat(distances), torch.cat(classes), num_classes, tail_size)
     valid = torch.isfinite(tails)
     flat = ((tails.amax(dim=-1) <= torch.where(valid, tails, torch.inf).amin(dim=-1))).nonzero().flatten().tolist()
     if flat:

@@ -189,35 +189,36 @@ class WeiPerKLDivDetector(FittedDetector):
         self.perturbed_weight, self.perturbed_bias = weight.to(self.device), bias.to(self.device)
 
     def _perturbed_logits(self, features: torch.Tensor) -> torch.Tensor:
-        features = features.to(self._compute_dtype)
-        return nn.functional.linear(features, self.perturbed_weight.to(features.device),
-                                    self.perturbed_bias.to(features.device))
+        """``W~ z + b~`` ``(B, r K)`` on the perturbed head's device (a fitting batch goes there, not the head here)."""
+        features = features.to(self.perturbed_weight.device, self._compute_dtype)
+        return nn.functional.linear(features, self.perturbed_weight, self.perturbed_bias)
 
     def _fit(self, accumulated: FeatureStore) -> None:
-        # Two readings of the stored features: the ranges, then (the bins known) the mean densities.
+        # Two readings of the stored features, each batch on the perturbed head's device: the ranges, then (the bins
+        # known) the mean densities.
         self.check_fit_count(accumulated.count)
         self._draw_perturbed_head()
-        dtype, n_bins = self._compute_dtype, self.hyperparameters["n_bins"]
-        feature_low = perturbed_low = torch.tensor(torch.inf, dtype=dtype)
-        feature_high = perturbed_high = torch.tensor(-torch.inf, dtype=dtype)
+        dtype, n_bins, device = self._compute_dtype, self.hyperparameters["n_bins"], self.perturbed_weight.device
+        feature_low = perturbed_low = torch.tensor(torch.inf, dtype=dtype, device=device)
+        feature_high = perturbed_high = torch.tensor(-torch.inf, dtype=dtype, device=device)
         for features in accumulated.features:
-            features = features.to(dtype)
-            perturbed = self._perturbed_logits(features).cpu()
+            features = features.to(device, dtype)
+            perturbed = self._perturbed_logits(features)
             feature_low, feature_high = torch.minimum(feature_low, features.min()), torch.maximum(feature_high, features.max())
             perturbed_low = torch.minimum(perturbed_low, perturbed.min())
             perturbed_high = torch.maximum(perturbed_high, perturbed.max())
-        self.feature_range = torch.stack([feature_low, feature_high]).double()
-        self.perturbed_range = torch.stack([perturbed_low, perturbed_high]).double()
+        self.feature_range = torch.stack([feature_low, feature_high]).double().cpu()
+        self.perturbed_range = torch.stack([perturbed_low, perturbed_high]).double().cpu()
         feature_edges = histogram_edges(feature_low, feature_high, n_bins, dtype)
         perturbed_edges = histogram_edges(perturbed_low, perturbed_high, n_bins, dtype)
-        feature_sum = torch.zeros(n_bins, dtype=torch.float64)
-        perturbed_sum = torch.zeros(n_bins, dtype=torch.float64)
+        feature_sum = torch.zeros(n_bins, dtype=torch.float64, device=device)
+        perturbed_sum = torch.zeros(n_bins, dtype=torch.float64, device=device)
         for features in accumulated.features:
-            features = features.to(dtype)
+            features = features.to(device, dtype)
             feature_sum += sample_densities(features, feature_edges).sum(dim=0)
-            perturbed_sum += sample_densities(self._perturbed_logits(features).cpu(), perturbed_edges).sum(dim=0)
-        self.feature_density = feature_sum / accumulated.count
-        self.perturbed_density = perturbed_sum / accumulated.count
+            perturbed_sum += sample_densities(self._perturbed_logits(features), perturbed_edges).sum(dim=0)
+        self.feature_density = feature_sum.cpu() / accumulated.count
+        self.perturbed_density = perturbed_sum.cpu() / accumulated.count
 
     def _prepare(self) -> None:
         if self.perturbed_weight is None:  # loaded: drawn again from the seed
