@@ -62,10 +62,10 @@ class BATSDetector(PenultimateDetector):
     NeurIPS 2022. Reference: the authors' code, alibaba/easyrobust ``examples/ood_detection/BATS/test_ood.py``
     (``iterate_data_energy`` / ``iterate_data_msp``): the head's input ``model.forward_features(x)`` is clipped with two
     ``torch.where`` to ``feature_mean -+ lam feature_std``, then ``model.forward_head`` and the score. The code loads
-    ``feature_mean`` / ``feature_std`` from saved files; the paper takes them from the BatchNorm layer that produces
-    the feature (its learnt ``beta`` and ``gamma``: BatchNorm makes each channel ``N(beta, gamma^2)``), which is what
-    is read here, from the last affine BatchNorm with as many channels as the feature (:func:`last_batchnorm`). No
-    fitting. A model without one (a ViT, a ConvNeXt: LayerNorm) is refused when the detector is built, and ``hf-gsc
+    ``feature_mean`` / ``feature_std`` from saved ``.pt`` files whose making is not in the repository; the paper
+    estimates the typical set with the BatchNorm's learnt ``beta`` and ``gamma`` (BatchNorm makes each channel
+    ``N(beta, gamma^2)``), which is what is read here, from the last affine BatchNorm with as many channels as the
+    feature (:func:`last_batchnorm`). No fitting. A model without one (a ViT, a ConvNeXt: LayerNorm) is refused when the detector is built, and ``hf-gsc
     evaluate`` skips the method there with that reason.
 
     Settings: :class:`BATSConfig`.

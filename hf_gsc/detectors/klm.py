@@ -65,12 +65,11 @@ class KLMDetector(FittedDetector):
     """Minus the smallest KL divergence of the softmax to a class template, :func:`klm_score`.
 
     Hendrycks, Basart, Mazeika, Zou, Kwon, Mostajabi, Steinhardt, Song, "Scaling Out-of-Distribution Detection for
-    Real-World Settings", ICML 2022 (KL matching). Reference: OpenOOD v1.5 ``kl_matching_postprocessor.py`` (the
-    authors' code is that postprocessor): the template of class ``k`` is the mean softmax of the ID samples the model
-    *predicts* as ``k`` (no labels read), a one-hot vector for a class never predicted, and the score is
-    ``-min_k scipy.stats.entropy(p, q_k)``. OpenOOD fits the templates on its ID validation split; here on the fit
-    split (ID training data), never test or OOD data. The softmax is taken in float64 (OpenOOD: float32 on the GPU).
-    Paper and code agree.
+    Real-World Settings", ICML 2022 (KL matching). Reference: OpenOOD v1.5 ``kl_matching_postprocessor.py``: the
+    template of class ``k`` is the mean softmax of the ID samples the model *predicts* as ``k`` (no labels read), a
+    one-hot vector for a class never predicted, and the score is ``-min_k scipy.stats.entropy(p, q_k)``. OpenOOD
+    fits the templates on its ID validation split; here on the fit split (ID training data), never test or OOD data.
+    The softmax is taken in float64 (OpenOOD: float32 on the GPU).
 
     Settings: :class:`KLMConfig`.
     """
