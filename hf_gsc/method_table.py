@@ -4,8 +4,8 @@
 Nothing in it is typed by hand, so it cannot go stale: the summary is the first paragraph of the class docstring,
 what a method reads is what it declares to the shared backbone pass (``reads_logits``, ``feature_splits()``,
 ``one_pass``), what it fits on is ``needs_fit`` / ``fit_split`` / ``needs_labels``, the fitted state is
-``expected_state()`` on a small model with feature width ``D`` and ``K`` classes (``N``: one row per fitting
-sample), the grid is ``search_space`` with its ``search_space_source``.
+``expected_state()`` on a small model with feature width ``D`` and ``K`` classes (a ViT; a ResNet for a method the
+ViT is refused by: BATS; ``N``: one row per fitting sample), the grid is ``search_space`` with its ``search_space_source``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,25 @@ def _model():
     torch.manual_seed(0)
     return ViTForImageClassification(ViTConfig(image_size=16, patch_size=4, hidden_size=WIDTH, num_hidden_layers=1,
                                                num_attention_heads=2, intermediate_size=32, num_labels=CLASSES)).eval()
+
+
+def _cnn():
+    """A ResNet of the same ``D`` and ``K``, for a method that a ViT does not have what it reads for (BATS: a
+    BatchNorm before the head)."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    return ResNetForImageClassification(ResNetConfig(embedding_size=8, hidden_sizes=[8, WIDTH], depths=[1, 1],
+                                                     num_labels=CLASSES)).eval()
+
+
+def _built(cls, model, cnn):
+    """``cls`` on the ViT, or on the ResNet where the ViT is refused."""
+    try:
+        return cls(model)
+    except ValueError:
+        return cls(cnn())
 
 
 def _shape(shape: tuple) -> str:
@@ -55,7 +74,7 @@ def rows() -> list[str]:
              "Tuning grid (`--tune`) |", "|---|---|---|---|---|---|"]
     for method in sorted(DETECTORS):
         cls = DETECTORS[method]
-        detector = cls(model)
+        detector = _built(cls, model, _cnn)
         summary = _markdown(" ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())).rstrip(".")
         fits = f"ID {detector.fit_split}" + (" (labels)" if getattr(cls, "needs_labels", False) else "") \
             if detector.needs_fit else "nothing"

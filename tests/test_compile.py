@@ -18,8 +18,10 @@ from hf_gsc.detectors import DETECTORS
 from hf_gsc.detectors.compiled import CompiledDetector
 
 from conftest import IMAGE_SIZE, make_tiny_model
+from test_detectors import MODEL_SPECIFIC
 
-ONE_PASS = sorted(name for name, cls in DETECTORS.items() if cls.one_pass)
+#: Every one-pass method that applies to the ViT (a model-specific one, BATS, is on the ResNet list below).
+ONE_PASS = sorted(name for name, cls in DETECTORS.items() if cls.one_pass and "vit" in MODEL_SPECIFIC.get(name, ("vit",)))
 NUM_FIT = 128
 
 
@@ -69,8 +71,8 @@ def fitted() -> dict[str, dict[str, object]]:
 
 
 #: On the pooled head, the methods whose scoring reads the feature in a way of its own (clipping, pruning, scaling,
-#: projections, neighbours); every method runs on the first-token head.
-POOLED_HEAD_METHODS = ("ash_s", "knn", "react", "scale", "vim")
+#: projections, neighbours); every method that applies to a ViT runs on the first-token head.
+POOLED_HEAD_METHODS = ("ash_s", "bats", "knn", "react", "scale", "vim")
 
 
 @pytest.mark.parametrize("arch", ["vit", "resnet"])

@@ -26,7 +26,7 @@ from hf_gsc.detectors import DETECTORS, fit_together
 
 from conftest import IMAGE_SIZE, NUM_LABELS
 from hub_server import LoopbackHub
-from test_detectors import Setting
+from test_detectors import MODEL_SPECIFIC, Setting
 
 ALL_METHODS = sorted(DETECTORS)
 BASE_REPO = "user/base-vit"
@@ -43,19 +43,17 @@ def _pixels(n: int, seed: int) -> torch.Tensor:
 
 class World:
     """One balanced tiny ViT (in memory, in a folder, and on the loopback Hub as ``user/base-vit``) and a fitted,
-    calibrated detector of every method on it, built once per module."""
+    calibrated detector of every method on it, built once per module; a method that does not apply to a ViT
+    (``test_detectors.MODEL_SPECIFIC``: BATS) is built on the tiny ResNet instead (``user/base-resnet``)."""
 
     def __init__(self, root: Path, hub: LoopbackHub) -> None:
         self.setting = Setting("vit")
         self.model = self.setting.model
         self.root, self.hub = root, hub
         self.base_dir = root / "base-vit"
-        self.model.save_pretrained(self.base_dir)
-        from huggingface_hub import HfApi
-
-        api = HfApi(token=hub.token)
-        api.create_repo(BASE_REPO)
-        api.upload_folder(repo_id=BASE_REPO, folder_path=str(self.base_dir))
+        self.settings = {"vit": self.setting}
+        self.base_repos = {"vit": BASE_REPO}
+        self._upload(self.model, BASE_REPO, self.base_dir)
         self.x_validation = _pixels(NUM_CALIBRATION, seed=7)
         self.x_test = self.setting.x_test
         self.detectors: dict[str, OODDetector] = {}
@@ -64,12 +62,38 @@ class World:
             detector.calibrate(self.x_validation)
             self.detectors[method] = detector
 
+    def _upload(self, model, repo_id: str, folder: Path) -> None:
+        from huggingface_hub import HfApi
+
+        model.save_pretrained(folder)
+        api = HfApi(token=self.hub.token)
+        api.create_repo(repo_id)
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder))
+
+    def arch_of(self, method: str) -> str:
+        """The tiny architecture ``method`` is built on: the ViT, or the first it applies to."""
+        archs = MODEL_SPECIFIC.get(method, ("vit",))
+        arch = "vit" if "vit" in archs else archs[0]
+        if arch not in self.settings:
+            self.settings[arch] = Setting(arch)
+            self.base_repos[arch] = f"user/base-{arch}"
+            self._upload(self.settings[arch].model, self.base_repos[arch], self.root / f"base-{arch}")
+        return arch
+
+    def model_of(self, method: str):
+        return self.settings[self.arch_of(method)].model
+
+    def base_repo_of(self, method: str) -> str:
+        return self.base_repos[self.arch_of(method)]
+
     def build(self, method: str, fit: bool = True, **hyperparameters) -> OODDetector:
-        """A detector on the shared model whose base reference is the Hub copy (so that it can be pushed)."""
-        detector = AutoOODDetector.from_pretrained(self.model, method=method, **hyperparameters)
-        detector.config.base_model_name_or_path = BASE_REPO
+        """A detector on the shared model of its architecture whose base reference is the Hub copy (so that it can
+        be pushed)."""
+        setting = self.settings[self.arch_of(method)]
+        detector = AutoOODDetector.from_pretrained(setting.model, method=method, **hyperparameters)
+        detector.config.base_model_name_or_path = self.base_repos[self.arch_of(method)]
         if fit and detector.needs_fit:
-            detector.fit(self.setting.batches())
+            detector.fit(setting.batches())
         return detector
 
 
@@ -108,7 +132,7 @@ def test_save_load_and_hub_round_trip_is_identical(world, method, tmp_path):
     assert saved["method"] == method and saved["threshold"] == detector.config.threshold
     # The fitted tensors and, calibrated, the ID calibration scores (p-values).
     assert set(load_file(folder / STATE_FILE)) == {*detector.fitted_state(), "calibration_scores"}
-    from_folder = AutoOODDetector.from_pretrained(folder, model=world.model)
+    from_folder = AutoOODDetector.from_pretrained(folder, model=world.model_of(method))
     assert type(from_folder) is type(detector) and from_folder.method == method
     assert from_folder.hyperparameters == detector.hyperparameters
     _same_state(from_folder, detector)
@@ -117,8 +141,8 @@ def test_save_load_and_hub_round_trip_is_identical(world, method, tmp_path):
     repo_id = f"user/{method.replace('_', '-')}-tiny"
     detector.push_to_hub(repo_id)
     from_hub = AutoOODDetector.from_pretrained(repo_id)  # the base model comes from user/base-vit
-    assert type(from_hub) is type(detector) and from_hub.model is not world.model
-    assert from_hub.config.base_model_name_or_path == BASE_REPO
+    assert type(from_hub) is type(detector) and from_hub.model is not world.model_of(method)
+    assert from_hub.config.base_model_name_or_path == world.base_repo_of(method)
     _same_state(from_hub, detector)
     _same_output(from_hub, detector, world.x_test)
 
@@ -149,20 +173,26 @@ def test_to_moves_fitted_buffers(world, method, tmp_path):
 
 # -------------------------------------------------------------------------------------- alone == together
 def test_alone_equals_bundle_of_every_method(world):
-    bundle = DetectorBundle(dict(world.detectors))
-    scores = bundle.scores(world.x_test)
-    output = bundle(world.x_test)
-    assert scores.keys() == set(ALL_METHODS)
+    """One bundle per base model: every method on the ViT, the model-specific ones on theirs."""
+    by_arch: dict[str, dict[str, OODDetector]] = {}
     for method, detector in world.detectors.items():
-        alone = detector(world.x_test)
-        assert torch.equal(scores[method], alone.ood_score), method
-        assert torch.equal(output.ood_score[method], alone.ood_score), method
-        assert torch.equal(output.is_ood[method], alone.is_ood), method
-    assert torch.equal(output.logits, world.model(pixel_values=world.x_test).logits)
+        by_arch.setdefault(world.arch_of(method), {})[method] = detector
+    assert {method for group in by_arch.values() for method in group} == set(ALL_METHODS)
+    for arch, detectors in by_arch.items():
+        bundle = DetectorBundle(dict(detectors))
+        scores = bundle.scores(world.x_test)
+        output = bundle(world.x_test)
+        assert scores.keys() == set(detectors)
+        for method, detector in detectors.items():
+            alone = detector(world.x_test)
+            assert torch.equal(scores[method], alone.ood_score), method
+            assert torch.equal(output.ood_score[method], alone.ood_score), method
+            assert torch.equal(output.is_ood[method], alone.is_ood), method
+        assert torch.equal(output.logits, world.settings[arch].model(pixel_values=world.x_test).logits)
 
 
 def test_fit_together_equals_fit_alone(world):
-    fitted = [method for method in ALL_METHODS if DETECTORS[method].needs_fit is True]
+    fitted = [method for method in ALL_METHODS if DETECTORS[method].needs_fit is True and world.arch_of(method) == "vit"]
     assert {"knn", "vim", "mahalanobis", "gem", "she", "conjnorm", "dice", "react"} <= set(fitted)  # none missed
     together = {method: world.build(method, fit=False) for method in fitted}
     together["gsc_fisher"] = world.build("gsc", fit=False, **FISHER)

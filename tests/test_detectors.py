@@ -28,6 +28,9 @@ from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 ARCHS = ["vit", "resnet"]
 FITTED = sorted(name for name, cls in DETECTORS.items() if cls.needs_fit is True)  # GSC: per instance
 ALL_METHODS = sorted(DETECTORS)
+#: Methods that apply to some architectures only (refused when built on any other), with the tiny architectures
+#: they apply to: BATS reads a BatchNorm before the head.
+MODEL_SPECIFIC = {"bats": ("resnet",)}
 NUM_FIT = 128  # enough for every method at its defaults, and well above the features' width
 
 
@@ -101,6 +104,15 @@ class Setting:
 @pytest.fixture(scope="module", params=ARCHS)
 def setting(request) -> Setting:
     return Setting(request.param)
+
+
+def skip_where_refused(name: str, model: nn.Module, arch: str) -> None:
+    """For a method of :data:`MODEL_SPECIFIC` on an architecture it does not apply to: check that building it is
+    refused, naming the model's class, then skip the test (its own file tests it where it applies)."""
+    if name in MODEL_SPECIFIC and arch not in MODEL_SPECIFIC[name]:
+        with pytest.raises(ValueError, match=type(model).__name__):
+            get_detector(name, model)
+        pytest.skip(f"{name} applies to {MODEL_SPECIFIC[name]} only; refused on {arch}, as it must be")
 
 
 def energy(logits: np.ndarray) -> np.ndarray:
@@ -380,6 +392,7 @@ def test_unknown_hyperparameter_and_bad_values_raise(setting):
 
 @pytest.mark.parametrize("name", ALL_METHODS)
 def test_save_load_round_trip(setting, name, tmp_path):
+    skip_where_refused(name, setting.model, setting.arch)
     hyperparameters = {"gsc": {"mask_ratio": 0.1}, "knn": {"k": 7}, "conjnorm": {"p": 2.2}}.get(name, {})
     detector = setting.detector(name, **hyperparameters)
     detector.save_pretrained(tmp_path)
@@ -392,6 +405,7 @@ def test_save_load_round_trip(setting, name, tmp_path):
 @pytest.mark.parametrize("name", ALL_METHODS)
 def test_scores_are_per_sample(setting, name):
     """Shape (B,), finite, and each row independent of the rest of the batch."""
+    skip_where_refused(name, setting.model, setting.arch)
     detector = setting.detector(name)
     batched = detector.score(setting.x_test)
     assert batched.shape == (setting.x_test.shape[0],) and torch.isfinite(batched).all()
@@ -402,6 +416,7 @@ def test_scores_are_per_sample(setting, name):
 @pytest.mark.parametrize("name", ALL_METHODS)
 def test_forward_takes_labels_second_for_every_method(setting, name):
     """``detector(pixel_values, labels)``: the same positions for every method (GSC included), labels set ``loss``."""
+    skip_where_refused(name, setting.model, setting.arch)
     import inspect
 
     detector = setting.detector(name)
@@ -445,10 +460,23 @@ def toy_inputs(classes: torch.Tensor, ood: bool, generator: torch.Generator) -> 
     return x.view(-1, 1, 1, 16)
 
 
-@pytest.mark.parametrize("name", ALL_METHODS)
+#: Methods that fail the toy problem by design, with the reason (their reference implementation fails it alike).
+TOY_FAILURES = {
+    "openmax": "OpenMax's Weibull models are fitted on the 20 largest training distances to each class mean: an ID "
+               "test sample beyond that tail gets W-score 1, all its logit mass goes to the unknown class (score -1, "
+               "as OpenOOD with libMR gives), below the OOD samples' near-zero logits (about -1/(K+1))",
+    "weiper_kldiv": "WeiPer's densities are histograms of a sample's values over its dimensions, blind to which "
+                    "dimensions are active: the toy's ID (3 active features) and OOD (4 active) samples have nearly "
+                    "the same histograms, and the authors' code scores them alike (ID min -0.109, OOD max -0.010)",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=TOY_FAILURES[name]))
+                                  if name in TOY_FAILURES else name for name in ALL_METHODS])
 def test_ood_scores_lower_on_toy_problem(name):
     generator = torch.Generator().manual_seed(0)
     model = ToyClassifier()
+    skip_where_refused(name, model, "toy")
     train_labels = torch.arange(200) % 4
     x_train = toy_inputs(train_labels, ood=False, generator=generator)
     test_labels = torch.arange(40) % 4
