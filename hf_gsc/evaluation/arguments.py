@@ -85,6 +85,15 @@ class DataArguments:
         help="instead of --benchmark: ID data with train/validation/test splits: a folder with train/, validation/, "
         "test/ subfolders of class folders (image folders), a local save_to_disk DatasetDict, or a Hub "
         "'dataset_id[:config]'")
+    image_column: Optional[str] = _option(
+        help="the image column of --id-dataset (a saved or Hub dataset); default: its one datasets.Image column, "
+        "found by type (several are refused, listing the columns). OOD data's image column is always found by type",
+        metavar="COLUMN")
+    label_column: Optional[str] = _option(
+        help="the label column of --id-dataset, whose classes are the model's (by name, as class folders); default: "
+        "its one datasets.ClassLabel column, found by type (else an integer or text column named label or labels); "
+        "none, or several ClassLabel columns (CIFAR-100's fine_label and coarse_label), is refused, listing the "
+        "columns", metavar="COLUMN")
     ood_dataset: list[str] | str = _option(
         [], help="an OOD split, repeatable: 'dataset_id[:config]:split' or a local path; NAME defaults from SPEC; "
         "it belongs to no near/far group (see --near-ood-dataset, --far-ood-dataset)",

@@ -218,7 +218,8 @@ class OODEvaluator:
             id_splits, state.ood_splits = load_data(
                 needed_id_splits({} if state.shipped is not None else state.detectors, calibrate=state.shipped is None),
                 benchmark=args.benchmark, id_dataset=args.id_dataset, ood_split_names=args.ood_split_names,
-                extra_ood=args.named_ood_datasets, streaming=args.streaming)
+                extra_ood=args.named_ood_datasets, streaming=args.streaming, image_column=args.image_column,
+                label_column=args.label_column)
         # Labels by name, before anything reads them (fits, the tuning, the scores' labels, the ID accuracy).
         state.id_splits, state.label_check = check_labels(id_splits, state.model.config, args.label_pairs,
                                                           args.labels_by_order)

@@ -168,6 +168,11 @@ def validate(args: Any) -> dict[str, Any]:
     if (args.benchmark is None) == (args.id_dataset is None):
         raise InputError("give exactly one of --benchmark and --id-dataset")
     _check_id_dataset(args.id_dataset)
+    for flag, value in (("--image-column", args.image_column), ("--label-column", args.label_column)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise InputError(f"{flag} must name a column of --id-dataset, got {value!r}")
+        if value is not None and args.benchmark is not None:
+            raise InputError(f"{flag} names a column of --id-dataset; --benchmark {args.benchmark} knows its own columns")
     ood_splits = _split_names(args.ood_splits)
     if args.benchmark is not None:
         from ..data.benchmarks import BENCHMARKS
