@@ -136,8 +136,9 @@ class RunArguments:
 
     _argument_group_name: ClassVar[Any] = _GroupTitle(RUN_GROUP)
     methods: Union[list[str], str, None] = _option(
-        help="comma list of registered methods, or 'all' (every method that can be built on the model; the others "
-        "are skipped with the reason), or 'all,-NAME,-NAME' (every method but those); default: the default table, "
+        help="comma list of registered methods (one that cannot be built on the model is skipped with the reason, "
+        "and the others run), or 'all' (every method that can be built on the model; the others are skipped with the "
+        "reason), or 'all,-NAME,-NAME' (every method but those); default: the default table, "
         "GSC and the main baselines that need no long fit (--list-methods shows every method, the default ones "
         "marked)")
     output_dir: str = field(metadata={"help": "results, score cache, fitted detectors, plots"})
@@ -250,12 +251,6 @@ class EvaluationArguments(GSCArguments, DeviceArguments, RunArguments, DataArgum
     def method_names(self) -> list[str]:
         """``--methods`` as a list (the default table without it)."""
         return list(self._parsed["methods"])
-
-    @property
-    def explicit_methods(self) -> bool:
-        """Whether ``--methods`` names its methods (``gsc,knn``) rather than ``all`` or the default table: a named
-        method that cannot be built on the model is refused, one of ``all`` is skipped with the reason."""
-        return self.methods is not None and not str(self.methods).strip().startswith("all")
 
     @property
     def method_hyperparameters(self) -> dict[str, dict[str, Any]]:

@@ -8,8 +8,7 @@ what they build is the :class:`EvaluationState` (``evaluator.state``), declared 
 
 1. :meth:`~OODEvaluator.load`: the accelerator (its device and mixed precision; a precision the device cannot run is
    an error here), the model, every detector (:mod:`.models`; this resolves the GSC ``split_point``: a method that
-   cannot be built on the model is refused when named, skipped with the reason and the fixing flag under
-   ``--methods all``), the data (:mod:`.plan`; only the splits the run reads), the labels by name. Bad input fails
+   cannot be built on the model is skipped with the reason and the fixing flag, and the others run), the data (:mod:`.plan`; only the splits the run reads), the labels by name. Bad input fails
    here, in seconds, with a message naming the argument.
 2. :meth:`~OODEvaluator.tune` (``--tune``): each method's hyperparameters chosen on validation data (:mod:`.tuning`);
    the search is kept in ``tuning.json`` and reused by a rerun with the same inputs.
@@ -282,13 +281,16 @@ class OODEvaluator:
         state.detectors = self._build(state.methods)
 
     def _build(self, methods: list[str]) -> dict[str, Any]:
-        """The detectors of ``methods``; one that cannot be built is refused when named, skipped (with the reason and
-        the fixing flag) under ``--methods all`` or the default table."""
+        """The detectors of ``methods``; one that cannot be built on the model (a split point its architecture does
+        not have) is skipped, with the reason and the fixing flag, said on the console and recorded in ``skipped``
+        like a failed fit, and the run goes on with the others (none left: :class:`EverythingSkippedError`)."""
+        from accelerate import PartialState
+
         state = self.state
         detectors, problems = build_detectors(state.model, methods, state.hyperparameters)
-        if problems and self.args.explicit_methods:
-            name, reason = next(iter(problems.items()))
-            raise InputError(f"--methods {name}: {reason}")
+        if PartialState().is_main_process:
+            for name, reason in problems.items():
+                print(f"skipped {name}: {reason}", flush=True)
         state.skipped.update(problems)
         state.methods = [name for name in methods if name in detectors]
         if not detectors:
