@@ -357,7 +357,9 @@ class OODEvaluator:
             state.selection_data = selection_sets(
                 subset(state.id_splits["validation"], args.max_samples, args.seed, "validation"),
                 given=args.named_val_ood_datasets, benchmark=args.benchmark, max_samples=args.max_samples,
-                seed=args.seed, streaming=args.streaming)
+                seed=args.seed, streaming=args.streaming,
+                test_splits={"ID test": state.id_splits["test"],
+                             **{f"OOD {name}": dataset for name, dataset in state.ood_splits.items()}})
             if not state.selection_data[0]:
                 warnings.warn(f"no selection: {state.selection_data[2]}", UserWarning, stacklevel=2)
                 state.selection_data = None
