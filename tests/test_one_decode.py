@@ -92,7 +92,8 @@ def test_evaluate_scores_what_the_pipeline_serves_and_calibrate_reads(setup, tmp
 
     root = setup["root"]
     evaluate_argv(["--model", setup["model"], "--id-dataset", str(root / "id"), "--ood-dataset",
-                   f"photos={root / 'ood'}", "--methods", "energy", "--output-dir", str(tmp_path), "--batch-size", "4",
+                   f"photos={root / 'ood'}", "--methods", "energy", "--output-dir", str(tmp_path),
+                   "--batch-size", "1",  # one image per forward, as the pipeline serves: the same float sums
                    "--no-plots", "--no-selection"])
     scores = load_file(str(tmp_path / "scores" / "energy" / "id_test.safetensors"))["ood_score"]
     detector = AutoOODDetector.from_pretrained(setup["model"], method="energy")
