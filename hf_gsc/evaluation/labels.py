@@ -13,6 +13,11 @@ When every class name of the data is one of the model's (the same names in anoth
 labels are mapped by name (:func:`label_mapping`, :func:`map_labels`) before anything reads them: fits, scoring,
 ID accuracy. ``--label-map DATA_NAME=MODEL_LABEL,...`` (or a JSON file of the same pairs) gives the mapping where
 the names differ. ``label_check`` then records ``mapping`` (data name -> model label) and ``mapped_by``.
+
+A model may name two classes alike (ImageNet-1k's ``crane``: 134, the bird, and 517, the machine): unique names are
+still mapped by name, and a data class whose name names several model classes is refused, naming them and
+``--label-map NAME=INDEX`` (:func:`~hf_gsc.utils.label_names.ambiguous_names`); the mapped labels are then plain
+model class indices, since a ``ClassLabel`` holds each name once.
 """
 
 from __future__ import annotations

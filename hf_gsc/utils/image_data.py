@@ -6,8 +6,9 @@
   (``fit``: the detector's ``fit_split``; ``calibrate``: validation). The split read is logged in one line; a root
   without that split is refused, naming it; a test split is never read.
 * **Labels** are the model's class indices: a class-folder tree's folder names, a ``ClassLabel`` column's names, or
-  a column of class-name strings, each mapped through the model's ``label2id`` by the one rule of
-  :mod:`hf_gsc.utils.label_names`.
+  a column of class-name strings, each mapped to the model's ``id2label`` by the one rule of
+  :mod:`hf_gsc.utils.label_names` (a name the model gives two classes is refused where labels are needed). The
+  columns of a ``datasets.Dataset`` are found by type unless named (:mod:`hf_gsc.utils.dataset_columns`).
 * A ``datasets`` image column is read undecoded (``{"bytes", "path"}``) so that :func:`hf_gsc.utils.images.load_image`,
   the decoding rule of every entry point, decodes it, and an unreadable image is named by its row and file.
 """
