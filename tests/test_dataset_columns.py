@@ -134,3 +134,14 @@ def test_fit_and_calibrate_find_the_columns_by_type(tiny, tmp_path):  # noqa: F8
     mahalanobis = AutoOODDetector.from_pretrained(tiny["model"], method="mahalanobis")
     with pytest.raises(ValueError, match="id_train_batches: the dataset has several ClassLabel columns.*label_column="):
         mahalanobis.fit(datasets.concatenate_datasets([cifar100["train"]] * 3))  # enough rows for its fit
+
+
+def test_prepare_dataset_finds_the_columns_by_type(tiny, tmp_path):  # noqa: F811
+    from hf_gsc.data import load_image_processor, prepare_dataset
+
+    data = datasets.load_from_disk(_renamed(tiny["id"], tmp_path / "data", "picture", "cls"))["test"]
+    reference = datasets.load_from_disk(tiny["id"])["test"]
+    processor = load_image_processor(tiny["model"])
+    prepared, expected = (prepare_dataset(d, processor, num_channels=1) for d in (data, reference))
+    assert [int(prepared[i]["label"]) for i in range(len(data))] == data["cls"] == reference["label"]
+    assert torch.equal(prepared[0]["pixel_values"], expected[0]["pixel_values"])

@@ -596,9 +596,9 @@ def test_streaming_matches_the_map_style_run_and_resumes(
     loaded = hf_gsc.data.load_split
     requested = []
 
-    def load_split(spec: str, streaming: bool = False):
+    def load_split(spec: str, streaming: bool = False, **columns):
         requested.append(streaming)
-        dataset = loaded(spec)
+        dataset = loaded(spec, **columns)
         return dataset.to_iterable_dataset(num_shards=3) if streaming else dataset
 
     monkeypatch.setattr(hf_gsc.data, "load_split", load_split)
@@ -641,7 +641,8 @@ import hf_gsc.data
 from hf_gsc.evaluation import main, validation
 
 loaded = hf_gsc.data.load_split
-hf_gsc.data.load_split = lambda spec, streaming=False: loaded(spec).to_iterable_dataset(num_shards=3) if streaming else loaded(spec)
+hf_gsc.data.load_split = lambda spec, streaming=False, **columns: (loaded(spec, **columns).to_iterable_dataset(num_shards=3)
+                                                                   if streaming else loaded(spec, **columns))
 validation._is_local = lambda spec: False
 sys.exit(main(sys.argv[1:], prog="evaluate_ood.py"))
 """

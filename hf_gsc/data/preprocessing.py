@@ -18,6 +18,7 @@ import torch
 from transformers import PretrainedConfig
 from transformers.image_processing_utils import BaseImageProcessor
 
+from ..utils.dataset_columns import image_column_of, label_column_of
 from .decoding import ON_ERROR_CHOICES, OnError, decode_image, decode_images, without_decoding
 from .normalization import PixelNormalization, deferred_normalization
 from .pil_preparation import PilPreparation, pil_preparation
@@ -149,20 +150,25 @@ def prepare_dataset(
     image_processor: BaseImageProcessor,
     num_channels: int = 3,
     dataset_name: str = "dataset",
-    image_column: str = "image",
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> datasets.Dataset:
     """``dataset`` with ``make_transform`` attached: items become ``{"pixel_values", "label"}``.
 
-    The image column is switched to ``decode=False`` so that decoding happens in the transform,
+    ``image_column`` / ``label_column``: the dataset's columns, by default found by type
+    (:mod:`hf_gsc.utils.dataset_columns`: the one ``Image`` column, the one ``ClassLabel`` column; ``label`` is -1
+    without one). The image column is switched to ``decode=False`` so that decoding happens in the transform,
     where a failure can be reported with the dataset name and row.
     """
-    if image_column not in dataset.column_names:
-        raise ValueError(f"dataset {dataset_name!r} has no column {image_column!r}: {dataset.column_names}")
+    what = f"dataset {dataset_name!r}"
+    image_column = image_column_of(dataset, image_column, what)
+    label_column = label_column_of(dataset, label_column, what) or "label"
     dataset = without_decoding(dataset, image_column)
     if ROW_COLUMN not in dataset.column_names:
         dataset = dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
     return dataset.with_transform(
-        make_transform(image_processor, num_channels, dataset_name, image_column=image_column)
+        make_transform(image_processor, num_channels, dataset_name, image_column=image_column,
+                       label_column=label_column)
     )
 
 
