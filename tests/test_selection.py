@@ -123,3 +123,23 @@ def test_test_data_given_as_validation_is_refused(tiny, tmp_path, monkeypatch): 
     markdown = (tmp_path / "ok" / "results.md").read_text()
     assert f"it read the ID validation subset and --val-ood-dataset flatval={tiny['flat']}" in markdown
     assert "test splits are never read" not in markdown and results["selection"]["data"]["read"] in markdown
+
+
+def test_which_specs_read_a_test_split(tmp_path):
+    from hf_gsc.evaluation.errors import InputError
+    from hf_gsc.evaluation.validation import check_validation_is_not_test
+
+    root = tmp_path / "id"
+    for folder in ("train/cat", "validation/cat", "test/cat", "extra"):
+        (root / folder).mkdir(parents=True)
+    id_test = [("--id-dataset (its test split)", f"{root}:test")]
+    for spec in (f"{root}/test", f"{root}/test/cat", f"{root}:test", str(root)):
+        with pytest.raises(InputError, match="reads the test data of --id-dataset"):
+            check_validation_is_not_test([("v", spec)], id_test)
+    for spec in (f"{root}/validation", f"{root}/extra", f"{root}:validation"):
+        check_validation_is_not_test([("v", spec)], id_test)  # beside the test split: accepted
+    hub = [("--ood-dataset", "org/places:test"), ("--ood-dataset", "org/svhn:cropped:train+test")]
+    for spec in ("org/places:test", "org/svhn:cropped:test", "org/places:validation+test"):
+        with pytest.raises(InputError, match="reads the test data of --ood-dataset"):
+            check_validation_is_not_test([("v", spec)], hub)
+    check_validation_is_not_test([("v", "org/places:validation"), ("w", "org/svhn:full:test")], hub)

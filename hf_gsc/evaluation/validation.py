@@ -120,14 +120,14 @@ def _reads(spec: str) -> tuple[bool, str, frozenset[str] | None]:
 
 
 def _overlap(a: str, b: str) -> bool:
-    """Whether the data of spec ``a`` and spec ``b`` can share images: the same Hub dataset and split, or local folders
-    one inside the other (the same folder: with a split in common, or either read whole)."""
+    """Whether the data of spec ``a`` and spec ``b`` can share images: the same Hub dataset or folder with a split in
+    common (or either read whole), or a folder read whole that holds the other's."""
     (local_a, where_a, splits_a), (local_b, where_b, splits_b) = _reads(a), _reads(b)
     if local_a != local_b:
         return False
     if local_a and where_a != where_b:
         path_a, path_b = Path(where_a), Path(where_b)
-        return path_a in path_b.parents or path_b in path_a.parents
+        return (path_a in path_b.parents and splits_a is None) or (path_b in path_a.parents and splits_b is None)
     return where_a == where_b and (splits_a is None or splits_b is None or bool(splits_a & splits_b))
 
 
