@@ -18,10 +18,11 @@ measurement is of the data pipeline; ``vit-b16-random``, ViT-B/16) on ``--device
   ``processor_single_core_without_normalization``: the same stopping before rescale + normalize;
 * ``worker_single_core``: one DataLoader worker's work as the loop runs it (decoding + ``ImageTransform.prepare``:
   uint8 out, normalization deferred to the model's device), without the DataLoader;
-  ``worker_single_core_full_decode``: the same without JPEG draft mode (a JPEG at least twice the processor's
-  resize on each side is decoded at 1/2, 1/4 or 1/8 scale by the decoder, :func:`hf_gsc.utils.images.draft`; the
-  floor does the same); ``jpeg_draft`` in the JSON says whether it applied (``--photo-size``) and how far the
-  first batch's uint8 pixels moved;
+  every image decoded at full size, as every entry point of hf_gsc decodes it (:func:`hf_gsc.utils.images.decode`);
+  ``worker_single_core_jpeg_draft``: the same work with JPEG draft mode, which hf_gsc does not use (a JPEG at least
+  twice the processor's resize on each side decoded at 1/2, 1/4 or 1/8 scale by the decoder, :func:`jpeg_draft`):
+  what the reduced decode would save; ``jpeg_draft`` in the JSON says whether it applied (``--photo-size``) and how
+  far the first batch's uint8 pixels would move;
 * ``model_only``: the model alone on preprocessed batches already on its device;
 * ``workers_0``, ``workers_N``: the evaluation's loop as it runs (``image_transform`` + ``make_dataloader`` +
   ``score_split``) with 0 and N DataLoader workers (``--workers``; default 2 on a CPU, the evaluation's default on
@@ -67,7 +68,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hf_gsc.utils.images import decode, draft
+from hf_gsc.utils.images import decode, to_model_image
 
 PHOTO_DIRS = ("/usr/share/doc/opencv-doc/examples/data",)
 PHOTO_NAMES = ("baboon.jpg", "building.jpg", "fruits.jpg", "lena.jpg", "orange.jpg", "butterfly.jpg", "aero1.jpg",
@@ -142,8 +143,7 @@ class Floor:
     side scaled as transformers does (``int(shortest_edge * long / short)``), then an optional center crop.
     """
 
-    def __init__(self, processor, min_side: int | None = None) -> None:
-        self.min_side = min_side  # JPEG draft mode down to this side (hf_gsc.utils.images.draft); None: full decode
+    def __init__(self, processor) -> None:
         settings = {name: getattr(processor, name, None) for name in processor._valid_kwargs_names}
         settings = processor._standardize_kwargs(**settings)
         size = settings["size"]
@@ -174,7 +174,7 @@ def floor_batch(paths: list[str], floor: Floor) -> torch.Tensor:
 
     arrays = []
     for path in paths:
-        image = draft(Image.open(path), floor.min_side).convert("RGB")
+        image = Image.open(path).convert("RGB")
         image = image.resize(floor.output_size(*image.size), resample=floor.resample)
         if floor.crop is not None:
             height, width = floor.crop
@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker-counts", default="",
                         help="comma list of worker counts: the loop is also measured with each (workers_<n>)")
     parser.add_argument("--photo-size", default="500x375",
-                        help="WxH of the JPEGs made; a photo at least twice the model's input on each side is "
-                             "decoded at a reduced scale (JPEG draft mode)")
+                        help="WxH of the JPEGs made; worker_single_core_jpeg_draft decodes a photo at least twice the "
+                             "model's input on each side at a reduced scale (JPEG draft mode, not used by hf_gsc)")
     parser.add_argument("--measure", default=",".join(MEASUREMENTS),
                         help=f"comma list of what to measure (default: all): {','.join(MEASUREMENTS)}")
     parser.add_argument("--repeats", type=int, default=5,
@@ -257,18 +257,18 @@ def main(argv: list[str] | None = None) -> int:
         whole_processor = ImageTransform(processor, channels, defer_normalization=False)
         processor_deferred = ImageTransform(processor, channels)
         processor_deferred.pil_preparation = None  # the processor itself up to rescale + normalize
-        floor = Floor(processor, transform.min_side)
-        full_decode = ImageTransform(processor, channels)
-        full_decode.min_side = None  # the worker's work without JPEG draft mode
+        floor = Floor(processor)
+        min_side = resize_min_side(processor)
         batches = [list(range(i, min(i + args.batch_size, len(paths)))) for i in range(0, len(paths), args.batch_size)]
         collates = {name: IndexedImages(dataset, how, "benchmark") for name, how in (
             ("processor_single_core", whole_processor), ("worker_single_core", transform),
-            ("processor_single_core_without_normalization", processor_deferred),
-            ("worker_single_core_full_decode", full_decode))}
+            ("processor_single_core_without_normalization", processor_deferred))}
 
         def one_core_work(name: str) -> int:  # the work of one process; returns the number of images
             if name == "floor_single_core":
                 return sum(floor_batch([paths[i] for i in batch], floor).shape[0] for batch in batches)
+            if name == "worker_single_core_jpeg_draft":
+                return sum(draft_batch([paths[i] for i in batch], transform, min_side).shape[0] for batch in batches)
             return sum(collates[name](batch)["pixel_values"].shape[0] for batch in batches)
 
         def timed(run, on_gpu: bool = device.type == "cuda") -> dict[str, float]:
@@ -294,10 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             return measured
 
         # Preprocessed batches for the model alone, already on its device.
-        # Decoded as the loop decodes them (JPEG draft mode where it applies), so that the loop's pixels can be
-        # compared with these bit for bit.
-        pixel_batches = [whole_processor([decode(paths[i], transform.mode, min_side=transform.min_side)
-                                          for i in batch]).to(device) for batch in batches]
+        # Decoded as the loop decodes them (at full size), so that the loop's pixels can be compared with these bit
+        # for bit.
+        pixel_batches = [whole_processor([decode(paths[i], transform.mode) for i in batch]).to(device)
+                         for batch in batches]
 
         autocast_dtype = {"no": None, "bf16": torch.bfloat16}[args.mixed_precision]
 
@@ -348,11 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         first = next(iter(make_dataloader(dataset, transform, args.batch_size)))
         same_pixels = torch.equal(model_pixel_values(first, device), pixel_batches[0])
         floor_difference = float((floor_batch([paths[i] for i in batches[0]], floor) - pixel_batches[0].cpu()).abs().max())
-        # What JPEG draft mode changes: the worker's uint8 pixels of the first batch with it and without it.
-        drafted, full = (collates[name](batches[0])["pixel_values"].float()
-                         for name in ("worker_single_core", "worker_single_core_full_decode"))
-        draft_result = {"min_side": transform.min_side,
-                        "applies": transform.min_side is not None and min(photo_size) >= 2 * transform.min_side,
+        # What JPEG draft mode would change: the worker's uint8 pixels of the first batch with it and without it.
+        full = collates["worker_single_core"](batches[0])["pixel_values"].float()
+        drafted = draft_batch([paths[i] for i in batches[0]], transform, min_side).float()
+        draft_result = {"min_side": min_side, "used_by_hf_gsc": False,
+                        "applies": min_side is not None and min(photo_size) >= 2 * min_side,
                         "max_abs_difference_uint8": float((drafted - full).abs().max()),
                         "mean_abs_difference_uint8": round(float((drafted - full).abs().mean()), 3)}
 
@@ -410,6 +410,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def resize_min_side(image_processor) -> int | None:
+    """The side below which the processor's resize would upsample an image: both sides of a JPEG may be decoded down
+    to it by :func:`jpeg_draft`. ``{"height", "width"}``: the larger; ``{"shortest_edge"}``: that edge (over
+    ``crop_pct`` where the processor resizes to it before cropping); ``None`` for a processor that does not resize."""
+    import math
+
+    size = getattr(image_processor, "size", None)
+    if not getattr(image_processor, "do_resize", False) or size is None:
+        return None
+    side = {name: size.get(name) if isinstance(size, dict) else getattr(size, name, None)
+            for name in ("height", "width", "shortest_edge")}
+    if side["height"] and side["width"]:
+        return int(max(side["height"], side["width"]))
+    crop_pct = getattr(image_processor, "crop_pct", None)
+    return int(math.ceil(side["shortest_edge"] / crop_pct)) if side["shortest_edge"] and crop_pct else side["shortest_edge"]
+
+
+def jpeg_draft(image, min_side: int | None):
+    """``image`` (opened, not yet decoded) set to decode a JPEG at 1/2, 1/4 or 1/8 scale where both sides stay at
+    least ``min_side`` (PIL's ``draft``: the reduction happens inside the JPEG decoder). hf_gsc does not decode this
+    way (:func:`hf_gsc.utils.images.decode` says why); measured here as the alternative."""
+    if min_side is not None and image.format == "JPEG" and min(image.size) >= 2 * min_side:
+        image.draft(image.mode, (min_side, min_side))
+    return image
+
+
+def draft_batch(paths: list[str], transform, min_side: int | None) -> torch.Tensor:
+    """A worker's work on one batch with JPEG draft decoding: :func:`jpeg_draft`, the EXIF turn and 8-bit rule of
+    :func:`hf_gsc.utils.images.to_model_image`, then ``transform.prepare`` (uint8 out)."""
+    from PIL import Image
+
+    return transform.prepare([to_model_image(jpeg_draft(Image.open(path), min_side), transform.mode)
+                              for path in paths])
+
+
 def median(values: list[float]) -> float:
     return float(np.median(values))
 
@@ -421,7 +456,7 @@ def cpu_seconds(who: int = resource.RUSAGE_SELF) -> float:
 
 #: Rates measured by one process on one core (a forked process, as a DataLoader worker).
 SINGLE_CORE = ("floor_single_core", "processor_single_core", "processor_single_core_without_normalization",
-               "worker_single_core", "worker_single_core_full_decode")
+               "worker_single_core", "worker_single_core_jpeg_draft")
 #: What can be measured (``--measure``), in each round's base order; ``workers_N`` is written with N.
 MEASUREMENTS = (*SINGLE_CORE, "model_only", "workers_0", "workers_N", "workers_N_normalization_in_workers")
 #: The ratios reported, ``workers_N`` over each of these (those measured).

@@ -20,11 +20,13 @@ def test_benchmark_writes_its_json(tmp_path: Path) -> None:
     result = json.loads(output.read_text())
     rates = result["images_per_second"]
     assert set(rates) == {"floor_single_core", "processor_single_core", "processor_single_core_without_normalization",
-                          "worker_single_core", "worker_single_core_full_decode", "model_only", "workers_0",
+                          "worker_single_core", "worker_single_core_jpeg_draft", "model_only", "workers_0",
                           "workers_2", "workers_2_normalization_in_workers", "sweep_workers_1"}
-    # 640x480 photos for a 224 px input: decoded at half scale, close to the full decode.
+    # 640x480 photos for a 224 px input: the alternative, draft decoding at half scale, would move the pixels a
+    # little; hf_gsc decodes at full size.
     draft = result["jpeg_draft"]
     assert draft["min_side"] == 224 and draft["applies"] and 0 < draft["mean_abs_difference_uint8"] < 2
+    assert draft["used_by_hf_gsc"] is False
     assert result["images"]["size"] == [640, 480]
     assert all(value > 0 for value in rates.values())
     assert all(len(values) == 2 for values in result["images_per_second_per_round"].values())

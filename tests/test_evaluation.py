@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from hf_gsc.data.decoding import UndecodableImageError
 from hf_gsc.evaluation import cli, evaluator, fingerprints, loop, models, options, validation
 from hf_gsc.evaluation.calibration import true_positive_rate
+from hf_gsc.evaluation.result import EverythingSkippedError
 from hf_gsc.utils.thresholds import threshold_at_tpr
 from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
 from conftest import evaluate_argv
@@ -307,7 +308,8 @@ def test_saved_detector_as_model(tiny: dict[str, str], tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------- bad input
-def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch, before_model: bool = False) -> None:
+def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch, before_model: bool = False,
+               error: type[Exception] = options.InputError) -> None:
     def forbidden(*args, **kwargs):
         raise AssertionError("expensive work started before the input was checked")
 
@@ -315,7 +317,7 @@ def _fails_fast(argv: list[str], match: str, monkeypatch: pytest.MonkeyPatch, be
     monkeypatch.setattr(evaluator, "fit_detectors", forbidden)
     if before_model:
         monkeypatch.setattr(evaluator, "load_model", forbidden)
-    with pytest.raises(options.InputError, match=match):
+    with pytest.raises(error, match=match):
         evaluate_argv(argv)
 
 
@@ -364,7 +366,9 @@ def test_model_without_known_split_point(tmp_path, tiny, monkeypatch) -> None:
     model_dir = unsupported_model(tiny, tmp_path, monkeypatch)
     argv = _argv(tiny, tmp_path / "out")
     argv[argv.index("--model") + 1] = model_dir
-    _fails_fast(argv, r"--methods gsc: cannot build this detector on this model", monkeypatch)
+    argv = [*argv[:argv.index("--methods")], "--methods", "gsc", "--output-dir", str(tmp_path / "out"),
+            "--no-plots"]  # the one method cannot be built: skipped, nothing left, before any work
+    _fails_fast(argv, r"gsc: cannot build this detector on this model", monkeypatch, error=EverythingSkippedError)
 
 
 @pytest.mark.parametrize(
@@ -592,9 +596,9 @@ def test_streaming_matches_the_map_style_run_and_resumes(
     loaded = hf_gsc.data.load_split
     requested = []
 
-    def load_split(spec: str, streaming: bool = False):
+    def load_split(spec: str, streaming: bool = False, **columns):
         requested.append(streaming)
-        dataset = loaded(spec)
+        dataset = loaded(spec, **columns)
         return dataset.to_iterable_dataset(num_shards=3) if streaming else dataset
 
     monkeypatch.setattr(hf_gsc.data, "load_split", load_split)
@@ -637,7 +641,8 @@ import hf_gsc.data
 from hf_gsc.evaluation import main, validation
 
 loaded = hf_gsc.data.load_split
-hf_gsc.data.load_split = lambda spec, streaming=False: loaded(spec).to_iterable_dataset(num_shards=3) if streaming else loaded(spec)
+hf_gsc.data.load_split = lambda spec, streaming=False, **columns: (loaded(spec, **columns).to_iterable_dataset(num_shards=3)
+                                                                   if streaming else loaded(spec, **columns))
 validation._is_local = lambda spec: False
 sys.exit(main(sys.argv[1:], prog="evaluate_ood.py"))
 """

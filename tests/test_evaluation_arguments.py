@@ -23,9 +23,12 @@ def _every_flag(tmp_path: Path) -> list[str]:
     """A long, realistic command line giving every flag of ``hf-gsc evaluate`` (one source, --model)."""
     ood = tmp_path / "ood"
     ood.mkdir(exist_ok=True)
+    val = tmp_path / "val_ood"  # validation data is never a test split (--ood-dataset)
+    val.mkdir(exist_ok=True)
     return ["--model", "org/vit", "--revision", "main", "--id-dataset", str(tmp_path),
             "--ood-dataset", f"a={ood}", "--ood-dataset", f"b={ood}", "--near-ood-dataset", f"near={ood}",
-            "--far-ood-dataset", f"far={ood}", "--val-ood-dataset", f"val={ood}", "--label-map", "cat=0,dog=1",
+            "--far-ood-dataset", f"far={ood}", "--val-ood-dataset", f"val={val}", "--label-map", "cat=0,dog=1",
+            "--image-column", "img", "--label-column", "fine_label",
             "--max-samples", "50", "--max-fit-samples", "40", "--skip-unreadable-images",
             "--methods", "gsc,knn,odin", "--output-dir", str(tmp_path / "out"), "--batch-size", "8", "--seed", "3",
             "--tpr", "0.9", "--conformal-delta", "0.1", "--hyperparameter", "knn.k=3",

@@ -13,6 +13,7 @@ from hf_gsc.detectors import DETECTORS
 from hf_gsc.evaluation import cli, evaluator, fitting
 from hf_gsc.evaluation.arguments import EvaluationArgumentParser, EvaluationArguments
 from hf_gsc.evaluation.errors import InputError
+from hf_gsc.evaluation.result import EverythingSkippedError
 
 from conftest import evaluate_argv
 from test_evaluation import _launch_two_processes, tiny, unsupported_model  # noqa: F401  (the tiny model and data fixture)
@@ -204,7 +205,7 @@ def test_a_saved_detector_is_evaluated_without_an_id_validation_split(tiny, tmp_
     assert as_object.selection is None and as_object.details["detector"]["method"] == "knn"
 
 
-def test_methods_all_skips_a_method_that_cannot_be_built_and_names_the_flag(tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_a_method_that_cannot_be_built_is_skipped_naming_the_flag(tiny, tmp_path, monkeypatch):  # noqa: F811
     model = unsupported_model(tiny, tmp_path, monkeypatch)
     others = [name for name in DETECTORS if name not in ("gsc", "msp")]
     argv = _argv(tiny, tmp_path / "all", "all," + ",".join(f"-{name}" for name in others), "--no-selection")
@@ -213,7 +214,12 @@ def test_methods_all_skips_a_method_that_cannot_be_built_and_names_the_flag(tiny
     assert set(results["methods"]) == {"msp"}
     assert "cannot build this detector on this model" in results["skipped"]["gsc"]
     assert "--split-point penultimate" in results["skipped"]["gsc"]
-    with pytest.raises(InputError, match=r"--methods gsc: cannot build .*--split-point penultimate"):
+    # Named in --methods: skipped the same way, the others run, and results.md says which and why.
+    named = evaluate_argv([*argv[:argv.index("--methods") + 1], "gsc,msp", *argv[argv.index("--methods") + 2:]])
+    assert set(named["methods"]) == {"msp"} and named["skipped"]["gsc"] == results["skipped"]["gsc"]
+    report = (tmp_path / "all" / "results.md").read_text()
+    assert "`gsc`: cannot build this detector on this model" in report and "--split-point penultimate" in report
+    with pytest.raises(EverythingSkippedError, match=r"every method was skipped: gsc: cannot build .*--split-point"):
         evaluate_argv([*argv[:argv.index("--methods") + 1], "gsc", *argv[argv.index("--methods") + 2:]])
 
 

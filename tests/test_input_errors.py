@@ -179,7 +179,7 @@ def test_string_labels_in_named_columns_map_through_label2id(rgb_model, tmp_path
         AutoOODDetector.from_pretrained(rgb_model, method="mahalanobis").fit(
             datasets.Dataset.from_dict({"photo": paths, "species": ["fish", *species[1:]]}),
             image_column="photo", label_column="species")
-    with pytest.raises(ValueError, match="the dataset has no 'picture' column"):
+    with pytest.raises(ValueError, match="the dataset has no image column 'picture'"):
         from_names.fit(dataset, image_column="picture")
 
 

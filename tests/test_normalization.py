@@ -156,9 +156,8 @@ def test_loop_scores_equal_with_and_without_deferral(tmp_path) -> None:
 
     batch = next(iter(make_dataloader(dataset, deferred, batch_size=4, num_workers=1)))
     assert batch["pixel_values"].dtype == torch.uint8 and batch["pixel_normalization"] == deferred.normalization
-    # Decoded as the loop decodes (a JPEG at least twice the input side at a reduced scale: hf_gsc.utils.images.draft).
-    assert torch.equal(model_pixel_values(batch, "cpu"), whole([decode(p, "RGB", min_side=whole.min_side)
-                                                                for p in paths[:4]]))
+    # Decoded as every entry point decodes (hf_gsc.utils.images.decode, at full size).
+    assert torch.equal(model_pixel_values(batch, "cpu"), whole([decode(p, "RGB") for p in paths[:4]]))
 
     def score(pixel_values: torch.Tensor) -> torch.Tensor:
         return pixel_values.double().flatten(1).sum(1)

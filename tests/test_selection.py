@@ -91,3 +91,55 @@ def test_user_validation_ood_sets_and_no_selection(tiny, tmp_path):  # noqa: F81
     assert "selection" not in none
     assert not list((tmp_path / "none" / "scores").rglob(f"{VAL_OOD_PREFIX}*"))
     assert "Selected on" not in (tmp_path / "none" / "results.md").read_text()
+
+
+def test_test_data_given_as_validation_is_refused(tiny, tmp_path, monkeypatch):  # noqa: F811
+    """An --ood-dataset, a folder inside one, the ID test split, or a copy of a test split's images (another path)
+    given as --val-ood-dataset is refused: the selection is made on validation data only."""
+    from hf_gsc.evaluation import evaluator
+    from hf_gsc.evaluation.errors import InputError
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a fit started before the validation data was checked")
+
+    monkeypatch.setattr(evaluator, "fit_detectors", forbidden)
+    inside = tmp_path / "photos" / "part"  # a folder inside an --ood-dataset folder
+    inside.mkdir(parents=True)
+    copy = tmp_path / "copy"
+    import datasets
+
+    datasets.load_from_disk(tiny["noise"]).save_to_disk(copy)  # the same images under another path
+    photos = ("--far-ood-dataset", f"photos={tmp_path / 'photos'}")  # refused before it is loaded
+    for value, match, extra in ((f"same={tiny['noise']}", r"reads the test data of --ood-dataset", ()),
+                                (f"inside={inside}", r"reads the test data of --far-ood-dataset", photos),
+                                (f"idtest={tiny['id']}:test", r"reads the test data of --id-dataset \(its test split\)",
+                                 ()),
+                                (f"copy={copy}", r"holds the same images as the test split OOD noise", ())):
+        with pytest.raises(InputError, match=f"--val-ood-dataset {value.split('=')[0]}=.*{match}"):
+            evaluate_argv(_argv(tiny, tmp_path / "run", *extra, "--val-ood-dataset", value))
+    monkeypatch.undo()
+    # OOD validation data that is no test split: read, and the sentence says what was read.
+    results = evaluate_argv(_argv(tiny, tmp_path / "ok", "--val-ood-dataset", f"flatval={tiny['flat']}"))
+    markdown = (tmp_path / "ok" / "results.md").read_text()
+    assert f"it read the ID validation subset and --val-ood-dataset flatval={tiny['flat']}" in markdown
+    assert "test splits are never read" not in markdown and results["selection"]["data"]["read"] in markdown
+
+
+def test_which_specs_read_a_test_split(tmp_path):
+    from hf_gsc.evaluation.errors import InputError
+    from hf_gsc.evaluation.validation import check_validation_is_not_test
+
+    root = tmp_path / "id"
+    for folder in ("train/cat", "validation/cat", "test/cat", "extra"):
+        (root / folder).mkdir(parents=True)
+    id_test = [("--id-dataset (its test split)", f"{root}:test")]
+    for spec in (f"{root}/test", f"{root}/test/cat", f"{root}:test", str(root)):
+        with pytest.raises(InputError, match="reads the test data of --id-dataset"):
+            check_validation_is_not_test([("v", spec)], id_test)
+    for spec in (f"{root}/validation", f"{root}/extra", f"{root}:validation"):
+        check_validation_is_not_test([("v", spec)], id_test)  # beside the test split: accepted
+    hub = [("--ood-dataset", "org/places:test"), ("--ood-dataset", "org/svhn:cropped:train+test")]
+    for spec in ("org/places:test", "org/svhn:cropped:test", "org/places:validation+test"):
+        with pytest.raises(InputError, match="reads the test data of --ood-dataset"):
+            check_validation_is_not_test([("v", spec)], hub)
+    check_validation_is_not_test([("v", "org/places:validation"), ("w", "org/svhn:full:test")], hub)

@@ -55,8 +55,7 @@ def _file_of(value: Any) -> str:
     return f"a {type(value).__name__} value"
 
 
-def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnError = "raise",
-                 min_side: int | None = None) -> Image.Image | None:
+def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnError = "raise") -> Image.Image | None:
     """The 8-bit, upright PIL image (``L`` or ``RGB``) of what a ``datasets.Image(decode=False)`` column holds
     (``{"bytes", "path"}``), a file path, or an already decoded PIL image, decoded by
     :func:`hf_gsc.utils.images.decode`, the rule of every entry point (EXIF orientation, bit depth, alpha, palette).
@@ -71,7 +70,7 @@ def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnErro
     check_on_error(on_error)
     max_image_pixels()  # outside the try: a bad HF_GSC_MAX_IMAGE_PIXELS is an error, never a skipped image
     try:
-        return decode(value, min_side=min_side)
+        return decode(value)
     except Exception as err:  # noqa: BLE001 -- PIL and the file system raise many types for bad files
         if on_error == "skip":
             return None
@@ -98,17 +97,15 @@ class DecodedImages:
 
 def decode_images(
     values: Sequence[Any], rows: Sequence[int | str], dataset_name: str, on_error: OnError = "raise",
-    min_side: int | None = None,
 ) -> DecodedImages:
-    """Decode a batch (see :func:`decode_image`); ``rows`` are the values' row numbers in the dataset; ``min_side``:
-    see :func:`hf_gsc.utils.images.decode`."""
+    """Decode a batch (see :func:`decode_image`); ``rows`` are the values' row numbers in the dataset."""
     if len(values) != len(rows):
         raise ValueError(f"{len(values)} images but {len(rows)} row numbers")
     check_on_error(on_error)
     images, kept, positions, skipped, errors = [], [], [], [], []
     for position, (value, row) in enumerate(zip(values, rows)):
         try:
-            image = decode_image(value, dataset_name, row, min_side=min_side)
+            image = decode_image(value, dataset_name, row)
         except UndecodableImageError as error:
             if on_error == "raise":
                 raise

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from ..utils.image_processors import load_image_processor  # noqa: F401  (re-exported)
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ import torch
 from transformers import PretrainedConfig
 from transformers.image_processing_utils import BaseImageProcessor
 
+from ..utils.dataset_columns import image_column_of, label_column_of
 from .decoding import ON_ERROR_CHOICES, OnError, decode_image, decode_images, without_decoding
 from .normalization import PixelNormalization, deferred_normalization
 from .pil_preparation import PilPreparation, pil_preparation
@@ -75,7 +75,6 @@ class ImageTransform:
         self.pil_preparation: PilPreparation | None = (
             pil_preparation(image_processor, self.mode) if self.normalization is not None else None
         )
-        self.min_side = resize_min_side(image_processor)
 
     def prepare(self, images: Sequence[Any]) -> torch.Tensor:
         """PIL images -> ``(B, C, H, W)``: uint8 if :attr:`normalization` is set, else float32."""
@@ -92,27 +91,6 @@ class ImageTransform:
     def __call__(self, images: Sequence[Any]) -> torch.Tensor:
         pixels = self.prepare(images)
         return pixels if self.normalization is None else self.normalization(pixels)
-
-
-def resize_min_side(image_processor: Any) -> int | None:
-    """The side below which the processor's resize would upsample an image: both sides of a JPEG may be decoded
-    down to it without losing what the resize keeps (:func:`hf_gsc.utils.images.draft`). ``{"height", "width"}``: the
-    larger; ``{"shortest_edge"}``: that edge, over ``crop_pct`` where the processor resizes to it before cropping.
-    ``None`` (decode at full size) for a processor that does not resize or whose size has another form."""
-    size = getattr(image_processor, "size", None)
-    if not getattr(image_processor, "do_resize", False) or size is None:
-        return None
-
-    def side(name: str) -> int | None:  # a dict, or transformers' SizeDict
-        return size.get(name) if isinstance(size, Mapping) else getattr(size, name, None)
-
-    height, width, shortest = side("height"), side("width"), side("shortest_edge")
-    if height and width:
-        return int(max(height, width))
-    if shortest:
-        crop_pct = getattr(image_processor, "crop_pct", None)
-        return int(math.ceil(shortest / crop_pct)) if crop_pct else int(shortest)
-    return None
 
 
 def _check_channels(pixel_values: torch.Tensor, num_channels: int) -> torch.Tensor:
@@ -154,8 +132,7 @@ def make_transform(
         labels = list(batch.get(label_column, [-1] * len(values)))
         default_rows = list(range(len(values))) if on_error == "skip" else [
             f"? (position {i} of a batch)" for i in range(len(values))]
-        decoded = decode_images(values, batch.get(ROW_COLUMN) or default_rows, dataset_name, on_error,
-                                min_side=processor.min_side)
+        decoded = decode_images(values, batch.get(ROW_COLUMN) or default_rows, dataset_name, on_error)
         labels = [labels[position] for position in decoded.positions]
         images = decoded.images
         pixel_values = processor(images) if images else torch.empty(0, num_channels, 0, 0)
@@ -173,20 +150,25 @@ def prepare_dataset(
     image_processor: BaseImageProcessor,
     num_channels: int = 3,
     dataset_name: str = "dataset",
-    image_column: str = "image",
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> datasets.Dataset:
     """``dataset`` with ``make_transform`` attached: items become ``{"pixel_values", "label"}``.
 
-    The image column is switched to ``decode=False`` so that decoding happens in the transform,
+    ``image_column`` / ``label_column``: the dataset's columns, by default found by type
+    (:mod:`hf_gsc.utils.dataset_columns`: the one ``Image`` column, the one ``ClassLabel`` column; ``label`` is -1
+    without one). The image column is switched to ``decode=False`` so that decoding happens in the transform,
     where a failure can be reported with the dataset name and row.
     """
-    if image_column not in dataset.column_names:
-        raise ValueError(f"dataset {dataset_name!r} has no column {image_column!r}: {dataset.column_names}")
+    what = f"dataset {dataset_name!r}"
+    image_column = image_column_of(dataset, image_column, what)
+    label_column = label_column_of(dataset, label_column, what) or "label"
     dataset = without_decoding(dataset, image_column)
     if ROW_COLUMN not in dataset.column_names:
         dataset = dataset.add_column(ROW_COLUMN, list(range(len(dataset))))
     return dataset.with_transform(
-        make_transform(image_processor, num_channels, dataset_name, image_column=image_column)
+        make_transform(image_processor, num_channels, dataset_name, image_column=image_column,
+                       label_column=label_column)
     )
 
 

@@ -9,9 +9,10 @@ Accepted specs:
   class), optionally followed by ``":split"`` when it has ``train`` / ``test`` sub-folders;
 * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``.
 
-The image column is the one named, else the first ``datasets.Image`` column, else a column called
-``image`` / ``img``. The result keeps only ``image`` and ``label``; ``label`` is the dataset's
-integer label column when it has one and -1 otherwise (OOD data has no ID label).
+The image and label columns are the ones named, else found by type (:mod:`hf_gsc.utils.dataset_columns`: the one
+``datasets.Image`` column, the one ``datasets.ClassLabel`` column; several of a type are refused, listing the
+columns). The result keeps only ``image`` and ``label``; ``label`` is -1 where the dataset has no label column (OOD
+data has no ID label), which ID data (``need_labels``) refuses instead.
 
 ``streaming=True`` (Hub datasets only) gives a ``datasets.IterableDataset`` with the same columns: rows are read
 as they are iterated, nothing is downloaded or decoded up front. A local folder is already read in place (images
@@ -26,11 +27,10 @@ from typing import Any
 import datasets
 from huggingface_hub.errors import GatedRepoError
 
+from ..utils import dataset_columns
 from ..utils.progress import datasets_progress_bars_off
 from .decoding import check_image_column
 
-_IMAGE_NAMES = ("image", "img", "images", "picture")
-_LABEL_NAMES = ("label", "labels", "fine_label", "class", "target")
 
 #: The one-line refusal of ``streaming=True`` for a local folder.
 LOCAL_STREAMING_ERROR = "--streaming needs a Hub dataset id; local folders are read in place anyway"
@@ -156,32 +156,11 @@ def load_hub_split(dataset_id: str, config: str | None, split: str, streaming: b
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
-def image_column_of(dataset: Any, image_column: str | None = None) -> str:
-    """The named column if given (checked), else the first ``datasets.Image`` column, else a column
-    with a usual image name; raises naming the columns when there is none."""
-    if image_column is not None:
-        if image_column not in dataset.column_names:
-            raise ValueError(f"no column {image_column!r}; columns are {dataset.column_names}")
-        return image_column
-    for name, feature in dataset.features.items():
-        if isinstance(feature, datasets.Image):
-            return name
-    for name in _IMAGE_NAMES:
-        if name in dataset.column_names:
-            return name
-    raise ValueError(f"no image column found among {dataset.column_names}; pass image_column=")
-
-
-def _label_column_of(dataset: Any, label_column: str | None) -> str | None:
-    if label_column is not None:
-        return label_column
-    for name in _LABEL_NAMES:
-        feature = dataset.features.get(name)
-        if isinstance(feature, datasets.ClassLabel) or (
-            isinstance(feature, datasets.Value) and feature.dtype.startswith("int")
-        ):
-            return name
-    return None
+def image_column_of(dataset: Any, image_column: str | None = None, dataset_name: str | None = None) -> str:
+    """The named column if given (checked), else the one ``datasets.Image`` column, else a column with a usual image
+    name (:func:`hf_gsc.utils.dataset_columns.image_column_of`); raises naming the columns and their types."""
+    what = "the dataset" if dataset_name is None else f"dataset {dataset_name!r}"
+    return dataset_columns.image_column_of(dataset, image_column, what, keyword="image_column= (--image-column)")
 
 
 def with_ood_labels(dataset: Any) -> Any:
@@ -196,18 +175,28 @@ def with_ood_labels(dataset: Any) -> Any:
 
 
 def to_benchmark_columns(
-    dataset: Any, image_column: str | None = None, label_column: str | None = None, dataset_name: str = "dataset"
+    dataset: Any, image_column: str | None = None, label_column: str | None = None, dataset_name: str = "dataset",
+    need_labels: bool = False,
 ) -> Any:
     """Keep only ``image`` (as ``datasets.Image``) and ``label`` (int; -1 when there is none).
+
+    The columns are the named ones, else found by type (:mod:`hf_gsc.utils.dataset_columns`: the one ``Image``
+    column, the one ``ClassLabel`` column). ``need_labels`` (ID data, whose labels the accuracy and the per-class fits
+    read): a dataset without a label column, or with several ``ClassLabel`` columns and none named, is refused here
+    rather than given labels of -1. A label column of class-name strings becomes a ``ClassLabel`` (its names sorted),
+    mapped to the model's classes by name like class folders.
 
     Works on ``Dataset`` and ``IterableDataset``. A column that cannot hold images (text that is not file paths,
     numbers) is refused here, naming ``dataset_name`` (see :func:`~hf_gsc.data.decoding.check_image_column`).
     """
     if dataset.features is None:
         raise ValueError(f"dataset {dataset_name!r} does not declare its columns' types; cannot find its images")
-    image_col = image_column_of(dataset, image_column)
+    image_col = image_column_of(dataset, image_column, dataset_name)
     check_image_column(dataset, dataset_name, image_col)
-    label_col = _label_column_of(dataset, label_column)
+    label_col = dataset_columns.label_column_of(dataset, label_column, f"dataset {dataset_name!r}",
+                                                keyword="label_column= (--label-column)", required=need_labels)
+    if label_col is not None:
+        _check_label_column(dataset, label_col, dataset_name)
     keep = [image_col] + ([label_col] if label_col else [])
     dataset = dataset.select_columns(keep)
     if image_col != "image":
@@ -218,13 +207,36 @@ def to_benchmark_columns(
         return with_ood_labels(dataset)
     if label_col != "label":
         dataset = dataset.rename_column(label_col, "label")
+    if _is_text(dataset.features["label"]) and isinstance(dataset, datasets.Dataset):
+        dataset = dataset.class_encode_column("label")  # class names -> a ClassLabel, mapped by name later
     return dataset
 
 
+def _is_text(feature: Any) -> bool:
+    return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
+
+
+def _check_label_column(dataset: Any, column: str, dataset_name: str) -> None:
+    """A label column holds class indices (``ClassLabel`` or integers) or class names (text); anything else (floats,
+    lists, images) is refused, naming the column and its type."""
+    feature = dataset.features.get(column)
+    if isinstance(feature, datasets.ClassLabel) or _is_text(feature) or (
+            isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))):
+        return
+    raise ValueError(f"dataset {dataset_name!r}: the label column {column!r} holds "
+                     f"{dataset_columns.column_types(dataset.select_columns([column]))}, not class labels (expected "
+                     "a ClassLabel, integer class indices or class-name strings)")
+
+
 def load_split(
-    spec: str | Path, image_column: str | None = None, label_column: str | None = None, streaming: bool = False
+    spec: str | Path, image_column: str | None = None, label_column: str | None = None, streaming: bool = False,
+    need_labels: bool = False,
 ) -> Any:
     """Load one split (see the module docstring for ``spec``) with columns ``image``, ``label``.
+
+    ``image_column`` / ``label_column``: the dataset's columns (default: found by type,
+    :mod:`hf_gsc.utils.dataset_columns`). ``need_labels``: ID data whose labels are read; one without a label column
+    is refused (see :func:`to_benchmark_columns`).
 
     Returns a ``datasets.Dataset``, or with ``streaming=True`` a ``datasets.IterableDataset`` (Hub ids only).
 
@@ -248,4 +260,4 @@ def load_split(
         if split is None:
             raise ValueError(f"{spec!r}: give the split too, as 'dataset_id[:config]:split'")
         dataset = load_hub_split(dataset_id, config, split, streaming=streaming)
-    return to_benchmark_columns(dataset, image_column, label_column, dataset_name=str(spec))
+    return to_benchmark_columns(dataset, image_column, label_column, dataset_name=str(spec), need_labels=need_labels)

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..utils.feature_capture import Target, capture_many
 from ..utils.inputs import labelled_batches, nonfinite_marks
+from ..utils.label_names import model_label_names
 from ..classifier.split_points import SplitPoint
 
 if TYPE_CHECKING:
@@ -238,7 +239,7 @@ def fit_from_passes(
         live[:] = [detector for detector in live if key[id(detector)] not in failed]
 
     each(lambda detector: detector.fit_begin())
-    label2id = getattr(getattr(first.model, "config", None), "label2id", None)
+    label2id = model_label_names(getattr(first.model, "config", None))  # id2label's names: keeps ImageNet's 2 cranes
     # Images that cannot be labelled are refused before any is read where a method needs labels (with ``errors``,
     # each such method fails on its own at its first batch and the others go on).
     need_labels = errors is None and any(getattr(detector, "needs_labels", False) for detector in detectors)

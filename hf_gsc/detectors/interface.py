@@ -562,7 +562,8 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         from .backbone_pass import fit_together
 
         if self.needs_fit:
-            rows = image_rows(id_train_batches, "id_train_batches", self.label2id or None,
+            rows = image_rows(id_train_batches, "id_train_batches",  # id2label's names: keeps ImageNet's 2 cranes
+                              [name for _, name in sorted(self.id2label.items())] or None,
                               getattr(self, "needs_labels", False), self.fit_split, image_column, label_column)
             id_train_batches = id_train_batches if rows is None else rows
         fit_together([self], id_train_batches)

@@ -85,6 +85,15 @@ class DataArguments:
         help="instead of --benchmark: ID data with train/validation/test splits: a folder with train/, validation/, "
         "test/ subfolders of class folders (image folders), a local save_to_disk DatasetDict, or a Hub "
         "'dataset_id[:config]'")
+    image_column: Optional[str] = _option(
+        help="the image column of --id-dataset (a saved or Hub dataset); default: its one datasets.Image column, "
+        "found by type (several are refused, listing the columns). OOD data's image column is always found by type",
+        metavar="COLUMN")
+    label_column: Optional[str] = _option(
+        help="the label column of --id-dataset, whose classes are the model's (by name, as class folders); default: "
+        "its one datasets.ClassLabel column, found by type (else an integer or text column named label or labels); "
+        "none, or several ClassLabel columns (CIFAR-100's fine_label and coarse_label), is refused, listing the "
+        "columns", metavar="COLUMN")
     ood_dataset: list[str] | str = _option(
         [], help="an OOD split, repeatable: 'dataset_id[:config]:split' or a local path; NAME defaults from SPEC; "
         "it belongs to no near/far group (see --near-ood-dataset, --far-ood-dataset)",
@@ -127,8 +136,9 @@ class RunArguments:
 
     _argument_group_name: ClassVar[Any] = _GroupTitle(RUN_GROUP)
     methods: Union[list[str], str, None] = _option(
-        help="comma list of registered methods, or 'all' (every method that can be built on the model; the others "
-        "are skipped with the reason), or 'all,-NAME,-NAME' (every method but those); default: the default table, "
+        help="comma list of registered methods (one that cannot be built on the model is skipped with the reason, "
+        "and the others run), or 'all' (every method that can be built on the model; the others are skipped with the "
+        "reason), or 'all,-NAME,-NAME' (every method but those); default: the default table, "
         "GSC and the main baselines that need no long fit (--list-methods shows every method, the default ones "
         "marked)")
     output_dir: str = field(metadata={"help": "results, score cache, fitted detectors, plots; a new or empty folder, "
@@ -246,12 +256,6 @@ class EvaluationArguments(GSCArguments, DeviceArguments, RunArguments, DataArgum
     def method_names(self) -> list[str]:
         """``--methods`` as a list (the default table without it)."""
         return list(self._parsed["methods"])
-
-    @property
-    def explicit_methods(self) -> bool:
-        """Whether ``--methods`` names its methods (``gsc,knn``) rather than ``all`` or the default table: a named
-        method that cannot be built on the model is refused, one of ``all`` is skipped with the reason."""
-        return self.methods is not None and not str(self.methods).strip().startswith("all")
 
     @property
     def method_hyperparameters(self) -> dict[str, dict[str, Any]]:

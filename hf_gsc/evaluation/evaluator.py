@@ -8,8 +8,7 @@ what they build is the :class:`EvaluationState` (``evaluator.state``), declared 
 
 1. :meth:`~OODEvaluator.load`: the accelerator (its device and mixed precision; a precision the device cannot run is
    an error here), the model, every detector (:mod:`.models`; this resolves the GSC ``split_point``: a method that
-   cannot be built on the model is refused when named, skipped with the reason and the fixing flag under
-   ``--methods all``), the data (:mod:`.plan`; only the splits the run reads), the labels by name. Bad input fails
+   cannot be built on the model is skipped with the reason and the fixing flag, and the others run), the data (:mod:`.plan`; only the splits the run reads), the labels by name. Bad input fails
    here, in seconds, with a message naming the argument.
 2. :meth:`~OODEvaluator.tune` (``--tune``): each method's hyperparameters chosen on validation data (:mod:`.tuning`);
    the search is kept in ``tuning.json`` and reused by a rerun with the same inputs.
@@ -250,7 +249,8 @@ class OODEvaluator:
             id_splits, state.ood_splits = load_data(
                 needed_id_splits({} if state.shipped is not None else state.detectors, calibrate=state.shipped is None),
                 benchmark=args.benchmark, id_dataset=args.id_dataset, ood_split_names=args.ood_split_names,
-                extra_ood=args.named_ood_datasets, streaming=args.streaming)
+                extra_ood=args.named_ood_datasets, streaming=args.streaming, image_column=args.image_column,
+                label_column=args.label_column)
         # Labels by name, before anything reads them (fits, the tuning, the scores' labels, the ID accuracy).
         state.id_splits, state.label_check = check_labels(id_splits, state.model.config, args.label_pairs,
                                                           args.labels_by_order)
@@ -313,13 +313,16 @@ class OODEvaluator:
         state.detectors = self._build(state.methods)
 
     def _build(self, methods: list[str]) -> dict[str, Any]:
-        """The detectors of ``methods``; one that cannot be built is refused when named, skipped (with the reason and
-        the fixing flag) under ``--methods all`` or the default table."""
+        """The detectors of ``methods``; one that cannot be built on the model (a split point its architecture does
+        not have) is skipped, with the reason and the fixing flag, said on the console and recorded in ``skipped``
+        like a failed fit, and the run goes on with the others (none left: :class:`EverythingSkippedError`)."""
+        from accelerate import PartialState
+
         state = self.state
         detectors, problems = build_detectors(state.model, methods, state.hyperparameters)
-        if problems and self.args.explicit_methods:
-            name, reason = next(iter(problems.items()))
-            raise InputError(f"--methods {name}: {reason}")
+        if PartialState().is_main_process:
+            for name, reason in problems.items():
+                print(f"skipped {name}: {reason}", flush=True)
         state.skipped.update(problems)
         state.methods = [name for name in methods if name in detectors]
         if not detectors:
@@ -386,7 +389,9 @@ class OODEvaluator:
             state.selection_data = selection_sets(
                 subset(state.id_splits["validation"], args.max_samples, args.seed, "validation"),
                 given=args.named_val_ood_datasets, benchmark=args.benchmark, max_samples=args.max_samples,
-                seed=args.seed, streaming=args.streaming)
+                seed=args.seed, streaming=args.streaming,
+                test_splits={"ID test": state.id_splits["test"],
+                             **{f"OOD {name}": dataset for name, dataset in state.ood_splits.items()}})
             if not state.selection_data[0]:
                 warnings.warn(f"no selection: {state.selection_data[2]}", UserWarning, stacklevel=2)
                 state.selection_data = None

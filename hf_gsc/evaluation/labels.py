@@ -13,6 +13,11 @@ When every class name of the data is one of the model's (the same names in anoth
 labels are mapped by name (:func:`label_mapping`, :func:`map_labels`) before anything reads them: fits, scoring,
 ID accuracy. ``--label-map DATA_NAME=MODEL_LABEL,...`` (or a JSON file of the same pairs) gives the mapping where
 the names differ. ``label_check`` then records ``mapping`` (data name -> model label) and ``mapped_by``.
+
+A model may name two classes alike (ImageNet-1k's ``crane``: 134, the bird, and 517, the machine): unique names are
+still mapped by name, and a data class whose name names several model classes is refused, naming them and
+``--label-map NAME=INDEX`` (:func:`~hf_gsc.utils.label_names.ambiguous_names`); the mapped labels are then plain
+model class indices, since a ``ClassLabel`` holds each name once.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..utils.label_names import SHOWN, generic_labels, generic_labels_error, label_mapping, listed, name_key
+from ..utils.label_names import (SHOWN, ambiguous_names, ambiguous_names_error, generic_labels, generic_labels_error,
+                                 label_mapping, listed, model_label_names, name_key)
 from .errors import InputError
 
 #: ``label_check.status`` values: names and order agree / same names, other order / other names / not checkable.
@@ -54,8 +60,7 @@ def model_class_names(config: Any) -> list[str] | None:
 
 
 def _id2label_names(config: Any) -> list[str]:
-    id2label = getattr(config, "id2label", None) or {}
-    return [str(id2label[i]) for i in sorted(id2label, key=int)]
+    return model_label_names(config) or []
 
 
 def compare_labels(data_names: Sequence[str] | None, model_names: Sequence[str] | None) -> dict[str, Any]:
@@ -133,7 +138,10 @@ def map_labels(dataset: Any, mapping: Sequence[int], model_names: Sequence[str])
     one maps lazily. Rows without a class (a negative label) keep it."""
     import datasets
 
-    feature = datasets.ClassLabel(names=list(model_names))
+    # A ClassLabel holds each name once; a model whose id2label names two classes alike (ImageNet-1k's "crane", 134
+    # and 517) gets plain model class indices.
+    unique = len(set(map(str, model_names))) == len(model_names)
+    feature = datasets.ClassLabel(names=list(map(str, model_names))) if unique else datasets.Value("int64")
     table = list(mapping)
 
     def mapped(labels: Sequence[int]) -> list[int]:
@@ -187,6 +195,9 @@ def check_labels(id_splits: Mapping[str, Any], config: Any, given: Mapping[str, 
         if names is None or (compare_labels(names, model_names)["status"] == MATCH and not given):
             mapped[split] = dataset
             continue
+        ambiguous = ambiguous_names(names, model_names, given)
+        if ambiguous:
+            raise InputError(f"ID {split!r} split: {ambiguous_names_error(ambiguous, model_names)}")
         try:
             mapping = label_mapping(names, model_names, given)
         except ValueError as error:

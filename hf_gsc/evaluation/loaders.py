@@ -118,8 +118,7 @@ def decode_batch(
     """
     # The one path that skips unreadable images (hf_gsc.data.decoding.decode_images); here a placeholder keeps
     # each skipped image's place, so that the batch keeps its size.
-    result = decode_images(values, list(rows), dataset_name, on_error="skip",
-                           min_side=getattr(transform, "min_side", None))
+    result = decode_images(values, list(rows), dataset_name, on_error="skip")
     images: list[Any] = [None] * len(values)
     for position, image in zip(result.positions, result.images):
         images[position] = image

@@ -33,12 +33,13 @@ OOD_PREFIX = "ood_"
 VAL_OOD_PREFIX = "val_ood_"
 
 
-def _load_split(spec: str, what: str, streaming: bool = False) -> Any:
-    """``hf_gsc.data.load_split`` with errors naming the argument."""
+def _load_split(spec: str, what: str, streaming: bool = False, **columns: Any) -> Any:
+    """``hf_gsc.data.load_split`` with errors naming the argument; ``columns``: ``image_column``, ``label_column``,
+    ``need_labels`` (the ID data's)."""
     from ..data import load_split
 
     try:
-        return load_split(spec, streaming=True) if streaming else load_split(spec)
+        return load_split(spec, streaming=True, **columns) if streaming else load_split(spec, **columns)
     except Exception as error:  # noqa: BLE001  (datasets and PIL raise many types)
         raise InputError(f"{what}: could not load {spec!r}: {error}") from None
 
@@ -63,6 +64,11 @@ def _check_columns(source: str, label: str, dataset: Any) -> None:
         raise InputError(f"{source}: the {label} split is empty")
     if "image" not in columns:
         raise InputError(f"{source}: the {label} split has no 'image' column (columns: {', '.join(columns)})")
+    if label == "ID test" and not is_streamed(dataset) and (
+            "label" not in columns or max(dataset["label"], default=-1) < 0):
+        # The ID accuracy compares predictions with these labels: labels that were never read are no accuracy.
+        raise InputError(f"{source}: the ID test split has no labels (every row's label is -1, as in a Hub dataset's "
+                         "unlabelled test split): give ID test data whose labels are the model's classes")
 
 
 def load_data(
@@ -73,9 +79,13 @@ def load_data(
     ood_split_names: Sequence[str] | None = None,
     extra_ood: Sequence[tuple[str, str]] = (),
     streaming: bool = False,
+    image_column: str | None = None,
+    label_column: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(id_splits, ood_splits)`` from ``benchmark`` (its OOD splits, or those named in ``ood_split_names``) or
-    ``id_dataset``, plus ``extra_ood`` (``(NAME, SPEC)`` of each ``--ood-dataset``).
+    ``id_dataset`` (its ``image_column`` / ``label_column``, else found by type; an ID split without labels is
+    refused: no accuracy is computed on labels that were not read), plus ``extra_ood`` (``(NAME, SPEC)`` of each
+    ``--ood-dataset``, image column by type).
 
     Only the ID splits in ``needed`` are returned; a missing one raises :class:`InputError`.
     """
@@ -96,7 +106,8 @@ def load_data(
         id_splits = {}
         for split, why in needed.items():
             try:
-                id_splits[split] = _load_split(f"{id_dataset}:{split}", "--id-dataset", streaming)
+                id_splits[split] = _load_split(f"{id_dataset}:{split}", "--id-dataset", streaming,
+                                               image_column=image_column, label_column=label_column, need_labels=True)
             except InputError as error:
                 raise InputError(f"{source}: cannot load the ID {split!r} split, needed for {why}: {error}") from None
         ood_splits = {}

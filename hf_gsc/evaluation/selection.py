@@ -29,22 +29,34 @@ import torch
 from .plan import VAL_OOD_PREFIX
 from .ranking import RANKING_RULE, rank, validation_metrics
 
-SELECTION_RULE = f"{RANKING_RULE} (by method name); test splits are never read"
+SELECTION_RULE = f"{RANKING_RULE} (by method name)"
 
 
 def selection_sets(validation: Any, *, given: Sequence[tuple[str, str]], benchmark: str | None, max_samples: int | None,
-                   seed: int, streaming: bool = False) -> tuple[dict[str, Any], list[int] | None, str]:
+                   seed: int, streaming: bool = False, test_splits: Mapping[str, Any] | None = None
+                   ) -> tuple[dict[str, Any], list[int] | None, str]:
     """``(OOD validation sets by name, the rows of ``validation`` that form the ID side (``None``: all), what the
     data is)``; ``validation`` is the evaluation's ID validation subset, ``given`` the ``(NAME, SPEC)`` of each
     ``--val-ood-dataset``. Empty sets where none can be had (a streamed ID validation split without
-    ``--val-ood-dataset``)."""
+    ``--val-ood-dataset``). ``test_splits``: name -> every test split (ID test, each OOD split); a given set holding
+    the same images as one (a Hub copy of it, a folder given twice by another path) is refused
+    (:class:`~hf_gsc.evaluation.errors.InputError`): what the spec names is checked before loading
+    (:func:`hf_gsc.evaluation.validation.check_validation_is_not_test`), what was loaded here."""
+    from .errors import InputError
     from .fingerprints import is_streamed
-    from .plan import _load_split, subset
+    from .plan import _load_split, same_images, subset
     from .validation_sets import VALIDATION_SEED, split_halves, validation_ood_sets
 
     if given:
-        sets = {name: subset(_load_split(spec, f"--val-ood-dataset {name}={spec}", streaming),
-                             max_samples, seed, VAL_OOD_PREFIX + name) for name, spec in given}
+        sets = {}
+        for name, spec in given:
+            loaded = _load_split(spec, f"--val-ood-dataset {name}={spec}", streaming)
+            same = [test for test, dataset in (test_splits or {}).items() if same_images(loaded, dataset)]
+            if same:
+                raise InputError(f"--val-ood-dataset {name}={spec} holds the same images as the test split {same[0]}: "
+                                 "the selection is made on validation data only; give OOD validation data that is "
+                                 "no test split")
+            sets[name] = subset(loaded, max_samples, seed, VAL_OOD_PREFIX + name)
         return sets, None, "--val-ood-dataset " + ", ".join(f"{name}={spec}" for name, spec in given)
     if is_streamed(validation):
         return {}, None, "none: a streamed ID validation split cannot be split in halves; pass --val-ood-dataset"
@@ -73,18 +85,31 @@ def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: 
         "rule": SELECTION_RULE,
         "data": {"ood": data, "num_samples": {"id": int(len(id_rows) if id_rows is not None else
                                                         next(iter(validation_scores.values())).numel()),
-                                              **{name: int(scores.numel()) for name, scores in first.items()}}},
+                                              **{name: int(scores.numel()) for name, scores in first.items()}},
+                 "read": read_clause(id_rows, data)},
         "validation": {name: table[name] for name in ranked},
     }
 
 
+def read_clause(id_rows: Sequence[int] | None, data: str) -> str:
+    """What the selection read, for its sentence: the ID validation subset alone (the OOD sets generated from one half
+    of it, ``id_rows`` the other), or that subset and the ``--val-ood-dataset`` sets ``data`` names, each checked to be
+    no test split before and after loading (:func:`selection_sets`)."""
+    if id_rows is not None:
+        return "test splits are never read"
+    return (f"it read the ID validation subset and {data}, none of them an --ood-dataset or the ID test split (checked "
+            "by path and by images)")
+
+
 def sentence(record: Mapping[str, Any]) -> str:
-    """The one sentence of ``results.md`` (and of the chosen detector's card) that states the choice."""
+    """The one sentence of ``results.md`` (and of the chosen detector's card) that states the choice and what it
+    read (``data.read``)."""
     chosen = record["method"]
     entry = record["validation"][chosen]
     sets = ", ".join(entry["ood"])
+    read = record["data"].get("read") or read_clause(None, record["data"]["ood"])
     return (f"Selected on validation data only: **{chosen}** (mean validation AUROC {100 * entry['auroc']:.2f}%, "
-            f"FPR95 (ID+) {100 * entry['fpr95']:.2f}% over {sets}; rule: {record['rule']}).")
+            f"FPR95 (ID+) {100 * entry['fpr95']:.2f}% over {sets}; rule: {record['rule']}; {read}).")
 
 
 def markdown_lines(record: Mapping[str, Any]) -> list[str]:
@@ -103,5 +128,5 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
             *table_lines(["Method", *sets, "mean"], rows)]
 
 
-__all__ = ["SELECTION_RULE", "VAL_OOD_PREFIX", "markdown_lines", "selection_record", "selection_sets",
+__all__ = ["SELECTION_RULE", "VAL_OOD_PREFIX", "markdown_lines", "read_clause", "selection_record", "selection_sets",
            "sentence"]

@@ -96,6 +96,53 @@ def _is_local(spec: str) -> bool:
     return os.path.exists(spec) or (":" in spec and os.path.exists(spec.rsplit(":", 1)[0]))
 
 
+def _reads(spec: str) -> tuple[bool, str, frozenset[str] | None]:
+    """``(local, where, splits)``: what a split spec reads. Local: the resolved folder (an image-folder root's split
+    folder when a ``:split`` names one) and the split of a saved ``DatasetDict`` (``None``: all it holds); Hub: the
+    ``id[:config]`` and its ``+``-joined splits."""
+    from ..data.splits import _local_path_and_split, parse_spec
+    from ..utils.image_data import SPLIT_FOLDERS
+
+    local = _local_path_and_split(spec)
+    if local is not None:
+        path, split = local[0].resolve(), local[1]
+        if split is not None and not (path / "dataset_dict.json").is_file():
+            folder = next((path / name for name in (split, *SPLIT_FOLDERS.get(split, ())) if (path / name).is_dir()),
+                          None)
+            if folder is not None:
+                return True, str(folder), None
+        return True, str(path), None if split is None else frozenset(split.split("+"))
+    try:
+        dataset_id, config, split = parse_spec(spec)
+    except ValueError:  # not a spec load_split reads: refused, naming it, when it is loaded
+        return False, spec, None
+    return False, f"{dataset_id}:{config}", None if split is None else frozenset(split.split("+"))
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether the data of spec ``a`` and spec ``b`` can share images: the same Hub dataset or folder with a split in
+    common (or either read whole), or a folder read whole that holds the other's."""
+    (local_a, where_a, splits_a), (local_b, where_b, splits_b) = _reads(a), _reads(b)
+    if local_a != local_b:
+        return False
+    if local_a and where_a != where_b:
+        path_a, path_b = Path(where_a), Path(where_b)
+        return (path_a in path_b.parents and splits_a is None) or (path_b in path_a.parents and splits_b is None)
+    return where_a == where_b and (splits_a is None or splits_b is None or bool(splits_a & splits_b))
+
+
+def check_validation_is_not_test(val_ood: Sequence[tuple[str, str]], test_specs: Sequence[tuple[str, str]]) -> None:
+    """Refuse an OOD validation set (``--val-ood-dataset NAME=SPEC``) that is, holds or lies inside a test split:
+    ``test_specs`` are ``(the flag that gave it, SPEC)``, every ``--ood-dataset`` (near, far) and the ID test split."""
+    for name, spec in val_ood:
+        for flag, test_spec in test_specs:
+            if _overlap(spec, test_spec):
+                raise InputError(f"--val-ood-dataset {name}={spec}: it reads the test data of {flag} {test_spec}; "
+                                 "the selection is made on validation data only: give OOD validation data that is not "
+                                 "an --ood-dataset nor the ID test split (or leave --val-ood-dataset out: OOD "
+                                 "validation sets are then generated from ID validation)")
+
+
 def _check_device_options(args: Any) -> None:
     if args.mixed_precision is not None and args.mixed_precision not in PRECISIONS:
         raise InputError(f"--mixed-precision must be one of {', '.join(PRECISIONS)}, got {args.mixed_precision!r}")
@@ -168,6 +215,11 @@ def validate(args: Any) -> dict[str, Any]:
     if (args.benchmark is None) == (args.id_dataset is None):
         raise InputError("give exactly one of --benchmark and --id-dataset")
     _check_id_dataset(args.id_dataset)
+    for flag, value in (("--image-column", args.image_column), ("--label-column", args.label_column)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise InputError(f"{flag} must name a column of --id-dataset, got {value!r}")
+        if value is not None and args.benchmark is not None:
+            raise InputError(f"{flag} names a column of --id-dataset; --benchmark {args.benchmark} knows its own columns")
     ood_splits = _split_names(args.ood_splits)
     if args.benchmark is not None:
         from ..data.benchmarks import BENCHMARKS
@@ -219,6 +271,9 @@ def validate(args: Any) -> dict[str, Any]:
     repeated = sorted({name for name, _ in val_ood if [n for n, _ in val_ood].count(name) > 1})
     if repeated:
         raise InputError(f"--val-ood-dataset: split name(s) {', '.join(repeated)} used twice; name them with NAME=SPEC")
+    group_flags = {None: "--ood-dataset", **OOD_GROUP_FLAGS}
+    check_validation_is_not_test(val_ood, [(group_flags[group], spec) for _, spec, group in extra_ood] + (
+        [("--id-dataset (its test split)", f"{args.id_dataset}:test")] if args.id_dataset is not None else []))
     from .labels import parse_label_map
 
     try:

@@ -6,8 +6,9 @@
   (``fit``: the detector's ``fit_split``; ``calibrate``: validation). The split read is logged in one line; a root
   without that split is refused, naming it; a test split is never read.
 * **Labels** are the model's class indices: a class-folder tree's folder names, a ``ClassLabel`` column's names, or
-  a column of class-name strings, each mapped through the model's ``label2id`` by the one rule of
-  :mod:`hf_gsc.utils.label_names`.
+  a column of class-name strings, each mapped to the model's ``id2label`` by the one rule of
+  :mod:`hf_gsc.utils.label_names` (a name the model gives two classes is refused where labels are needed). The
+  columns of a ``datasets.Dataset`` are found by type unless named (:mod:`hf_gsc.utils.dataset_columns`).
 * A ``datasets`` image column is read undecoded (``{"bytes", "path"}``) so that :func:`hf_gsc.utils.images.load_image`,
   the decoding rule of every entry point, decodes it, and an unreadable image is named by its row and file.
 """
@@ -16,13 +17,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .dataset_columns import image_column_of, label_column_of
 from .images import describe
-from .label_names import generic_labels, generic_labels_error, label_mapping, name_key
+from .label_names import (ambiguous_names, ambiguous_names_error, generic_labels, generic_labels_error, label_mapping,
+                          name_key)
 from .progress import datasets_progress_bars_off
 
 logger = logging.getLogger(__name__)
@@ -79,11 +82,17 @@ def labels_by_name(names: list[str], label2id: Mapping[str, int] | None) -> list
     return [int(label2id[name]) for name in names]
 
 
-def class_label_mapping(names: list[str], label2id: Mapping[str, int] | None) -> list[int] | None:
+def class_label_mapping(names: list[str], label2id: Mapping[str, int] | None,
+                        model_names: Sequence[str] | None = None) -> list[int] | None:
     """The model's class index of each class name of a dataset, when every name is one of the model's labels (in any
     order), compared as the evaluation compares them (:func:`hf_gsc.utils.label_names.name_key`: ignoring case, ``_`` /
     ``-`` versus spaces): data that ``hf-gsc evaluate`` maps by name is fitted with the same labels. ``None``
-    otherwise (an unknown name, or one that names two of the model's labels)."""
+    otherwise (an unknown name, or one that names two of the model's labels).
+
+    ``model_names``: the model's class names in index order (``config.id2label``), which unlike ``label2id`` keeps a
+    name the model gives two classes (ImageNet-1k's ``crane``); given, the mapping is read from it."""
+    if model_names is not None:
+        return label_mapping(list(map(str, names)), list(map(str, model_names))) if names else None
     exact = labels_by_name(names, label2id)
     if exact is not None or not label2id or not names:
         return exact
@@ -104,6 +113,14 @@ def unknown_names(names: list[str], label2id: Mapping[str, int] | None, key: Any
     unknown = [label for label in names if key(label) not in keys]
     shown = ", ".join(repr(label) for label in known[:20]) + (", ..." if len(known) > 20 else "")
     return f"{', '.join(repr(label) for label in unknown[:10])} are not among the model's labels (config.label2id: {shown})"
+
+
+def _refuse_ambiguous(name: str, names: Sequence[str], model_names: Sequence[str] | None, need_labels: bool) -> None:
+    """A class of the data whose name the model gives several classes (ImageNet-1k's ``crane``) cannot be labelled:
+    refused, naming the classes, where labels are needed."""
+    ambiguous = ambiguous_names(list(map(str, names)), list(map(str, model_names))) if need_labels and model_names else {}
+    if ambiguous:
+        raise ValueError(f"{name}: {ambiguous_names_error(ambiguous, list(map(str, model_names or [])))}")
 
 
 def _shares_a_name(names: Iterable[str], label2id: Mapping[str, int]) -> bool:
@@ -199,17 +216,13 @@ def select_split(data: Any, split: str | None, name: str) -> Selected:
 
 # ----------------------------------------------------------------------------- images and labels
 def _dataset_rows(data: Any, name: str, label2id: Mapping[str, int] | None, need_labels: bool,
-                  image_column: str | None, label_column: str | None) -> ImageRows:
+                  image_column: str | None, label_column: str | None,
+                  model_names: Sequence[str] | None = None) -> ImageRows:
     import datasets
 
     columns = list(data.column_names)
-    image_column = image_column or "image"
-    if image_column not in columns:
-        raise ValueError(f"{name}: the dataset has no {image_column!r} column (columns: {', '.join(columns)}); name "
-                         "the image column with image_column=")
-    if label_column is not None and label_column not in columns:
-        raise ValueError(f"{name}: the dataset has no label column {label_column!r} (columns: {', '.join(columns)})")
-    label_column = label_column or ("label" if "label" in columns else None)
+    image_column = image_column_of(data, image_column, f"{name}: the dataset")
+    label_column = label_column_of(data, label_column, f"{name}: the dataset", required=need_labels)
     feature = data.features.get(image_column)
     if isinstance(feature, datasets.Image) and feature.decode:
         # decoded by hf_gsc.utils.images (EXIF, bit depth, alpha as every entry point), not by datasets
@@ -220,7 +233,8 @@ def _dataset_rows(data: Any, name: str, label2id: Mapping[str, int] | None, need
     if labels is not None and class_names is None and any(isinstance(label, str) for label in labels):
         class_names = sorted({label for label in labels if isinstance(label, str)})
         index = {label: i for i, label in enumerate(class_names)}
-        mapping = class_label_mapping(class_names, label2id)
+        _refuse_ambiguous(name, class_names, model_names, need_labels)
+        mapping = class_label_mapping(class_names, label2id, model_names)
         if mapping is None:
             if need_labels and generic_labels(label2id):
                 raise ValueError(f"{name}: the label column {label_column!r}: "
@@ -232,7 +246,9 @@ def _dataset_rows(data: Any, name: str, label2id: Mapping[str, int] | None, need
         else:
             labels = [mapping[index[label]] if isinstance(label, str) else -1 for label in labels]
         class_names = None
-    mapping = class_label_mapping(list(class_names), label2id) if class_names and labels is not None else None
+    if class_names and labels is not None:
+        _refuse_ambiguous(name, list(class_names), model_names, need_labels)
+    mapping = class_label_mapping(list(class_names), label2id, model_names) if class_names and labels is not None else None
     if mapping is not None:
         labels = [mapping[label] if label >= 0 else label for label in labels]
     elif need_labels and class_names and generic_labels(label2id):
@@ -247,13 +263,16 @@ def _dataset_rows(data: Any, name: str, label2id: Mapping[str, int] | None, need
     return ImageRows(data, labels, name, column=image_column)
 
 
-def _folder_rows(path: Path, name: str, label2id: Mapping[str, int] | None, need_labels: bool) -> ImageRows:
+def _folder_rows(path: Path, name: str, label2id: Mapping[str, int] | None, need_labels: bool,
+                 model_names: Sequence[str] | None = None) -> ImageRows:
     files = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
     if not files:
         raise ValueError(f"{name}: the folder {path} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
     folders = sorted({file.relative_to(path).parts[0] for file in files if len(file.relative_to(path).parts) == 2})
     nested = all(len(file.relative_to(path).parts) == 2 for file in files)
-    mapping = class_label_mapping(folders, label2id) if nested else None
+    if nested:
+        _refuse_ambiguous(name, folders, model_names, need_labels)
+    mapping = class_label_mapping(folders, label2id, model_names) if nested else None
     if mapping is not None:  # a class-folder tree: labels by name, compared as the evaluation compares them
         index = dict(zip(folders, mapping))
         return ImageRows(files, [index[file.relative_to(path).parts[0]] for file in files], name)
@@ -275,20 +294,27 @@ def _is_image(item: Any) -> bool:
     return isinstance(item, (Image.Image, str, os.PathLike)) or (isinstance(item, np.ndarray) and item.ndim in (2, 3))
 
 
-def image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None, need_labels: bool = False,
-               split: str | None = None, image_column: str | None = None, label_column: str | None = None
-               ) -> ImageRows | None:
+def image_rows(data: Any, name: str, label2id: Mapping[str, int] | Sequence[str] | None = None,
+               need_labels: bool = False, split: str | None = None, image_column: str | None = None,
+               label_column: str | None = None) -> ImageRows | None:
     """The images (and labels) ``data`` holds, or ``None`` when it holds ``pixel_values`` batches instead.
 
+    ``label2id``: the model's classes, as ``config.label2id`` or (better) the names of ``config.id2label`` in index
+    order (:func:`~hf_gsc.utils.label_names.model_label_names`), which keeps a name given to two classes (ImageNet-1k's
+    ``crane``, 134 and 517), so that data using it is refused instead of labelled with one of them.
     ``split``: the split read from a dataset root (:func:`select_split`). ``image_column`` / ``label_column``: the
-    columns of a ``datasets.Dataset`` (default ``image`` and ``label``). With ``need_labels`` (a method fits
-    per-class statistics), images that cannot be labelled are a ``ValueError`` naming the names that do not match,
-    here, before any image is read.
+    columns of a ``datasets.Dataset`` (by default found by type: :mod:`hf_gsc.utils.dataset_columns`). With
+    ``need_labels`` (a method fits per-class statistics), images that cannot be labelled are a ``ValueError`` naming
+    the names that do not match, here, before any image is read.
     """
     if isinstance(data, ImageRows):
         return data
+    model_names = None
+    if label2id is not None and not isinstance(label2id, Mapping):
+        model_names = [str(label) for label in label2id]
+        label2id = {label: index for index, label in reversed(list(enumerate(model_names)))}
     selected = select_split(data, split, name)
-    rows = _rows(selected.data, selected.name, label2id, need_labels, image_column, label_column)
+    rows = _rows(selected.data, selected.name, label2id, need_labels, image_column, label_column, model_names)
     if rows is None:
         return None
     if selected.source:
@@ -297,18 +323,19 @@ def image_rows(data: Any, name: str, label2id: Mapping[str, int] | None = None, 
 
 
 def _rows(data: Any, name: str, label2id: Mapping[str, int] | None, need_labels: bool, image_column: str | None,
-          label_column: str | None) -> ImageRows | None:
+          label_column: str | None, model_names: Sequence[str] | None = None) -> ImageRows | None:
     """:func:`image_rows` of data that is no dataset root, each described by what it is (``source``)."""
     if (image_column is not None or label_column is not None) and getattr(data, "column_names", None) is None:
         raise ValueError(f"{name}: image_column / label_column name columns of a datasets.Dataset; got "
                          f"{type(data).__name__}")
     if getattr(data, "column_names", None) is not None:  # a datasets.Dataset
-        rows = _dataset_rows(data, name, label2id, need_labels, image_column, label_column)
+        rows = _dataset_rows(data, name, label2id, need_labels, image_column, label_column, model_names)
         return replace(rows, source=f"datasets.Dataset ({len(rows)} rows)")
     if isinstance(data, (str, os.PathLike)):
         path = Path(data)
         if path.is_dir():
-            return replace(_folder_rows(path, name, label2id, need_labels), source=f"folder {path.resolve()}")
+            return replace(_folder_rows(path, name, label2id, need_labels, model_names),
+                           source=f"folder {path.resolve()}")
         if not path.is_file():
             raise FileNotFoundError(f"{name}: no such file or folder: {path}")
         if need_labels:

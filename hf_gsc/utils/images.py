@@ -217,22 +217,16 @@ def to_model_image(image: Image.Image, mode: str | None = None) -> Image.Image:
     return image
 
 
-def draft(image: Image.Image, min_side: int | None) -> Image.Image:
-    """``image`` (opened, not yet decoded) set to decode a JPEG at 1/2, 1/4 or 1/8 scale where both sides stay at
-    least ``min_side`` (PIL's ``draft``: the reduction happens inside the JPEG decoder, so a photo much larger than
-    the model's input costs a fraction of its full decode and resize). Other formats, and ``min_side=None``, are
-    left alone. EXIF orientation is unaffected: the turn is applied after, on the smaller image."""
-    if min_side is not None and image.format == "JPEG" and min(image.size) >= 2 * min_side:
-        image.draft(image.mode, (min_side, min_side))
-    return image
-
-
-def decode(source: Any, mode: str | None = None, timeout: float | None = None,
-           min_side: int | None = None) -> Image.Image:
+def decode(source: Any, mode: str | None = None, timeout: float | None = None) -> Image.Image:
     """What :func:`load_image` does, raising the reading library's own error (``OSError``, ``ValueError``, ...)
     without naming the input: for callers that name it their own way (:func:`hf_gsc.data.decoding.decode_image`
-    names the dataset and row). ``min_side``: the smallest side the caller will resize to; a JPEG much larger is
-    decoded at a reduced scale (:func:`draft`)."""
+    names the dataset and row).
+
+    Every image is decoded at full size, whatever the model's input size. PIL's JPEG draft mode (the decoder
+    producing 1/2, 1/4 or 1/8 scale) would be about 4 times cheaper on photos much larger than the input, but it
+    only applies to a file not yet decoded: a PIL image the caller already decoded (a ``datasets`` image, a photo
+    handed to the pipeline or the demo app) is at full size, so draft decoding would give the same photo other
+    pixels, and other scores, depending on the path it took. One rule for every path is worth more than the speed."""
     limit = max_image_pixels()
     if isinstance(source, dict):  # a datasets.Image(decode=False) cell
         source = source["bytes"] if source.get("bytes") is not None else source.get("path")
@@ -245,7 +239,7 @@ def decode(source: Any, mode: str | None = None, timeout: float | None = None,
     else:
         image = _open(source, timeout)
     check_image_size(image, limit)  # from the header: an oversized image is refused before its pixels exist
-    return to_model_image(draft(image, min_side), mode)
+    return to_model_image(image, mode)
 
 
 def load_image(source: Any, mode: str | None = None, timeout: float | None = None, name: str | None = None) -> Image.Image:
@@ -281,6 +275,6 @@ def reason(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-__all__ = ["DEFAULT_TIMEOUT", "MAX_URL_BYTES", "UnreadableImageError", "array_to_image", "describe", "decode", "draft",
+__all__ = ["DEFAULT_TIMEOUT", "MAX_URL_BYTES", "UnreadableImageError", "array_to_image", "describe", "decode",
            "fetch_url",
            "load_image", "model_mode", "reason", "to_model_image"]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -97,7 +97,7 @@ def batches(
 
 def labelled_batches(
     data: Any, name: str, image_processor: Any = None, batch_size: int = 32, allow_empty: bool = False,
-    label2id: Mapping[str, int] | None = None, channels: int | None = None, need_labels: bool = False,
+    label2id: Mapping[str, int] | Sequence[str] | None = None, channels: int | None = None, need_labels: bool = False,
     split: str | None = None, image_column: str | None = None, label_column: str | None = None,
 ) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
     """:func:`batches`, and also images (:func:`hf_gsc.utils.image_data.image_rows`): a PIL or NumPy image, a file, URL or

@@ -35,9 +35,7 @@ def label_mapping(data_names: Sequence[str], model_names: Sequence[str],
     not the model's, or names two of the model's classes) and nothing was given. Raises ``ValueError`` when
     ``given`` names a class the data or the model does not have, or leaves a data class unmapped."""
     given = dict(given or {})
-    model_index: dict[str, list[int]] = {}
-    for index, name in enumerate(model_names):
-        model_index.setdefault(name_key(name), []).append(index)
+    model_index = _model_index(model_names)
     data_keys = {name_key(name): name for name in data_names}
     unknown = [name for name in given if name_key(name) not in data_keys]
     if unknown:
@@ -56,7 +54,7 @@ def label_mapping(data_names: Sequence[str], model_names: Sequence[str],
     mapping, unmapped = [], []
     for name in data_names:
         key = name_key(name)
-        matches = model_index.get(key, [])
+        matches = _closest(str(name), model_index.get(key, []), model_names)
         index = resolved[key] if key in resolved else (matches[0] if len(matches) == 1 else None)
         unmapped += [name] if index is None else []
         mapping.append(-1 if index is None else index)
@@ -66,6 +64,58 @@ def label_mapping(data_names: Sequence[str], model_names: Sequence[str],
                              f"model label (model labels: {listed(list(model_names))})")
         return None
     return mapping
+
+
+def _model_index(model_names: Sequence[str]) -> dict[str, list[int]]:
+    """Compared name (:func:`name_key`) -> the model's class indices of that name (several for ImageNet's "crane")."""
+    index: dict[str, list[int]] = {}
+    for position, name in enumerate(model_names):
+        index.setdefault(name_key(name), []).append(position)
+    return index
+
+
+def _closest(name: str, matches: list[int], model_names: Sequence[str]) -> list[int]:
+    """``matches`` (the model's classes whose names compare equal to ``name``), narrowed to the one spelled exactly as
+    ``name`` where several differ only in case or spacing (``Crane`` and ``crane``): a name the data spells exactly as
+    one label is that label."""
+    if len(matches) < 2:
+        return matches
+    exact = [index for index in matches if str(model_names[index]) == name]
+    return exact if len(exact) == 1 else matches
+
+
+def ambiguous_names(data_names: Sequence[str], model_names: Sequence[str],
+                    given: Mapping[str, str] | None = None) -> dict[str, list[int]]:
+    """The data's class names that name several of the model's classes (ImageNet-1k's ``crane`` is class 134, the bird,
+    and class 517, the machine), each with those class indices; names ``given`` a model class are not ambiguous."""
+    given_keys = {name_key(name) for name in given or {}}
+    model_index = _model_index(model_names)
+    found = {}
+    for name in data_names:
+        matches = _closest(str(name), model_index.get(name_key(name), []), model_names)
+        if len(matches) > 1 and name_key(name) not in given_keys:
+            found[str(name)] = matches
+    return found
+
+
+def ambiguous_names_error(ambiguous: Mapping[str, Sequence[int]], model_names: Sequence[str]) -> str:
+    """Why data classes whose names the model holds twice cannot be labelled, and the way out (``--label-map``, or
+    renaming the data's class)."""
+    shown = "; ".join(f"{name!r} is model class " + " and ".join(f"{index} ({model_names[index]!r})" for index in indices)
+                      for name, indices in list(ambiguous.items())[:SHOWN])
+    name, indices = next(iter(ambiguous.items()))
+    flag = (f"--label-map {name}={indices[0]}" if "," not in name and "=" not in name
+            else f"--label-map FILE.json holding {{{name!r}: {indices[0]}}}")
+    return (f"the data's class name(s) name several of the model's classes ({shown}), so nothing says which one the "
+            f"data's images are: give each its model class by index (hf-gsc evaluate {flag}; Detector.fit: a "
+            "datasets.Dataset whose label column holds the model's class indices as plain integers)")
+
+
+def model_label_names(config: Any) -> list[str] | None:
+    """The names of ``config.id2label`` in class-index order (``None`` when it has none). Unlike ``config.label2id``,
+    which holds each name once, it keeps a name given to two classes (ImageNet-1k's ``crane``: 134 and 517)."""
+    id2label = getattr(config, "id2label", None) or {}
+    return [str(id2label[index]) for index in sorted(id2label, key=int)] or None
 
 
 def generic_labels(model_names: Sequence[Any] | Mapping[str, Any] | None) -> bool:
@@ -92,4 +142,5 @@ def _label_number(name: Any) -> int:
     return int(match.group()) if match else -1
 
 
-__all__ = ["GENERIC_LABEL", "generic_labels", "generic_labels_error", "label_mapping", "listed", "name_key"]
+__all__ = ["GENERIC_LABEL", "ambiguous_names", "ambiguous_names_error", "generic_labels", "generic_labels_error",
+           "label_mapping", "listed", "model_label_names", "name_key"]
