@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from test_pipeline import TASK, detector_dir  # noqa: F401  (fixture: a calibrated GSC folder with a processor)
 
 from hf_gsc import AutoOODDetector, GSCForImageClassification
+from hf_gsc.utils.calibration import Calibration
 from hf_gsc.utils.conformal import (
     conformal_p_value,
     p_value_cut,
@@ -56,7 +57,7 @@ def test_p_values_of_fresh_id_data_are_valid(method):
     splits = 200
     for _ in range(splits):
         order = torch.randperm(POOL, generator=generator)
-        detector.keep_calibration_scores(scores[order[:CALIBRATION]])
+        detector.set_calibration(Calibration.from_scores(scores[order[:CALIBRATION]]))
         p = detector.p_value(scores[order[CALIBRATION:]].float())
         rejected += (p[None, :] <= levels[:, None].double()).double().mean(dim=1)
     rejected /= splits
