@@ -25,6 +25,7 @@ serves ``AutoOODDetector.from_pretrained``, every class's ``from_pretrained`` an
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -34,7 +35,7 @@ import torch
 
 from ..utils import confined_files
 from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, read_json_object
-from ..utils.calibration import Calibration
+from ..utils.calibration import MAX_KEPT_SCORES, Calibration
 
 
 # ----------------------------------------------------------------------------- the config file
@@ -122,8 +123,29 @@ def read_state_and_scores(directory: str | os.PathLike) -> tuple[dict[str, torch
     """The fitted tensors of ``directory``'s ``detector_state.safetensors`` (``None`` without one) and, apart, its kept
     calibration scores (``None`` when it keeps none)."""
     path = os.path.join(directory, STATE_FILE)
-    state = read_state(path) if os.path.isfile(path) else None
-    return state, None if state is None else state.pop(CALIBRATION_SCORES_KEY, None)
+    if not os.path.isfile(path):
+        return None, None
+    check_kept_count(path)
+    state = read_state(path)
+    return state, state.pop(CALIBRATION_SCORES_KEY, None)
+
+
+def check_kept_count(path: str | os.PathLike) -> None:
+    """Refuse, before reading them, more kept calibration scores than the format keeps
+    (:data:`hf_gsc.utils.calibration.MAX_KEPT_SCORES`): no folder makes a load slow."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            if CALIBRATION_SCORES_KEY not in handle.keys():
+                return
+            shape = handle.get_slice(CALIBRATION_SCORES_KEY).get_shape()
+    except (SafetensorError, OSError):
+        return  # read_state names the unreadable file
+    count = math.prod(shape)
+    if count > MAX_KEPT_SCORES:
+        raise ValueError(f"{path} keeps {count} calibration scores, more than the {MAX_KEPT_SCORES} the format keeps "
+                         "(a sorted sample beyond); calibrate the detector again and save it")
 
 
 def read_calibration(directory: str | os.PathLike, saved: DetectorConfig,

@@ -218,6 +218,9 @@ class Calibration:
             raise ValueError(f"{source}: calibration_scores must be a 1-D float64 tensor (the saved format), got "
                              f"{getattr(scores, 'dtype', type(scores).__name__)} of shape "
                              f"{tuple(getattr(scores, 'shape', ()))}; calibrate the detector again and save it")
+        if scores.numel() > MAX_KEPT_SCORES:
+            raise ValueError(f"{source}: {scores.numel()} calibration scores, more than the {MAX_KEPT_SCORES} the "
+                             "format keeps; calibrate the detector again and save it")
         if scores.numel() == 0 or not torch.isfinite(scores).all() or (scores[1:] < scores[:-1]).any():
             raise ValueError(f"{source}: calibration_scores must be non-empty, finite and ascending; calibrate the "
                              "detector again and save it")
