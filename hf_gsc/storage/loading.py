@@ -165,6 +165,7 @@ def load_detector(
             raise ValueError(f"{path} holds a saved {saved.method!r} detector, not {method!r}; load it with "
                              f"AutoOODDetector.from_pretrained({path!r})")
         method, config = saved.method, saved
+        saved.base_model_name_or_path = base_in_folder(detector_dir, saved.base_model_name_or_path)
     if config is not None and method is None:
         method = config.method
     if method is None:
@@ -261,11 +262,24 @@ def _base_reference(
     base = overrides.get("base_model_name_or_path", config.base_model_name_or_path)
     revision = overrides.get("base_model_revision", config.base_model_revision)
     if base is None:
-        raise ValueError(f"{path}/{CONFIG_NAME} names no base model and {path} holds no base weights")
+        raise ValueError(f"{path}/{CONFIG_NAME} names no base model and {path} holds no base weights; pass the base "
+                         f"classifier: from_pretrained({path!r}, model=<the loaded classifier>) (or "
+                         "base_model_name_or_path='<Hub id or folder>'), or save the detector with "
+                         "save_pretrained(..., save_base_model=True) so that its folder is its own base")
     if not os.path.isdir(base) and (looks_local(base) or not is_hub_id(base)):
         # Before any Hub call: a path that cannot be a repo id would only end in retries and a "connection" error.
         raise FileNotFoundError(base_not_found(path, base))
     return base, {**hub, "revision": revision}
+
+
+def base_in_folder(detector_dir: str, base: str | None) -> str | None:
+    """A saved detector's base reference: a relative local path is resolved against the detector's folder (where it
+    was written from), never the working directory; a Hub id, an absolute path or ``None`` as saved. A relative name
+    that is a valid Hub id (``models/vit3``) is the folder's when the folder has it, else the Hub's."""
+    if base is None or os.path.isabs(base) or base.startswith("~"):
+        return base
+    inside = os.path.abspath(os.path.join(detector_dir, base))
+    return inside if os.path.isdir(inside) or looks_local(base) or not is_hub_id(base) else base
 
 
 def base_not_found(path: str, base: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,7 +74,13 @@ def save_detector(
         check_results_match(results, detector, results_dir)
         if repo_id is not None:  # pushed: no local path reaches the card or the copied results
             results, table = public_results(results, table)
-    values = detector.config.to_dict(saved_base_reference(detector, save_base_model, repo_id))
+    base = saved_base_reference(detector, save_base_model, repo_id)
+    if base[0] is None and not save_base_model:
+        warnings.warn(f"the {detector.method!r} detector's base model has no name or path (config._name_or_path, "
+                      f"base_model_name_or_path), so {directory} will load only with from_pretrained(..., model=<the "
+                      "classifier>); save it with save_pretrained(..., save_base_model=True) to make the folder its "
+                      "own base", UserWarning, stacklevel=3)
+    values = detector.config.to_dict(base)
     if repo_id is not None:  # pushed: no local path (a calibration folder's) reaches the Hub
         values = public_config(values)
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
