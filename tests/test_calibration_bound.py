@@ -134,6 +134,11 @@ def test_at_most_max_kept_scores_are_kept_a_sorted_sample_with_its_count_in_the_
     assert float((calibration.p_value(probe) - full).abs().max()) <= 2 / MAX_KEPT_SCORES
     again = Calibration.from_dict(calibration.to_dict(), kept)
     assert again.threshold == calibration.threshold
+    # The model card says how many were kept of how many read.
+    from hf_gsc.storage.model_card import p_value_sentence
+
+    sentence = p_value_sentence(calibration.p_value_cut, calibration.record)
+    assert f"of the {MAX_KEPT_SCORES} kept ID calibration scores (a sorted sample of {n})" in sentence
 
 
 def test_a_folder_with_more_kept_scores_than_the_format_keeps_is_refused_before_reading_them(saved, tmp_path):

@@ -23,7 +23,7 @@ from ..settings.config import DetectorConfig
 from ..utils.calibration import Calibration, fitted_state_digest
 from ..utils.image_data import image_rows
 from ..utils.inputs import labelled_batches
-from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, TOO_FEW_FOR_A_THRESHOLD, check_tpr
+from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, TOO_FEW_FOR_A_THRESHOLD
 
 
 def decide(ood_score: torch.Tensor, threshold: float | None) -> torch.Tensor | None:
@@ -207,7 +207,6 @@ class Calibrated:
         """Move the threshold to keep a fraction ``tpr`` of ID data, from the kept calibration scores (no new forward):
         the threshold ``calibrate(data, tpr=tpr, delta=delta)`` would set on the same data
         (:meth:`hf_gsc.utils.calibration.Calibration.with_tpr`); returns the threshold."""
-        tpr = check_tpr(tpr)
         if self.calibration_scores is None:
             raise RuntimeError(f"set_tpr: detector {self.method!r} keeps no ID calibration scores: "
                                f"{self.p_value_unavailable}")

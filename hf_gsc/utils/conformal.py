@@ -1,7 +1,8 @@
 """Conformal p-values: how unusual a score is among the ID calibration scores, on a scale a person can read.
 
-A calibrated detector keeps the ``n`` ``ood_score`` values of its ID calibration images, sorted (float64). The
-p-value of a new score ``s`` is
+A calibrated detector keeps ``n`` ``ood_score`` values of its ID calibration images, sorted (float64): all of them,
+or a sorted sample of at most :data:`hf_gsc.utils.calibration.MAX_KEPT_SCORES` (:mod:`hf_gsc.utils.calibration`,
+which binds them to the threshold). The p-value of a new score ``s`` is
 
     p(s) = (1 + #{calibration scores <= s}) / (n + 1)
 
@@ -10,8 +11,8 @@ the chance that an ID image scores at most ``s``. If the new image and the calib
 however its score is scaled (split-conformal; Vovk et al., *Algorithmic Learning in a Random World*, 2005; Bates et
 al., *Testing for outliers with conformal p-values*, Ann. Statist. 2023). It is marginal over the calibration draw.
 
-The threshold a detector calibrates (:func:`hf_gsc.utils.thresholds.threshold_for`) is always one of the calibration
-scores, ``t``; an input is accepted iff ``s >= t``, that is iff ``#{calibration scores <= s} >= r`` with
+The threshold a detector calibrates (:func:`hf_gsc.utils.thresholds.threshold_for`) is always one of the kept
+scores, ``t`` (checked at load); an input is accepted iff ``s >= t``, that is iff ``#{calibration scores <= s} >= r`` with
 ``r = #{calibration scores < t} + 1``, that is iff ``p(s) > r / (n + 1)``. So the decision is the p-value cut
 ``p <= r / (n + 1)`` (:func:`p_value_cut`), and a new ``tpr`` needs only the kept scores, no new forward.
 
