@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -52,12 +52,21 @@ def _keeping_calibration_honest(fit_end: Any) -> Any:
             if reason is not None:
                 self.clear_calibration(reason)
 
-    wrapped._keeps_calibration_honest = True
+    wrapped._keeps_calibration_honest = True  # type: ignore[attr-defined]
     return wrapped
 
 
 class Calibrated:
     """The calibration of a detector (module docstring); mixed into :class:`hf_gsc.OODDetector`."""
+
+    # Attributes and methods of the detector it is mixed into.
+    config: Any
+    method: str
+    image_processor: Any
+    _expected_channels: int | None
+    fitted_state: Callable[[], dict[str, torch.Tensor]]
+    fit_end: Callable[[], None]
+    score: Callable[[torch.Tensor], torch.Tensor]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
