@@ -131,3 +131,25 @@ def test_saving_onto_another_base_model_killed_anywhere_never_pairs_the_new_conf
     _kill_at_every_boundary(folder, lambda: new.save_pretrained(folder), scores_like(old_scores),
                             scores_like(new_scores))
     assert not (folder / "model.safetensors").exists()  # the old base's weights did not stay beside the new config
+
+
+def test_without_an_atomic_exchange_the_old_folder_waits_beside_and_comes_back(tmp_path, monkeypatch):
+    """Where the system cannot exchange two folders, the old one is renamed aside and the new one in; a kill
+    between the two leaves the old one beside (``.NAME.old.*``), and the next write puts it back before writing."""
+    monkeypatch.setattr(whole_folders, "exchange", lambda first, second: False)
+    folder = tmp_path / "detector"
+    folder.mkdir()
+    (folder / "a.json").write_text("old")
+    (folder / "notes.txt").write_text("mine")
+    with whole_folders.written_whole(folder, keep=lambda name: name == "notes.txt") as staged:
+        (staged / "a.json").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["detector"]
+    assert (folder / "a.json").read_text() == "new" and (folder / "notes.txt").read_text() == "mine"
+    # Killed between the two renames: the name is absent, the old folder waits beside it.
+    os.rename(folder, tmp_path / ".detector.old.0123456789ab")
+    with pytest.raises(RuntimeError):
+        with whole_folders.written_whole(folder, keep=lambda name: True) as staged:
+            assert (folder / "a.json").read_text() == "new"  # put back before anything is written
+            raise RuntimeError("the writer fails")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["detector"]
+    assert (folder / "a.json").read_text() == "new"
