@@ -79,6 +79,8 @@ class Calibrated:
         """No calibration yet, or the ``threshold`` the config was given (by hand, or the saved one at a load); the
         two one-time warnings (no threshold; a threshold without p-values) not given yet."""
         self._calibration: Calibration | None = None
+        # The values set_calibration gave config.threshold and config.calibration: others were assigned by hand.
+        self._saved_form: tuple[float | None, dict[str, Any] | None] = (None, None)
         self._uncalibrated_because: str | None = None
         self._warned_uncalibrated = self._warned_no_p_value = False
         self._ending_fit = False
@@ -101,7 +103,10 @@ class Calibrated:
     @property
     def calibration(self) -> Calibration | None:
         """The threshold with its record and kept ID calibration scores (:class:`hf_gsc.utils.calibration.Calibration`),
-        ``None`` until :meth:`calibrate`; ``config.threshold`` and ``config.calibration`` are its saved form."""
+        ``None`` until :meth:`calibrate`; ``config.threshold`` and ``config.calibration`` are its saved form, and a
+        value assigned to them by hand replaces it (a threshold without kept scores) before it is read."""
+        if not torch.compiler.is_compiling():  # a compiled forward runs check_config, which follows it, before
+            self._follow_config_threshold()
         return self._calibration
 
     def set_calibration(self, calibration: Calibration | None, reason: str | None = None) -> None:
@@ -112,20 +117,20 @@ class Calibrated:
         self._warned_no_p_value = False
         saved = {"threshold": None, "calibration": None} if calibration is None else calibration.to_dict()
         self.config.threshold, self.config.calibration = saved["threshold"], saved["calibration"]
+        self._saved_form = (self.config.threshold, self.config.calibration)
 
     def _follow_config_threshold(self) -> None:
         """A ``config.threshold`` (or record) assigned by hand replaces the calibration: the kept scores and the
         record no longer belong to it (a record assigned with it is kept)."""
-        config, calibration = self.config, self._calibration
-        saved = {"threshold": None, "calibration": None} if calibration is None else calibration.to_dict()
-        if config.threshold == saved["threshold"] and config.calibration == saved["calibration"]:
+        config, (threshold, record) = self.config, self._saved_form
+        if config.threshold == threshold and config.calibration is record:
             return
         if config.threshold is None:
             self.set_calibration(None, "config.threshold was set to None")
             return
-        record = None if config.calibration == saved["calibration"] else config.calibration
-        self.set_calibration(Calibration.by_hand(config.threshold, record, "config.threshold was set by hand, so no ID calibration "
-                                                                  "scores belong to it"))
+        given = None if config.calibration is record else config.calibration
+        self.set_calibration(Calibration.by_hand(config.threshold, given, "config.threshold was set by hand, so no ID "
+                                                 "calibration scores belong to it"))
 
     def clear_calibration(self, reason: str) -> None:
         """Drop the calibration (threshold, record, kept scores), saying why in one warning; ``is_ood`` and
@@ -152,7 +157,7 @@ class Calibrated:
         """Why the calibration no longer applies to this detector (:meth:`hf_gsc.utils.calibration.Calibration.why_stale`,
         against :meth:`calibration_settings` when ``settings`` and the digest of :meth:`fitted_state` when
         ``fitted_state``), or ``None`` while it does or there is none."""
-        calibration = self._calibration
+        calibration = self.calibration
         if calibration is None:
             return None
         state = {"fitted_state": fitted_state_digest(self.fitted_state())} if fitted_state else {}
@@ -163,14 +168,14 @@ class Calibrated:
         """``is_ood`` at the calibrated threshold (NaN -> OOD); ``None``, with a warning once, before calibration
         (in eager code: a compiled forward cannot warn, so :func:`hf_gsc.detectors.compiled.compiled` warns before
         its first call)."""
-        calibration = self._calibration
+        calibration = self.calibration
         if calibration is None and not torch.compiler.is_compiling():
             self.warn_if_uncalibrated(stacklevel=4)
         return decide(ood_score, None if calibration is None else calibration.threshold)
 
     def warn_if_uncalibrated(self, stacklevel: int = 2) -> None:
         """The one-time warning that ``is_ood`` is ``None`` until :meth:`calibrate` sets a threshold."""
-        if self._calibration is None and not self._warned_uncalibrated:
+        if self.calibration is None and not self._warned_uncalibrated:
             self._warned_uncalibrated = True
             warnings.warn(
                 f"detector {self.method!r} has no threshold, so is_ood is None (no decision, not 'in-distribution'): "
@@ -183,7 +188,7 @@ class Calibrated:
         """``(B,)`` float64 conformal p-values of ``ood_score`` against the kept ID calibration scores
         (:meth:`hf_gsc.utils.calibration.Calibration.p_value`); ``None`` without them, with a warning once when a
         threshold is set all the same (a folder saved without calibration scores, a threshold set by hand)."""
-        calibration = self._calibration
+        calibration = self.calibration
         p_value = None if calibration is None else calibration.p_value(ood_score)
         if (p_value is None and calibration is not None and not self._warned_no_p_value
                 and not torch.compiler.is_compiling()):
@@ -196,30 +201,34 @@ class Calibrated:
     def calibration_scores(self) -> torch.Tensor | None:
         """``(m,)`` float64, ascending, on the CPU: the kept ``ood_score`` of the ID images the threshold was
         calibrated on (saved as ``calibration_scores`` in ``detector_state.safetensors``); ``None`` when not kept."""
-        return None if self._calibration is None else self._calibration.scores
+        calibration = self.calibration
+        return None if calibration is None else calibration.scores
 
     @property
     def p_value_unavailable(self) -> str | None:
         """Why :meth:`p_value` gives ``None`` (``None`` when p-values are available)."""
-        if self._calibration is None:
+        calibration = self.calibration
+        if calibration is None:
             return (self._uncalibrated_because or "the detector is not calibrated") + (
                 "; call .calibrate(id_validation_data) to keep the ID calibration scores p-values are computed from")
-        return self._calibration.missing_scores
+        return calibration.missing_scores
 
     @property
     def p_value_cut(self) -> float | None:
         """The p-value at and below which an input is flagged: ``is_ood == (p_value <= p_value_cut)``
         (:attr:`hf_gsc.utils.calibration.Calibration.p_value_cut`); ``None`` without kept scores."""
-        return None if self._calibration is None else self._calibration.p_value_cut
+        calibration = self.calibration
+        return None if calibration is None else calibration.p_value_cut
 
     def set_tpr(self, tpr: float, delta: float | None = None) -> float:
         """Move the threshold to keep a fraction ``tpr`` of ID data, from the kept calibration scores (no new forward):
         the threshold ``calibrate(data, tpr=tpr, delta=delta)`` would set on the same data
         (:meth:`hf_gsc.utils.calibration.Calibration.with_tpr`); returns the threshold."""
-        if self.calibration_scores is None:
+        calibration = self.calibration
+        if calibration is None or calibration.scores is None:
             raise RuntimeError(f"set_tpr: detector {self.method!r} keeps no ID calibration scores: "
                                f"{self.p_value_unavailable}")
-        self.set_calibration(self._calibration.with_tpr(tpr, delta))
+        self.set_calibration(calibration.with_tpr(tpr, delta))
         return self._calibration.threshold
 
     def calibrate(
@@ -232,8 +241,10 @@ class Calibrated:
         image_column: str | None = None,
         label_column: str | None = None,
     ) -> float:
-        """Set ``config.threshold`` so that a fraction ``tpr`` of ID validation data is accepted as ID, and keep the
-        ID validation scores (sorted) for p-values and :meth:`set_tpr`.
+        """Set the threshold so that a fraction ``tpr`` of ID validation data is accepted as ID, and keep the ID
+        validation scores (sorted; a sorted sample of :data:`~hf_gsc.utils.calibration.MAX_KEPT_SCORES` beyond) for
+        p-values and :meth:`set_tpr`: one :class:`~hf_gsc.utils.calibration.Calibration`
+        (:meth:`~hf_gsc.utils.calibration.Calibration.from_scores`).
 
         Use ID *validation* data only, never the test split or OOD data. ``config.calibration`` records what was
         read (``source``: ``"folder /abs/path"``, ``"split 'validation' of dataset root /abs/path"``,

@@ -233,7 +233,6 @@ class OODDetector(DetectorFiles, HubPush, Calibrated, nn.Module):
                     object.__setattr__(self.config, name, old)  # already checked when it was first assigned
                 raise
             self._built_with = now
-        self._follow_config_threshold()
         reason = self.stale_threshold(fitted_state=False)
         if reason is not None:
             self.clear_calibration(reason)
