@@ -12,12 +12,8 @@ from safetensors.torch import load_file, save_file
 from test_pipeline import TASK, detector_dir  # noqa: F401  (fixture: a calibrated GSC folder with a processor)
 
 from hf_gsc import AutoOODDetector, GSCForImageClassification
-from hf_gsc.utils.calibration import Calibration
-from hf_gsc.utils.conformal import (
-    conformal_p_value,
-    p_value_cut,
-    sorted_calibration_scores,
-)
+from hf_gsc.utils.calibration import Calibration, kept_scores
+from hf_gsc.utils.conformal import conformal_p_value, p_value_cut
 from hf_gsc.utils.thresholds import threshold_for
 
 POOL = 3000  # ID images drawn from one distribution (pixels ~ N(0, 1)), scored once per method
@@ -115,7 +111,7 @@ def test_set_tpr_refuses_bad_values_and_a_detector_without_scores():
 
 
 def test_a_nan_score_gets_the_smallest_p_value_and_is_flagged():
-    calibration = sorted_calibration_scores(torch.tensor([3.0, 1.0, 2.0, 2.0]))
+    calibration = kept_scores(torch.tensor([3.0, 1.0, 2.0, 2.0]))
     p = conformal_p_value(torch.tensor([float("nan"), 0.5, 2.0, 9.0, float("-inf")]), calibration)
     torch.testing.assert_close(p, torch.tensor([0.2, 0.2, 0.8, 1.0, 0.2], dtype=torch.float64))
     # threshold 2.0 (ties kept): accepted iff s >= 2 iff p > cut

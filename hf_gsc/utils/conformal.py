@@ -24,26 +24,13 @@ from __future__ import annotations
 import torch
 
 
-def sorted_calibration_scores(scores: torch.Tensor) -> torch.Tensor:
-    """The ``(n,)`` calibration scores as kept: 1-D, float64, ascending, on the CPU. Every score must be finite
-    (``calibrate`` refuses NaN and infinite calibration scores before this)."""
-    if not isinstance(scores, torch.Tensor) or scores.ndim != 1 or scores.numel() == 0:
-        raise ValueError(f"calibration_scores must be a non-empty 1-D tensor of ID scores, got "
-                         f"{type(scores).__name__} of shape {tuple(getattr(scores, 'shape', ()))}")
-    scores = scores.detach().to("cpu", torch.float64)
-    if not torch.isfinite(scores).all():
-        raise ValueError(f"calibration_scores must be finite; {int((~torch.isfinite(scores)).sum())} of "
-                         f"{scores.numel()} are NaN or infinite")
-    return scores.sort().values
-
-
 def conformal_p_value(scores: torch.Tensor, calibration_scores: torch.Tensor) -> torch.Tensor:
     """``(B,)`` float64 p-values ``(1 + #{calibration_scores <= s}) / (n + 1)`` of ``scores`` (higher score = more
     in-distribution).
 
     Args:
         scores: ``(B,)`` ``ood_score`` values, any float dtype.
-        calibration_scores: ``(n,)`` ascending float64 (:func:`sorted_calibration_scores`), on the device of ``scores``.
+        calibration_scores: ``(n,)`` ascending float64 (:func:`hf_gsc.utils.calibration.kept_scores`), on the device of ``scores``.
 
     A NaN score gets the smallest p-value, ``1 / (n + 1)``: a detector treats it as OOD at every threshold (it fails
     closed), and so does any cut on the p-value.
@@ -67,4 +54,4 @@ def p_value_cut(calibration_scores: torch.Tensor, threshold: float) -> float:
     return threshold_rank(calibration_scores, threshold) / (calibration_scores.numel() + 1)
 
 
-__all__ = ["conformal_p_value", "p_value_cut", "sorted_calibration_scores", "threshold_rank"]
+__all__ = ["conformal_p_value", "p_value_cut", "threshold_rank"]
