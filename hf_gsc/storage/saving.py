@@ -80,18 +80,21 @@ def save_detector(
                       f"base_model_name_or_path), so {directory} will load only with from_pretrained(..., model=<the "
                       "classifier>); save it with save_pretrained(..., save_base_model=True) to make the folder its "
                       "own base", UserWarning, stacklevel=3)
+    # One calibration, saved as one unit: its threshold and record in the config's saved form, its kept scores beside
+    # the fitted tensors (hf_gsc.utils.calibration).
+    calibration = detector.calibration
     values = detector.config.to_dict(base)
     if repo_id is not None:  # pushed: no local path (a calibration folder's) reaches the Hub
         values = public_config(values)
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
                              license=license or DEFAULT_LICENSE, base_in_repo=save_base_model,
-                             p_value_cut=detector.p_value_cut)
+                             p_value_cut=None if calibration is None else calibration.p_value_cut)
     # Written whole (hf_gsc.utils.whole_folders): a kill at any point leaves the old folder or the new one.
     with whole_folders.written_whole(directory, keep=lambda name: not written_by_a_save(name)) as staged:
         write_config(values, staged)
         state = dict(detector.fitted_state())
-        if detector.calibration_scores is not None:  # for p-values and set_tpr (hf_gsc.utils.calibration)
-            state[CALIBRATION_SCORES_KEY] = detector.calibration_scores
+        if calibration is not None and calibration.scores is not None:
+            state[CALIBRATION_SCORES_KEY] = calibration.scores
         if state:
             save_state(state, staged / STATE_FILE)
         base_config = getattr(detector.model, "config", None)
