@@ -26,10 +26,12 @@ if TYPE_CHECKING:  # the same names for type checkers and the API reference, whi
     from .gsc_math.explanation import GSCExplanation
     from .pipeline import OODImageClassificationPipeline
     from .settings.config import DetectorConfig
+    from .utils.calibration import Calibration
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
     "DetectorConfig": "settings.config",
+    "Calibration": "utils.calibration",
     "OODDetector": "detectors.interface", "OODDetectorOutput": "detectors.interface",
     "GSCDetector": "detectors.gsc", "GSCForImageClassification": "detectors.gsc", "GSCOutput": "detectors.gsc",
     "GSCExplanation": "gsc_math.explanation",
@@ -125,6 +127,7 @@ set_method_loader(lambda: importlib.import_module(".detectors", __name__))
 #: The names every install has; ``hf_gsc.__all__`` adds every method's config class (:class:`_PublicNames`).
 __all__ = [
     "AutoOODDetector",
+    "Calibration",
     "DETECTORS",
     "DetectorBundle",
     "DetectorConfig",

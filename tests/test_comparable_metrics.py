@@ -14,6 +14,7 @@ from scipy import stats
 from sklearn.metrics import roc_curve
 
 from hf_gsc.evaluation.calibration import calibration_record, conformal_order, conformal_threshold
+from hf_gsc.utils.calibration import kept_scores, scores_digest
 from hf_gsc.utils.thresholds import threshold_at_tpr
 from hf_gsc.evaluation.metrics import fpr_at_tpr, fpr_at_tpr_ood_positive
 from hf_gsc.evaluation.report import markdown_table, method_results
@@ -196,6 +197,8 @@ def test_method_results_report_both_conventions_groups_and_selective():
     assert entry["selective"]["aurc"] == pytest.approx(_direct_aurc(ids, correct), abs=1e-12)
     accepted = ids >= entry["threshold"]
     assert entry["selective"]["accuracy"] == pytest.approx(correct[accepted].mean())
+    kept = entry["calibration"].pop("calibration_scores")  # the kept scores' count and digest
+    assert kept == {"count": 400, "digest": scores_digest(kept_scores(validation))}
     assert entry["calibration"] == calibration_record("validation", 400, 0.95) == {
         "split": "validation", "num_samples": 400, "tpr": 0.95, "method": "quantile", "delta": None}
     assert entry["threshold"] == threshold_at_tpr(validation, 0.95)

@@ -152,6 +152,8 @@ def test_results_json_and_outputs(single_run: tuple[Path, dict]) -> None:
                                             for m in _methods().split(",") if options.registered_methods()[m].needs_fit}}
     assert 0.0 <= saved["id_accuracy"] <= 1.0
     for name, entry in saved["methods"].items():
+        kept = entry["calibration"].pop("calibration_scores")  # the kept scores' count and digest
+        assert kept["count"] == 13 and kept["digest"].startswith("sha256:")
         assert entry["calibration"] == {"split": "validation", "num_samples": 13, "tpr": 0.95, "method": "quantile",
                                         "delta": None, "source": f"split 'validation' of dataset root {tiny_id}"}
         assert set(entry["selective"]) == {"accuracy", "aurc"}

@@ -100,11 +100,12 @@ def test_a_rerun_rebuilds_saved_detectors_from_cached_fits_and_scores(tiny, tmp_
     import torch
     from safetensors.torch import load_file
 
-    from hf_gsc.utils.conformal import conformal_p_value, sorted_calibration_scores
+    from hf_gsc.utils.calibration import kept_scores
+    from hf_gsc.utils.conformal import conformal_p_value
 
     p_values = load_file(tmp_path / "p_values" / "knn.safetensors")
     scores_dir = tmp_path / "scores" / "knn"
-    validation = sorted_calibration_scores(load_file(scores_dir / "id_validation.safetensors")["ood_score"])
+    validation = kept_scores(load_file(scores_dir / "id_validation.safetensors")["ood_score"])
     assert "id_test" in p_values and len(p_values) > 1
     for split, values in p_values.items():
         scores = load_file(scores_dir / f"{split}.safetensors")["ood_score"]

@@ -374,6 +374,8 @@ def test_config_json_round_trip(tmp_path):
 
 
 def test_calibrate_keeps_the_requested_fraction_of_id(pixel_values):
+    from hf_gsc.utils.calibration import scores_digest
+
     generator = torch.Generator().manual_seed(3)
     validation = torch.randn(40, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
     detector = GSCForImageClassification(make_tiny_model("resnet"))
@@ -386,7 +388,9 @@ def test_calibrate_keeps_the_requested_fraction_of_id(pixel_values):
     # Tensors: read as given, so no split is claimed; the settings it depends on are recorded.
     assert detector.config.calibration == {"split": None, "source": "tensors given by the caller", "num_samples": 40,
                                           "tpr": 0.9, "method": "quantile", "delta": None,
-                                          "settings": detector.calibration_settings(), "fitted_state": None}
+                                          "settings": detector.calibration_settings(), "fitted_state": None,
+                                          "calibration_scores": {"count": 40,
+                                                                 "digest": scores_digest(detector.calibration_scores)}}
     with pytest.raises(ValueError, match="empty"):
         detector.calibrate([])
     with pytest.raises(TypeError, match="batch 0 must be a tensor"):

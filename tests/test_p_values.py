@@ -12,11 +12,8 @@ from safetensors.torch import load_file, save_file
 from test_pipeline import TASK, detector_dir  # noqa: F401  (fixture: a calibrated GSC folder with a processor)
 
 from hf_gsc import AutoOODDetector, GSCForImageClassification
-from hf_gsc.utils.conformal import (
-    conformal_p_value,
-    p_value_cut,
-    sorted_calibration_scores,
-)
+from hf_gsc.utils.calibration import Calibration, kept_scores
+from hf_gsc.utils.conformal import conformal_p_value, p_value_cut
 from hf_gsc.utils.thresholds import threshold_for
 
 POOL = 3000  # ID images drawn from one distribution (pixels ~ N(0, 1)), scored once per method
@@ -56,7 +53,7 @@ def test_p_values_of_fresh_id_data_are_valid(method):
     splits = 200
     for _ in range(splits):
         order = torch.randperm(POOL, generator=generator)
-        detector.keep_calibration_scores(scores[order[:CALIBRATION]])
+        detector.set_calibration(Calibration.from_scores(scores[order[:CALIBRATION]]))
         p = detector.p_value(scores[order[CALIBRATION:]].float())
         rejected += (p[None, :] <= levels[:, None].double()).double().mean(dim=1)
     rejected /= splits
@@ -114,7 +111,7 @@ def test_set_tpr_refuses_bad_values_and_a_detector_without_scores():
 
 
 def test_a_nan_score_gets_the_smallest_p_value_and_is_flagged():
-    calibration = sorted_calibration_scores(torch.tensor([3.0, 1.0, 2.0, 2.0]))
+    calibration = kept_scores(torch.tensor([3.0, 1.0, 2.0, 2.0]))
     p = conformal_p_value(torch.tensor([float("nan"), 0.5, 2.0, 9.0, float("-inf")]), calibration)
     torch.testing.assert_close(p, torch.tensor([0.2, 0.2, 0.8, 1.0, 0.2], dtype=torch.float64))
     # threshold 2.0 (ties kept): accepted iff s >= 2 iff p > cut

@@ -30,7 +30,11 @@ the fixed threshold on that distribution; under exchangeability alone only the w
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 import numpy as np
+
+from ..utils.calibration import Calibration
 
 from ..utils.thresholds import (  # noqa: F401  (re-exported: the core holds the rules, detectors calibrate with them)
     CalibrationMethod,
@@ -53,5 +57,19 @@ def true_positive_rate(id_scores: ScoresLike, threshold: float) -> float:
     return float(np.count_nonzero(scores >= threshold) / scores.size)
 
 
-__all__ = ["CalibrationMethod", "calibration_record", "conformal_order", "conformal_threshold",
+def calibration_of(entry: Mapping[str, Any], id_validation_scores: Any,
+                   depends_on: Mapping[str, Any] | None = None) -> Calibration:
+    """The detector's calibration of a ``results.json`` entry (:func:`hf_gsc.evaluation.report.method_results`),
+    made again from the same ID validation scores the one way (:meth:`hf_gsc.utils.calibration.Calibration.from_scores`),
+    with what it depends on (``depends_on``: ``settings``, ``fitted_state``); its threshold is the entry's."""
+    record = entry["calibration"]
+    calibration = Calibration.from_scores(id_validation_scores, record["tpr"], record["delta"], split=record["split"],
+                                          source=record.get("source"), depends_on=depends_on)
+    if calibration.threshold != entry["threshold"]:
+        raise RuntimeError(f"the calibration made again gives threshold {calibration.threshold!r}, results.json "
+                           f"{entry['threshold']!r}: the ID validation scores changed since the results were computed")
+    return calibration
+
+
+__all__ = ["CalibrationMethod", "calibration_of", "calibration_record", "conformal_order", "conformal_threshold",
            "threshold_for", "true_positive_rate"]

@@ -78,6 +78,7 @@ from .plan import (
     subset,
     warn_small_calibration,
 )
+from .calibration import calibration_of
 from .report import RESULTS_JSON, method_results, write_report
 from .result import EvaluationResult, EverythingSkippedError, at_shipped_threshold, ood_groups_of, run_details
 from .run_folder import (
@@ -567,12 +568,9 @@ class OODEvaluator:
         detectors = self.state.detectors
         for name, detector in detectors.items():
             entry = result.methods[name]
-            detector.config.threshold = entry["threshold"]
-            if ID_VALIDATION in self._plan.splits:  # the scores of that threshold, for p-values
-                detector.keep_calibration_scores(self.load_scores(name, ID_VALIDATION)[SCORE_KEY])
-            # The saved record also says what the threshold depends on, so that a load with other settings drops it.
-            detector.config.calibration = entry["calibration"] and {**entry["calibration"],
-                                                                    **detector.calibration_dependencies()}
+            if ID_VALIDATION in self._plan.splits:  # results.json's calibration, made again the one way
+                detector.set_calibration(calibration_of(entry, self.load_scores(name, ID_VALIDATION)[SCORE_KEY],
+                                                        detector.calibration_dependencies()))
             if detector.image_processor is None:
                 detector.image_processor = self.state.processor
             detector.save_pretrained(fit_dir(self.output_dir, name), results_dir=self.output_dir)

@@ -25,7 +25,8 @@ import numpy as np
 
 from ..utils.confined_files import atomic_write_text
 from .json_files import jsonable, table_lines, write_json
-from .calibration import calibration_record, threshold_for, true_positive_rate
+from ..utils.calibration import Calibration
+from .calibration import true_positive_rate
 from .labels import label_warning, labels_note, mapping_line
 from .metrics import METRIC_NAMES, check_finite_scores, fpr_at_tpr_ood_positive, ood_metrics
 from .selective import aurc, selective_accuracy
@@ -94,8 +95,8 @@ def method_results(
             check_finite_scores(scores, method, split)
     calibration = None
     if threshold is None:
-        threshold = threshold_for(id_validation_scores, tpr, delta)
-        calibration = calibration_record(validation_split, len(id_validation_scores), tpr, delta)
+        made = Calibration.from_scores(id_validation_scores, tpr, delta, split=validation_split)
+        threshold, calibration = made.threshold, made.record
     threshold = float(threshold)
     ood = {name: split_metrics(id_test_scores, scores) for name, scores in ood_scores.items()}
     entry = {

@@ -17,7 +17,8 @@ import torch
 from safetensors import safe_open
 
 from ..utils.confined_files import save_file
-from ..utils.conformal import conformal_p_value, sorted_calibration_scores
+from ..utils.calibration import kept_scores
+from ..utils.conformal import conformal_p_value
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +90,12 @@ class ScoreCache:
                       split_scores: Mapping[str, torch.Tensor]) -> Path:
         """``p_values/{method}.safetensors``: for each split of ``split_scores`` (split -> ``(N,)`` scores, in
         the order of its score file), the p-values ``(1 + #{calibration_scores <= s}) / (n + 1)``, float64
-        (:mod:`hf_gsc.utils.conformal`); written again on every run, from that run's score files."""
-        calibration = sorted_calibration_scores(calibration_scores)
+        (:mod:`hf_gsc.utils.conformal`), against the scores a saved detector keeps of them
+        (:func:`hf_gsc.utils.calibration.kept_scores`); written again on every run, from that run's score files."""
+        calibration = kept_scores(calibration_scores)
         tensors = {split: conformal_p_value(scores, calibration).contiguous() for split, scores in split_scores.items()}
         return save_file(tensors, self.output_dir / P_VALUES_DIR / f"{method}.safetensors",
-                         {"calibration_scores": f"{calibration.numel()} ID validation scores"}, root=self.output_dir)
+                         {"calibration_scores": f"{calibration.numel()} of {calibration_scores.numel()} ID validation scores"}, root=self.output_dir)
 
 
 def score_file_problem(method: str, tensors: Mapping[str, torch.Tensor], expected_rows: int | None) -> str | None:

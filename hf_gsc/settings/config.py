@@ -420,15 +420,30 @@ def _is_newer(version: Any) -> bool:
         return False
 
 
+#: The largest JSON file hf_gsc reads as a config or results (a detector's config is a few KB, results a few MB).
+MAX_JSON_BYTES = 64 * 2**20
+
+
 def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
-    """The JSON object in ``path``; anything else is a ``ValueError`` naming the file."""
-    with open(path) as handle:
-        try:
-            values = json.load(handle)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from None
+    """The JSON object in ``path``; anything else (not JSON, not an object, nested too deeply, larger than
+    :data:`MAX_JSON_BYTES`) is a ``ValueError`` naming the file."""
+    size = os.path.getsize(path)
+    if size > MAX_JSON_BYTES:
+        raise ValueError(f"{path} is {size} bytes, more than the {MAX_JSON_BYTES} a file of {what} may be")
+    with open(path, "rb") as handle:
+        return parse_json_object(handle.read(), path, what)
+
+
+def parse_json_object(text: str | bytes, source: str | os.PathLike, what: str) -> dict[str, Any]:
+    """The JSON object in ``text`` (read from ``source``); anything else is a ``ValueError`` naming ``source``."""
+    try:
+        values = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{source} is not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError(f"{source} is nested too deeply to be {what}") from None
     if not isinstance(values, dict):
-        raise ValueError(f"{path} must hold a JSON object of {what}")
+        raise ValueError(f"{source} must hold a JSON object of {what}")
     return values
 
 

@@ -12,7 +12,8 @@ import torch
 from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig
 from ..utils.image_processors import converting_to_rgb, load_image_processor
 from .repo_ids import is_hub_id, looks_local, stored_reference
-from .saved_format import load_state_from_dir, read_config
+from ..utils.calibration import UnboundCalibration
+from .saved_format import read_calibration, read_config, read_state_and_scores
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
@@ -164,6 +165,7 @@ def load_detector(
             raise ValueError(f"{path} holds a saved {saved.method!r} detector, not {method!r}; load it with "
                              f"AutoOODDetector.from_pretrained({path!r})")
         method, config = saved.method, saved
+        saved.base_model_name_or_path = base_in_folder(detector_dir, saved.base_model_name_or_path)
     if config is not None and method is None:
         method = config.method
     if method is None:
@@ -176,6 +178,8 @@ def load_detector(
         raise ValueError(f"{path} holds a saved {method!r} detector ({cls.__name__}), not a {expected_class.__name__}; "
                          f"load it with AutoOODDetector.from_pretrained({path!r})")
     overrides, hub, model_kwargs = split_kwargs(kwargs, hyperparameter_names(cls))
+    if saved is not None and "threshold" in overrides:  # a threshold by hand: the saved record is not its record
+        overrides.setdefault("calibration", None)
     if saved is not None:
         if model is None:
             base, base_hub = _base_reference(path, detector_dir, saved, overrides, hub)
@@ -194,8 +198,12 @@ def load_detector(
     detector = _build(cls, model, config, overrides, stored_reference(path) if saved is None else None, hub)
     processor = None if base is None else load_image_processor(base, missing_ok=True, **base_hub)
     detector.image_processor = converting_to_rgb(processor, detector.num_channels)
+    scores = None
     if detector_dir is not None:
-        if not load_state_from_dir(detector, detector_dir) and detector.needs_fit:
+        state, scores = read_state_and_scores(detector_dir)
+        if state is not None:
+            detector.load_fitted_state(state, source=os.path.join(detector_dir, STATE_FILE))
+        elif detector.needs_fit:
             needed = ", ".join(repr(name) for name in (detector.expected_state() or detector.state_names))
             raise ValueError(
                 f"{path} holds a {method!r} detector without its fitted state: {STATE_FILE} with {needed} is missing, "
@@ -205,12 +213,27 @@ def load_detector(
             # Its base weights are in the repo it came from: that repo is its base (it can be pushed on).
             detector.config.base_model_name_or_path = path
             detector.config.base_model_revision = hub.get("revision")
-    if saved is not None:
-        # The saved values of the settings given again here: an older calibration record (without the settings it
-        # depends on) keeps its threshold only where these are unchanged.
-        given_settings = {name: value for name, value in detector.calibration_settings(saved).items()
-                          if name in overrides}
-        detector.check_loaded_calibration(given_settings)
+    if saved is not None and not {"threshold", "calibration"} & set(overrides):
+        _load_calibration(detector, detector_dir, saved, scores, overrides)
+    return detector
+
+
+def _load_calibration(detector: "OODDetector", directory: str, saved: DetectorConfig, scores: torch.Tensor | None,
+                      overrides: Mapping[str, Any]) -> None:
+    """Put the saved calibration in place, checked as one unit (scores that do not belong to the threshold and
+    record drop it, with one warning naming what disagrees), and only for the settings and fitted state it was
+    calibrated for."""
+    try:
+        detector.set_calibration(read_calibration(directory, saved, scores))
+    except UnboundCalibration as error:
+        detector.clear_calibration(str(error))
+        return
+    # The saved values of the settings given again here: an older calibration record (without the settings it
+    # depends on) keeps its threshold only where these are unchanged.
+    given_settings = {name: value for name, value in detector.calibration_settings(saved).items()
+                      if name in overrides}
+    detector.check_loaded_calibration(given_settings)
+
     return detector
 
 
@@ -239,11 +262,24 @@ def _base_reference(
     base = overrides.get("base_model_name_or_path", config.base_model_name_or_path)
     revision = overrides.get("base_model_revision", config.base_model_revision)
     if base is None:
-        raise ValueError(f"{path}/{CONFIG_NAME} names no base model and {path} holds no base weights")
+        raise ValueError(f"{path}/{CONFIG_NAME} names no base model and {path} holds no base weights; pass the base "
+                         f"classifier: from_pretrained({path!r}, model=<the loaded classifier>) (or "
+                         "base_model_name_or_path='<Hub id or folder>'), or save the detector with "
+                         "save_pretrained(..., save_base_model=True) so that its folder is its own base")
     if not os.path.isdir(base) and (looks_local(base) or not is_hub_id(base)):
         # Before any Hub call: a path that cannot be a repo id would only end in retries and a "connection" error.
         raise FileNotFoundError(base_not_found(path, base))
     return base, {**hub, "revision": revision}
+
+
+def base_in_folder(detector_dir: str, base: str | None) -> str | None:
+    """A saved detector's base reference: a relative local path is resolved against the detector's folder (where it
+    was written from), never the working directory; a Hub id, an absolute path or ``None`` as saved. A relative name
+    that is a valid Hub id (``models/vit3``) is the folder's when the folder has it, else the Hub's."""
+    if base is None or os.path.isabs(base) or base.startswith("~"):
+        return base
+    inside = os.path.abspath(os.path.join(detector_dir, base))
+    return inside if os.path.isdir(inside) or looks_local(base) or not is_hub_id(base) else base
 
 
 def base_not_found(path: str, base: str) -> str:

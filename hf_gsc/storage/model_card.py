@@ -135,18 +135,22 @@ def calibration_text(calibration: Mapping[str, Any] | None, threshold: float | N
     return text
 
 
-def p_value_sentence(p_value_cut: float | None, num_samples: int | None) -> str | None:
+def p_value_sentence(p_value_cut: float | None, record: Mapping[str, Any] | None) -> str | None:
     """What the threshold means as a p-value (:mod:`hf_gsc.utils.conformal`): ``p_value_cut`` of
-    :attr:`hf_gsc.OODDetector.p_value_cut` over ``num_samples`` calibration scores; ``None`` without a cut
-    (calibration scores not kept)."""
-    cut = p_value_cut
-    if cut is None or num_samples is None:
+    :attr:`hf_gsc.OODDetector.p_value_cut` over the scores the calibration ``record`` keeps (``calibration_scores``
+    ``count``; a record written before it said so kept all ``num_samples``); ``None`` without a cut (calibration
+    scores not kept)."""
+    record = record or {}
+    read = record.get("num_samples")
+    kept = (record.get("calibration_scores") or {}).get("count", read)
+    if p_value_cut is None or kept is None:
         return None
-    n = int(num_samples)
-    at_or_below = round(cut * (n + 1)) - 1  # flagged iff at most this many calibration scores are <= the input's
-    return (f"Every output carries a `p_value`: (1 + the number of the {n} ID calibration images scoring at or "
+    n = int(kept)
+    scores = f"{n} ID calibration images" if read == kept else f"{n} kept ID calibration scores (a sorted sample of {read})"
+    at_or_below = round(p_value_cut * (n + 1)) - 1  # flagged iff at most this many calibration scores are <= the input's
+    return (f"Every output carries a `p_value`: (1 + the number of the {scores} scoring at or "
             f"below the input) / {n + 1}, the chance that an ID image scores this low. An input is flagged when "
-            f"its p-value is at most {cut:.4g}: when at most {at_or_below} of the {n} ID calibration images "
+            f"its p-value is at most {p_value_cut:.4g}: when at most {at_or_below} of the {scores} "
             f"({at_or_below / n:.1%}) score at or below it. `detector.set_tpr(...)` moves the threshold without "
             "new scores.")
 
@@ -195,7 +199,7 @@ def render_model_card(
         base_in_repo=base_in_repo,
         settings=sorted(hyperparameters.items()),
         calibration_text=calibration_text(values.get("calibration"), values.get("threshold")),
-        p_value_sentence=p_value_sentence(p_value_cut, (values.get("calibration") or {}).get("num_samples")),
+        p_value_sentence=p_value_sentence(p_value_cut, values.get("calibration")),
         data=data_description(results or {}),
         id_accuracy=None if accuracy is None else percent(accuracy),
         results_table=results_table,

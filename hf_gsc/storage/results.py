@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..utils import confined_files
 from .repo_ids import is_hub_id
+from ..settings.config import parse_json_object
 from .saved_format import read_config
 
 if TYPE_CHECKING:
@@ -25,7 +26,8 @@ def read_results(results_dir: str | os.PathLike) -> tuple[dict[str, Any], str | 
     source = Path(results_dir)
     if not confined_files.is_file(source, "results.json"):
         raise FileNotFoundError(f"results_dir {source} has no results.json; run `hf-gsc evaluate` first")
-    results = json.loads(confined_files.read_text(source, "results.json"))
+    results = parse_json_object(confined_files.read_bytes(source, "results.json"), source / "results.json",
+                                "evaluation results")
     table = confined_files.read_text(source, "results.md") if confined_files.is_file(source, "results.md") else None
     # Saved detectors and score files beside the results are not results (a saved detector carries a copy).
     plots = [p for p in confined_files.find_files(source, "*.png") if p.parts[0] not in ("detectors", "scores")]

@@ -25,18 +25,17 @@ serves ``AutoOODDetector.from_pretrained``, every class's ``from_pretrained`` an
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from ..utils import confined_files
 from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, read_json_object
-
-if TYPE_CHECKING:
-    from ..detectors.interface import OODDetector
+from ..utils.calibration import MAX_KEPT_SCORES, Calibration
 
 
 # ----------------------------------------------------------------------------- the config file
@@ -100,21 +99,64 @@ def read_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def load_state_from_dir(detector: "OODDetector", directory: str | os.PathLike) -> bool:
-    """Load ``detector_state.safetensors`` of ``directory`` into ``detector`` (checked), with its calibration scores;
-    whether there was one. A calibrated folder without calibration scores loads with p-values unavailable, saying so."""
+def check_state(
+    method: str, state: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[int | None, ...]], source: str
+) -> None:
+    """Each expected fitted tensor is present, floating point, finite and of the expected shape; else a
+    ``ValueError`` naming the tensor, its shape and the expected one, and ``source``."""
+    for name, shape in expected.items():
+        where = f"{method}: fitted tensor {name!r} in {source}"
+        if name not in state:
+            raise ValueError(f"{where} is missing (the file holds {sorted(state)}); fit the detector again")
+        tensor = state[name]
+        if not tensor.is_floating_point():
+            raise ValueError(f"{where} must be floating point, got {tensor.dtype}")
+        wanted = "(" + ", ".join("*" if d is None else str(d) for d in shape) + ")"
+        if tensor.ndim != len(shape) or any(d is not None and d != got for d, got in zip(shape, tensor.shape)):
+            raise ValueError(f"{where} has shape {tuple(tensor.shape)}, expected {wanted} for this base model; "
+                             "it was fitted for another model or settings")
+        if not torch.isfinite(tensor).all():
+            raise ValueError(f"{where} holds NaN or infinite values; fit the detector again")
+
+
+def read_state_and_scores(directory: str | os.PathLike) -> tuple[dict[str, torch.Tensor] | None, torch.Tensor | None]:
+    """The fitted tensors of ``directory``'s ``detector_state.safetensors`` (``None`` without one) and, apart, its kept
+    calibration scores (``None`` when it keeps none)."""
     path = os.path.join(directory, STATE_FILE)
-    state = read_state(path) if os.path.isfile(path) else None
-    calibration_scores = None if state is None else state.pop(CALIBRATION_SCORES_KEY, None)
-    if state is not None:
-        detector.load_fitted_state(state, source=path)
-    if calibration_scores is not None:
-        try:
-            detector.keep_calibration_scores(calibration_scores)
-        except ValueError as error:
-            raise ValueError(f"{path}: {error}; calibrate the detector again and save it") from None
-    elif detector.config.threshold is not None:
-        detector.keep_calibration_scores(None, f"{directory} was saved without the ID calibration scores "
-                                         f"({CALIBRATION_SCORES_KEY!r} in {STATE_FILE}), so p-values are unavailable "
-                                         "until .calibrate(id_validation_data) is run")
-    return state is not None
+    if not os.path.isfile(path):
+        return None, None
+    check_kept_count(path)
+    state = read_state(path)
+    return state, state.pop(CALIBRATION_SCORES_KEY, None)
+
+
+def check_kept_count(path: str | os.PathLike) -> None:
+    """Refuse, before reading them, more kept calibration scores than the format keeps
+    (:data:`hf_gsc.utils.calibration.MAX_KEPT_SCORES`): no folder makes a load slow."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as handle:
+            if CALIBRATION_SCORES_KEY not in handle.keys():
+                return
+            shape = handle.get_slice(CALIBRATION_SCORES_KEY).get_shape()
+    except (SafetensorError, OSError):
+        return  # read_state names the unreadable file
+    count = math.prod(shape)
+    if count > MAX_KEPT_SCORES:
+        raise ValueError(f"{path} keeps {count} calibration scores, more than the {MAX_KEPT_SCORES} the format keeps "
+                         "(a sorted sample beyond); calibrate the detector again and save it")
+
+
+def read_calibration(directory: str | os.PathLike, saved: DetectorConfig,
+                     scores: torch.Tensor | None) -> Calibration | None:
+    """The calibration saved in ``directory`` (``saved``: its config; ``scores``: the kept scores of its state file),
+    checked as one unit (:meth:`hf_gsc.utils.calibration.Calibration.from_dict`).
+
+    Raises:
+        ValueError: kept scores of another dtype or shape than the format's (float64, 1-D, ascending).
+        UnboundCalibration: kept scores that do not belong to the saved threshold and record."""
+    missing = (f"{directory} was saved without the ID calibration scores ({CALIBRATION_SCORES_KEY!r} in {STATE_FILE}), "
+               "so p-values are unavailable until .calibrate(id_validation_data) is run")
+    return Calibration.from_dict({"threshold": saved.threshold, "calibration": saved.calibration}, scores,
+                                 source=os.path.join(directory, STATE_FILE), missing_scores=missing)

@@ -3,13 +3,15 @@ checks made before the first file is written, and the writing."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..utils import confined_files
-from ..settings.config import STATE_FILE
-from .results import check_results_match, copy_results, public_results, read_results
+from ..utils import confined_files, whole_folders
+from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE
+from .results import RESULT_FILES, check_results_match, copy_results, public_results, read_results
 from .repo_ids import is_hub_id, stored_reference
 from .saved_format import CALIBRATION_SCORES_KEY, public_config, save_state, write_config
 
@@ -58,7 +60,9 @@ def save_detector(
     """Write a detector folder (its layout: :mod:`hf_gsc.storage.saved_format`); returns its path.
 
     Everything that can fail (the card template, results that do not belong to this detector) is checked
-    before the first file is written, so a failed save leaves no half-written folder.
+    before the first file is written; the folder is then written whole (:mod:`hf_gsc.utils.whole_folders`): a save
+    that fails or is killed at any point leaves the old folder or the new one, never a mix. What an earlier save wrote
+    and this one does not (another base's weights, another run's results) is gone; other files are kept.
     """
     from .model_card import DEFAULT_LICENSE, render_model_card
 
@@ -70,32 +74,50 @@ def save_detector(
         check_results_match(results, detector, results_dir)
         if repo_id is not None:  # pushed: no local path reaches the card or the copied results
             results, table = public_results(results, table)
-    values = detector.config.to_dict(saved_base_reference(detector, save_base_model, repo_id))
+    base = saved_base_reference(detector, save_base_model, repo_id)
+    if base[0] is None and not save_base_model:
+        warnings.warn(f"the {detector.method!r} detector's base model has no name or path (config._name_or_path, "
+                      f"base_model_name_or_path), so {directory} will load only with from_pretrained(..., model=<the "
+                      "classifier>); save it with save_pretrained(..., save_base_model=True) to make the folder its "
+                      "own base", UserWarning, stacklevel=3)
+    # One calibration, saved as one unit: its threshold and record in the config's saved form, its kept scores beside
+    # the fitted tensors (hf_gsc.utils.calibration).
+    calibration = detector.calibration
+    values = detector.config.to_dict(base)
     if repo_id is not None:  # pushed: no local path (a calibration folder's) reaches the Hub
         values = public_config(values)
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots],
                              license=license or DEFAULT_LICENSE, base_in_repo=save_base_model,
-                             p_value_cut=detector.p_value_cut)
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_config(values, directory)
-    state = dict(detector.fitted_state())
-    if detector.calibration_scores is not None:  # for p-values and set_tpr (hf_gsc.utils.conformal)
-        state[CALIBRATION_SCORES_KEY] = detector.calibration_scores
-    if state:
-        save_state(state, directory / STATE_FILE)
-    elif (directory / STATE_FILE).is_file():
-        (directory / STATE_FILE).unlink()  # a stale state of an earlier save would be loaded with this config
-    base_config = getattr(detector.model, "config", None)
-    # transformers opens its files itself: it writes into a fresh folder, whose files are then moved in.
-    with confined_files.staged_writes(directory) as staged:
+                             p_value_cut=None if calibration is None else calibration.p_value_cut)
+    # Written whole (hf_gsc.utils.whole_folders): a kill at any point leaves the old folder or the new one.
+    with whole_folders.written_whole(directory, keep=lambda name: not written_by_a_save(name)) as staged:
+        write_config(values, staged)
+        state = dict(detector.fitted_state())
+        if calibration is not None and calibration.scores is not None:
+            state[CALIBRATION_SCORES_KEY] = calibration.scores
+        if state:
+            save_state(state, staged / STATE_FILE)
+        base_config = getattr(detector.model, "config", None)
         if hasattr(base_config, "save_pretrained"):
             base_config.save_pretrained(staged)
         if save_base_model:
             detector.model.save_pretrained(staged)
             if detector.image_processor is not None:
                 detector.image_processor.save_pretrained(staged)
-    if results_dir is not None:
-        copy_results(results_dir, directory, plots, public=repo_id is not None)
-    confined_files.atomic_write_text(directory / "README.md", str(card))
-    return directory
+        if results_dir is not None:
+            copy_results(results_dir, staged, plots, public=repo_id is not None)
+        confined_files.atomic_write_text(staged / "README.md", str(card))
+    return Path(directory)
+
+
+#: What a save writes, or an earlier save wrote that this one may not (another base's weights and processor, another
+#: run's results and plots): never carried from the old folder into the new. Anything else (a run's ``fit.json``,
+#: the user's own files) is.
+WRITTEN_BY_A_SAVE = (CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, "README.md", "config.json", "preprocessor_config.json",
+                     *RESULT_FILES, "plots", "*.safetensors", "*.safetensors.index.json", "*.bin", "*.bin.index.json",
+                     "*.png")
+
+
+def written_by_a_save(name: str) -> bool:
+    """Whether ``name`` in a detector folder is one of :data:`WRITTEN_BY_A_SAVE`."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in WRITTEN_BY_A_SAVE)

@@ -1,7 +1,8 @@
 """Conformal p-values: how unusual a score is among the ID calibration scores, on a scale a person can read.
 
-A calibrated detector keeps the ``n`` ``ood_score`` values of its ID calibration images, sorted (float64). The
-p-value of a new score ``s`` is
+A calibrated detector keeps ``n`` ``ood_score`` values of its ID calibration images, sorted (float64): all of them,
+or a sorted sample of at most :data:`hf_gsc.utils.calibration.MAX_KEPT_SCORES` (:mod:`hf_gsc.utils.calibration`,
+which binds them to the threshold). The p-value of a new score ``s`` is
 
     p(s) = (1 + #{calibration scores <= s}) / (n + 1)
 
@@ -10,8 +11,8 @@ the chance that an ID image scores at most ``s``. If the new image and the calib
 however its score is scaled (split-conformal; Vovk et al., *Algorithmic Learning in a Random World*, 2005; Bates et
 al., *Testing for outliers with conformal p-values*, Ann. Statist. 2023). It is marginal over the calibration draw.
 
-The threshold a detector calibrates (:func:`hf_gsc.utils.thresholds.threshold_for`) is always one of the calibration
-scores, ``t``; an input is accepted iff ``s >= t``, that is iff ``#{calibration scores <= s} >= r`` with
+The threshold a detector calibrates (:func:`hf_gsc.utils.thresholds.threshold_for`) is always one of the kept
+scores, ``t`` (checked at load); an input is accepted iff ``s >= t``, that is iff ``#{calibration scores <= s} >= r`` with
 ``r = #{calibration scores < t} + 1``, that is iff ``p(s) > r / (n + 1)``. So the decision is the p-value cut
 ``p <= r / (n + 1)`` (:func:`p_value_cut`), and a new ``tpr`` needs only the kept scores, no new forward.
 
@@ -23,26 +24,13 @@ from __future__ import annotations
 import torch
 
 
-def sorted_calibration_scores(scores: torch.Tensor) -> torch.Tensor:
-    """The ``(n,)`` calibration scores as kept: 1-D, float64, ascending, on the CPU. Every score must be finite
-    (``calibrate`` refuses NaN and infinite calibration scores before this)."""
-    if not isinstance(scores, torch.Tensor) or scores.ndim != 1 or scores.numel() == 0:
-        raise ValueError(f"calibration_scores must be a non-empty 1-D tensor of ID scores, got "
-                         f"{type(scores).__name__} of shape {tuple(getattr(scores, 'shape', ()))}")
-    scores = scores.detach().to("cpu", torch.float64)
-    if not torch.isfinite(scores).all():
-        raise ValueError(f"calibration_scores must be finite; {int((~torch.isfinite(scores)).sum())} of "
-                         f"{scores.numel()} are NaN or infinite")
-    return scores.sort().values
-
-
 def conformal_p_value(scores: torch.Tensor, calibration_scores: torch.Tensor) -> torch.Tensor:
     """``(B,)`` float64 p-values ``(1 + #{calibration_scores <= s}) / (n + 1)`` of ``scores`` (higher score = more
     in-distribution).
 
     Args:
         scores: ``(B,)`` ``ood_score`` values, any float dtype.
-        calibration_scores: ``(n,)`` ascending float64 (:func:`sorted_calibration_scores`), on the device of ``scores``.
+        calibration_scores: ``(n,)`` ascending float64 (:func:`hf_gsc.utils.calibration.kept_scores`), on the device of ``scores``.
 
     A NaN score gets the smallest p-value, ``1 / (n + 1)``: a detector treats it as OOD at every threshold (it fails
     closed), and so does any cut on the p-value.
@@ -66,4 +54,4 @@ def p_value_cut(calibration_scores: torch.Tensor, threshold: float) -> float:
     return threshold_rank(calibration_scores, threshold) / (calibration_scores.numel() + 1)
 
 
-__all__ = ["conformal_p_value", "p_value_cut", "sorted_calibration_scores", "threshold_rank"]
+__all__ = ["conformal_p_value", "p_value_cut", "threshold_rank"]
