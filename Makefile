@@ -36,7 +36,7 @@ test: install
 # this environment has that torch and its CUDA libraries (5.5 GB; it runs on the CPU), and .venv keeps the CPU torch
 # without torchvision. HF_GSC_REQUIRE_TIMM=1 turns the tests' skip without timm into a failure. Idempotent.
 test-timm: install-data $(VENV_TIMM)/.installed
-	HF_GSC_REQUIRE_TIMM=1 $(PY_TIMM) -m pytest -q -rs tests/test_timm_models.py
+	HF_GSC_REQUIRE_TIMM=1 $(PY_TIMM) -m pytest -q -rs tests/test_timm_models.py tests/test_brought_models.py
 
 $(VENV_TIMM)/.installed: pyproject.toml
 	test -x $(PY_TIMM) || python3 -m venv $(VENV_TIMM)

@@ -53,7 +53,11 @@ def make_timm_model(family: str, num_labels: int = 5, id2label: dict[int, str] |
         model_args={**arguments, "pretrained_cfg_overlay": {"input_size": (3, size, size)}}, **labels,
     )
     torch.manual_seed(seed)
-    return TimmWrapperForImageClassification(config).to(dtype).eval()
+    model = TimmWrapperForImageClassification(config).to(dtype).eval()
+    # As a timm checkpoint on the Hub has it: its config.json carries timm's pretrained_cfg, which is what
+    # AutoImageProcessor builds TimmWrapperImageProcessor from.
+    model.config.pretrained_cfg = dict(model.timm_model.pretrained_cfg)
+    return model
 
 
 def image_size(family: str) -> int:
