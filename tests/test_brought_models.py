@@ -134,27 +134,12 @@ def test_evaluate(kind, data, tmp_path):
     ID accuracy is the model's own on those folders."""
     name, folder = kind
     result = evaluate_argv(["--model", str(folder), "--id-dataset", str(data["id"]), "--ood-dataset",
-                            f"noise={data['ood']}", "--methods", "gsc,msp,knn", "--output-dir", str(tmp_path / "run"),
-                            "--batch-size", "8", "--no-plots"])
-    text = str(result)
-    for method in ("gsc", "msp", "knn"):
-        assert f"'{method}'" in text, (method, text[:2000])
-    accuracy = _find(result, "id_accuracy")
-    assert accuracy == pytest.approx(_direct_accuracy(folder, data["id"] / "test"), abs=1e-9)
-    sizes = _find(result, "split_sizes")
+                            f"noise={data['ood']}", "--methods", "gsc,msp,knn", "--hyperparameter", "knn.k=5",
+                            "--output-dir", str(tmp_path / "run"), "--batch-size", "8", "--no-plots"])
+    assert result["skipped"] == {} and sorted(result["methods"]) == ["gsc", "knn", "msp"], result["skipped"]
+    assert result["id_accuracy"] == pytest.approx(_direct_accuracy(folder, data["id"] / "test"), abs=1e-9)
+    sizes = result["split_sizes"]
     assert sizes["id_test"] == len(FOLDER_CLASSES) * PER_CLASS["test"] and sizes["ood"] == {"noise": 6}
-
-
-def _find(tree, key):
-    """The first value under ``key`` anywhere in a nested results dictionary."""
-    if isinstance(tree, dict):
-        if key in tree:
-            return tree[key]
-        for value in tree.values():
-            found = _find(value, key)
-            if found is not None:
-                return found
-    return None
 
 
 def test_fit_calibrate_pipeline_and_round_trip(kind, data, tmp_path):
@@ -194,3 +179,31 @@ def test_fit_calibrate_pipeline_and_round_trip(kind, data, tmp_path):
         reloaded = loaded(pixel_values=pixel_values.to(loaded.dtype)).ood_score
         np.testing.assert_allclose(reloaded.double().numpy(), direct.double().numpy(), rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.parametrize("kind", ["timm_resnet", "timm_vit"], indirect=True)
+def test_evaluate_every_method_on_timm(kind, data, tmp_path):
+    """--methods all on a timm model: the run completes; a method left out is left out for the data's size (12 ID
+    training images for 1,000 classes), never for the architecture."""
+    from hf_gsc.detectors import DETECTORS
+
+    name, folder = kind
+    result = evaluate_argv(["--model", str(folder), "--id-dataset", str(data["id"]), "--ood-dataset",
+                            f"noise={data['ood']}", "--methods", "all", "--output-dir", str(tmp_path / "run"),
+                            "--batch-size", "8", "--no-plots"])
+    assert sorted([*result["methods"], *result["skipped"]]) == sorted(DETECTORS)
+    assert {"gsc", "gsc_ash", "odin", "adascale_a", "react", "ash_s", "msp"} <= set(result["methods"])
+    too_few = {method: reason for method, reason in result["skipped"].items() if "NotEnoughSamplesError" in reason}
+    assert too_few == result["skipped"], result["skipped"]
+
+
+def test_odin_steps_in_pixel_units_of_the_models_processor(kind):
+    """ODIN's image_std (its epsilon is a step in [0, 1] pixel units) is the std the model's processor normalises by:
+    transformers' image_std, timm's data_config std (TimmWrapperImageProcessor has no image_std)."""
+    from hf_gsc.detectors import DETECTORS
+    from hf_gsc.utils.image_processors import load_image_processor
+
+    name, folder = kind
+    processor = load_image_processor(folder)
+    expected = list(processor.data_config["std"]) if name.startswith("timm_") else [0.5] * 3
+    assert DETECTORS["odin"].model_defaults(processor)["image_std"] == pytest.approx(expected)

@@ -64,6 +64,19 @@ def converting_to_rgb(image_processor: Any, num_channels: int | None) -> Any:
     return image_processor
 
 
+def normalization_std(image_processor: Any) -> list[float] | None:
+    """The per-channel std ``image_processor`` divides pixels by (its ``image_std``, or timm's ``data_config["std"]``
+    for transformers' ``TimmWrapperImageProcessor``); ``None`` when it does not normalise."""
+    if not getattr(image_processor, "do_normalize", True):
+        return None
+    std = getattr(image_processor, "image_std", None)
+    if std is None:
+        std = (getattr(image_processor, "data_config", None) or {}).get("std")
+    if std is None:
+        return None
+    return [float(value) for value in (std if isinstance(std, (list, tuple)) else [std])]
+
+
 def processor_channels(image_processor: Any) -> int | None:
     """The channels ``image_processor`` normalises (its ``image_mean``, or timm's ``data_config["mean"]`` for
     transformers' ``TimmWrapperImageProcessor``): 1 or 3, else ``None``.
@@ -84,4 +97,4 @@ def input_channels(num_channels: int | None, image_processor: Any) -> int | None
     return num_channels if num_channels is not None else processor_channels(image_processor)
 
 
-__all__ = ["converting_to_rgb", "input_channels", "load_image_processor", "processor_channels"]
+__all__ = ["converting_to_rgb", "input_channels", "load_image_processor", "normalization_std", "processor_channels"]
