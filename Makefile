@@ -31,18 +31,18 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	$(PY) -m pytest -q tests
 
-# The tests that need timm (tests/test_timm_models.py; the timm rows of tests/test_brought_models.py), which skip in
+# The tests that need timm (tests/test_timm_models.py; the timm rows of tests/test_brought_models.py: -k timm), which skip in
 # .venv. timm needs torchvision, whose Linux wheels on the package index are CUDA builds pinning the CUDA torch, so
 # this environment has that torch and its CUDA libraries (5.5 GB; it runs on the CPU), and .venv keeps the CPU torch
 # without torchvision. HF_GSC_REQUIRE_TIMM=1 turns the tests' skip without timm into a failure. Idempotent.
 test-timm: install-data $(VENV_TIMM)/.installed
-	HF_GSC_REQUIRE_TIMM=1 $(PY_TIMM) -m pytest -q -rs tests/test_timm_models.py tests/test_brought_models.py
+	HF_GSC_REQUIRE_TIMM=1 $(PY_TIMM) -m pytest -q -rs -k timm tests/test_timm_models.py tests/test_brought_models.py
 
 $(VENV_TIMM)/.installed: pyproject.toml
 	test -x $(PY_TIMM) || python3 -m venv $(VENV_TIMM)
 	# torchvision first, with the torch build it was made for.
 	$(PY_TIMM) -m pip install -q torchvision
-	$(PY_TIMM) -m pip install -q -e '.[evaluation,timm,test]'
+	$(PY_TIMM) -m pip install -q -e '.[evaluation,timm]' 'pytest>=8'
 	touch $@
 
 # ruff and mypy (the test extra) with the settings in pyproject.toml.
