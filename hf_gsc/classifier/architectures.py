@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .heads import Head, HeadSpec, ModuleHead, bind_head_paths, first_tensor, normalise_path, reproduces_logits
-from .timm_models import example_pixel_values, features_and_logits, is_timm_model, timm_block_list, timm_head
+from .timm_models import example_pixel_values, features_and_logits, is_timm_model, timm_head
 
 
 
@@ -316,12 +316,14 @@ def timm_architecture(model: nn.Module) -> ArchitectureSpec:
     returns it, and the head is timm's, in closed form where timm builds it as pool, LayerNorm or nothing, then
     the linear classifier (:mod:`hf_gsc.classifier.timm_models`).
 
+    Its ``blocks`` is ``F``'s module: no block list of a timm model is read (the ablations' split points before ``F``
+    and ``earlier_split_point`` are for registered architectures).
+
     Raises:
         ValueError: no module returns ``forward_features``' output (the message says what to pass instead).
     """
     final, features, logits = features_and_logits(model, example_pixel_values(model))
-    head = timm_head(model, features, logits)
-    return ArchitectureSpec(timm_block_list(model) or final.rsplit(".", 1)[0], head, final=final)
+    return ArchitectureSpec(final, timm_head(model, features, logits), final=final)
 
 
 def architecture_for(model: nn.Module) -> ArchitectureSpec:

@@ -27,10 +27,6 @@ from torch import nn
 
 from .heads import HeadSpec, ModuleHead, reproduces_logits
 
-#: Attribute names of timm's block lists, tried in order for the ablation split points before ``F``.
-_BLOCK_LISTS = ("stages", "layers", "blocks")
-
-
 def timm_root(model: nn.Module) -> tuple[str, nn.Module] | None:
     """``(path prefix, module)`` of the timm model inside ``model`` (``"timm_model."`` in a transformers
     ``TimmWrapperForImageClassification``, ``""`` for a model that has ``forward_features`` / ``forward_head``
@@ -164,16 +160,6 @@ def timm_head(model: nn.Module, features: torch.Tensor, logits: torch.Tensor) ->
             if reproduces_logits(head, model, features, logits):
                 return head
     return ModuleHead(("@timm_forward_head",))
-
-
-def timm_block_list(model: nn.Module) -> str | None:
-    """The path of the timm model's block or stage list (``stages``, ``layers`` or ``blocks``), or ``None``."""
-    prefix, root = timm_root(model)
-    for name in _BLOCK_LISTS:
-        blocks = getattr(root, name, None)
-        if isinstance(blocks, (nn.ModuleList, nn.Sequential)) and len(blocks):
-            return prefix + name
-    return None
 
 
 def describe_timm_split(model: nn.Module, spec: Any) -> str:
