@@ -5,7 +5,11 @@ PY := $(VENV)/bin/python
 # Debian packages that hold the offline benchmark data (Fashion-MNIST, real digits, photos, fonts).
 DATA_PACKAGES := dataset-fashion-mnist opencv-doc fonts-dejavu-core fonts-liberation fonts-freefont-ttf
 
-.PHONY: install install-data test lint demo docs
+# make test-timm: the timm tests in an environment of their own (see the target).
+VENV_TIMM ?= .venv-timm
+PY_TIMM := $(VENV_TIMM)/bin/python
+
+.PHONY: install install-data test test-timm lint demo docs
 install: install-data $(VENV)/.installed
 
 # Idempotent: installs the Debian data packages only when one is missing (needs root or sudo).
@@ -26,6 +30,20 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The tests that need timm (tests/test_timm_models.py; the timm rows of tests/test_brought_models.py: -k timm), which skip in
+# .venv. timm needs torchvision, whose Linux wheels on the package index are CUDA builds pinning the CUDA torch, so
+# this environment has that torch and its CUDA libraries (5.5 GB; it runs on the CPU), and .venv keeps the CPU torch
+# without torchvision. HF_GSC_REQUIRE_TIMM=1 turns the tests' skip without timm into a failure. Idempotent.
+test-timm: install-data $(VENV_TIMM)/.installed
+	HF_GSC_REQUIRE_TIMM=1 $(PY_TIMM) -m pytest -q -rs -k timm tests/test_timm_models.py tests/test_brought_models.py
+
+$(VENV_TIMM)/.installed: pyproject.toml
+	test -x $(PY_TIMM) || python3 -m venv $(VENV_TIMM)
+	# torchvision first, with the torch build it was made for.
+	$(PY_TIMM) -m pip install -q torchvision
+	$(PY_TIMM) -m pip install -q -e '.[evaluation,timm]' 'pytest>=8'
+	touch $@
 
 # ruff and mypy (the test extra) with the settings in pyproject.toml.
 lint: install

@@ -20,6 +20,7 @@ from transformers.pipelines import PIPELINE_REGISTRY
 
 from .auto import AutoOODDetector
 from .detectors.interface import OODDetector
+from .utils.image_processors import input_channels
 from .utils.images import load_image, model_mode
 
 TASK = "ood-image-classification"
@@ -75,6 +76,9 @@ class OODImageClassificationPipeline(Pipeline):
                 f"{TASK}: the detector's base model has no image processor; pass image_processor=... to pipeline()"
             )
         super().__init__(model=model, image_processor=image_processor, **kwargs)
+        # The PIL mode images are decoded to: the model's channels, or, where its config does not say (timm models),
+        # those its processor normalises, so that a grey image reaches a 3-channel processor as RGB.
+        self.image_mode = model_mode(input_channels(model.num_channels, image_processor))
         # Opt-in: the detector's forward compiled whole (hf_gsc.detectors.compiled; docs/efficiency.md says what the
         # first call costs). None: the eager forward.
         self.compiled = None if compile_mode is None else model.compiled(mode=compile_mode)
@@ -112,7 +116,7 @@ class OODImageClassificationPipeline(Pipeline):
 
     def preprocess(self, image: Any, timeout: float | None = None) -> dict[str, torch.Tensor]:
         if not isinstance(image, torch.Tensor):
-            image = load_image(image, model_mode(self.model.num_channels), timeout=timeout)
+            image = load_image(image, self.image_mode, timeout=timeout)
         inputs = self.image_processor(images=image, return_tensors="pt").to(self.model.dtype)
         # (H, W) of the image as given, for the explanation's map
         size = tuple(image.shape[-2:]) if isinstance(image, torch.Tensor) else (image.height, image.width)

@@ -20,7 +20,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .heads import Head, HeadSpec, ModuleHead, bind_head_paths, first_tensor, normalise_path
+from .heads import Head, HeadSpec, ModuleHead, bind_head_paths, first_tensor, normalise_path, reproduces_logits
+from .timm_models import example_pixel_values, features_and_logits, is_timm_model, timm_head
 
 
 
@@ -196,6 +197,13 @@ CLASS_ARCHITECTURES: dict[str, ArchitectureSpec] = {
     "PerceiverForImageClassificationConvProcessing": ARCHITECTURES["perceiver"],
 }
 
+#: Model types of transformers' image-classification mapping that wrap a timm model: ``F`` and the head are read from
+#: timm's ``forward_features`` / ``forward_head`` (:func:`timm_architecture`), and why.
+TIMM_MODEL_TYPES: dict[str, str] = {
+    "timm_wrapper": "TimmWrapperForImageClassification (every timm checkpoint on the Hub): `F` is the output of its "
+    "timm model's `forward_features`, the head timm's `forward_head` (needs the `[timm]` extra)",
+}
+
 #: Model types of transformers' image-classification mapping where a final encoder output does not apply,
 #: and why.
 NOT_APPLICABLE: dict[str, str] = {
@@ -205,8 +213,6 @@ NOT_APPLICABLE: dict[str, str] = {
     "siglip2": "SigLIP 2 takes patchified pixel_values with pixel_attention_mask and spatial_shapes, which "
     "GSCForImageClassification does not pass",
     "pp_lcnet": "PPLCNetForImageClassification's forward returns no logits (a BaseModelOutputWithNoAttention)",
-    "timm_wrapper": "TimmWrapperForImageClassification needs the timm package, which requires torchvision, whose "
-    "Linux wheels on PyPI are CUDA builds pinning a CUDA torch; it is not a dependency, and the wrapper is untested",
     "dinat": "DiNAT needs the natten package (neighbourhood-attention kernels), which is not a dependency",
 }
 
@@ -288,12 +294,7 @@ def discover_architecture(model: nn.Module) -> ArchitectureSpec:
             for before in (False, True) if norm is not None and kind != "mean_spatial" else (False,):
                 head = HeadSpec(kind, linears[-1], norm, norm_before_pool=before)
                 tried.append(head.describe())
-                try:
-                    with torch.no_grad():
-                        candidate = head.bind(model)(features)
-                except (RuntimeError, ValueError):  # shapes that do not fit this form
-                    continue
-                if candidate.shape == logits.shape and torch.allclose(candidate, logits, rtol=1e-4, atol=1e-5):
+                if reproduces_logits(head, model, features, logits):
                     return ArchitectureSpec(blocks, head)
     raise ValueError(
         f"split_point='final_encoder_output' is not registered for model type {model_type!r}, and no head of the "
@@ -309,8 +310,25 @@ def _get(model: nn.Module, path: str) -> nn.Module | None:
         return None
 
 
+def timm_architecture(model: nn.Module) -> ArchitectureSpec:
+    """The spec of a timm model (transformers' ``TimmWrapperForImageClassification``, or any model with timm's
+    ``forward_features`` / ``forward_head``): ``F`` is the output of ``forward_features``, taken at the module that
+    returns it, and the head is timm's, in closed form where timm builds it as pool, LayerNorm or nothing, then
+    the linear classifier (:mod:`hf_gsc.classifier.timm_models`).
+
+    Its ``blocks`` is ``F``'s module: no block list of a timm model is read (the ablations' split points before ``F``
+    and ``earlier_split_point`` are for registered architectures).
+
+    Raises:
+        ValueError: no module returns ``forward_features``' output (the message says what to pass instead).
+    """
+    final, features, logits = features_and_logits(model, example_pixel_values(model))
+    return ArchitectureSpec(final, timm_head(model, features, logits), final=final)
+
+
 def architecture_for(model: nn.Module) -> ArchitectureSpec:
-    """The spec of ``model``: registered (:data:`ARCHITECTURES`) or discovered (:func:`discover_architecture`).
+    """The spec of ``model``: registered (:data:`ARCHITECTURES`), a timm model's (:func:`timm_architecture`) or
+    discovered (:func:`discover_architecture`).
 
     Raises:
         ValueError: the model type is in :data:`NOT_APPLICABLE` (the message says why), or discovery fails.
@@ -318,6 +336,8 @@ def architecture_for(model: nn.Module) -> ArchitectureSpec:
     spec = registered_architecture(model)
     if spec is not None:
         return spec
+    if is_timm_model(model):
+        return timm_architecture(model)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type in NOT_APPLICABLE:
         raise ValueError(
@@ -334,8 +354,8 @@ def architecture_for(model: nn.Module) -> ArchitectureSpec:
 
 
 def supported_architectures_table() -> str:
-    """The table of supported architectures (``docs/architectures.md``), from :data:`ARCHITECTURES`, :data:`CLASS_ARCHITECTURES` and
-    :data:`NOT_APPLICABLE`.
+    """The table of supported architectures (``docs/architectures.md``), from :data:`ARCHITECTURES`, :data:`CLASS_ARCHITECTURES`,
+    :data:`TIMM_MODEL_TYPES` and :data:`NOT_APPLICABLE`.
 
     Each row is resolved on the architecture's default configuration, built on the ``meta`` device (no
     weights are allocated), so the head form and whether ``g`` depends on the input are those of the real
@@ -355,6 +375,10 @@ def supported_architectures_table() -> str:
             by_spec.setdefault(id(CLASS_ARCHITECTURES.get(name, ARCHITECTURES[model_type])), []).append(name)
         for class_names in by_spec.values():
             rows.append(_table_row(model_type, class_names))
+    rows.append("")
+    rows.append("Read from timm's `forward_features` / `forward_head` (see the timm section below):")
+    rows.append("")
+    rows.extend(f"- {model_type}: {reason}." for model_type, reason in sorted(TIMM_MODEL_TYPES.items()))
     rows.append("")
     rows.append("Not applicable at `final_encoder_output`:")
     rows.append("")

@@ -23,6 +23,7 @@ the model's own LayerNorm and Linear modules, and with a central difference, on 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
@@ -78,7 +79,8 @@ class PooledRead:
 
     Attributes:
         pool: ``mean_spatial`` (``F`` is ``(B, C, H, W)``, channel-major: the positions of a channel are
-            consecutive coordinates) or ``mean_tokens`` (``F`` is ``(B, N, D)``, position-major).
+            consecutive coordinates) or ``mean_tokens`` (``F`` is ``(B, N, D)`` or a channels-last ``(B, H, W, C)``,
+            position-major).
         feature_shape: ``F``'s shape without the batch dimension.
         pooled: ``(B, C)`` ``pool(F)``.
         head: ``h`` linearised at ``pooled``.
@@ -93,7 +95,7 @@ class PooledRead:
     def positions(self) -> int:
         """``P``, the positions each channel is averaged over."""
         shape = self.feature_shape
-        return shape[-2] * shape[-1] if self.pool == "mean_spatial" else shape[0]
+        return shape[-2] * shape[-1] if self.pool == "mean_spatial" else math.prod(shape[:-1])
 
     @property
     def position_major(self) -> bool:
@@ -103,7 +105,7 @@ class PooledRead:
     def by_channel(self, features: torch.Tensor) -> torch.Tensor:
         """``F`` ``(B, *feature_shape)`` as ``(B, C, P)`` (a view)."""
         if self.position_major:
-            return features.transpose(1, 2)
+            return features.flatten(1, -2).transpose(1, 2)
         return features.flatten(2)
 
     def coordinate_gradient(self, pooled_gradient: torch.Tensor) -> torch.Tensor:
@@ -114,7 +116,7 @@ class PooledRead:
         """A per-coordinate ``(d,)`` vector of ``F`` as ``(C,)`` when it is the same at every position of each
         channel, else ``None``."""
         if self.position_major:
-            grid = vector.view(self.feature_shape).transpose(0, 1)
+            grid = vector.view(-1, self.feature_shape[-1]).transpose(0, 1)
         else:
             grid = vector.view(self.feature_shape[0], -1)
         first = grid[:, :1]
@@ -128,11 +130,13 @@ class PooledRead:
 
 
 def pool(features: torch.Tensor, kind: Pool) -> torch.Tensor:
-    """``(B, N, D) -> (B, D)`` (first_token, mean_tokens), ``(B, C, H, W) -> (B, C)`` (mean_spatial), identity."""
+    """``(B, N, D) -> (B, D)`` (first_token, mean_tokens; mean_tokens also ``(B, H, W, C) -> (B, C)``, a
+    channels-last map), ``(B, C, H, W) -> (B, C)`` (mean_spatial), identity."""
     if kind == "first_token":
         return features[:, 0]
     if kind == "mean_tokens":
-        return features.mean(dim=1)
+        # Channels last: (B, N, D) tokens, or a (B, H, W, C) map (timm's Swin), averaged over every position.
+        return features.mean(dim=1) if features.dim() == 3 else features.flatten(1, -2).mean(dim=1)
     if kind == "mean_spatial":
         # A product with a constant averaging vector: for small maps (ResNet's 2x2) it runs 3x faster
         # than the reduction kernel of .mean(dim=(-2, -1)), and it is the same average.
@@ -150,7 +154,9 @@ def pool_adjoint(pooled: torch.Tensor, kind: Pool, feature_shape: torch.Size) ->
         spread[:, 0] = pooled
         return spread
     if kind == "mean_tokens":
-        return (pooled / feature_shape[0]).unsqueeze(1).expand(-1, *feature_shape)
+        positions = math.prod(feature_shape[:-1])
+        spread = (pooled / positions).view(pooled.shape[0], *[1] * (len(feature_shape) - 1), pooled.shape[-1])
+        return spread.expand(-1, *feature_shape)
     if kind == "mean_spatial":
         return (pooled / (feature_shape[-2] * feature_shape[-1]))[:, :, None, None].expand(-1, *feature_shape)
     if kind == "identity":

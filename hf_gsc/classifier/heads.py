@@ -110,6 +110,17 @@ class HeadSpec:
         return " → ".join(steps)
 
 
+def reproduces_logits(head: HeadSpec, model: nn.Module, features: torch.Tensor, logits: torch.Tensor) -> bool:
+    """Whether the closed-form ``head`` of ``model`` maps ``features`` to ``logits`` (a head found from a model's
+    structure is accepted only then); ``False`` also where the shapes do not fit its form."""
+    try:
+        with torch.no_grad():
+            candidate = head.bind(model)(features)
+    except (RuntimeError, ValueError):  # shapes that do not fit this form
+        return False
+    return candidate.shape == logits.shape and torch.allclose(candidate, logits, rtol=1e-4, atol=1e-5)
+
+
 def _mean_patch_tokens(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return tokens[:, 1:].mean(dim=1)
 
@@ -133,6 +144,12 @@ def _mean_of_cls_and_distillation_token_classifiers(model: nn.Module, tokens: to
     return (model.cls_classifier(tokens[:, 0]) + model.distillation_classifier(tokens[:, 1])) / 2
 
 
+def _timm_forward_head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
+    """timm's own head, ``forward_head`` (global pool, norm, dropout, classifier as the model builds them), of the
+    timm model inside transformers' ``TimmWrapperForImageClassification`` or of the model itself."""
+    return getattr(model, "timm_model", model).forward_head(features)
+
+
 def _perceiver_decoder(model: nn.Module, latents: torch.Tensor) -> torch.Tensor:
     """Perceiver: the cross-attention classification decoder; its query depends on the batch size only."""
     decoder = model.perceiver.decoder
@@ -152,6 +169,8 @@ HEAD_OPERATIONS: dict[str, tuple[Callable[[nn.Module, torch.Tensor], torch.Tenso
     "mean_of_classifier_and_classifier_distill": (_mean_of_classifiers("classifier", "classifier_distill"), True),
     "mean_of_cls_and_distillation_token_classifiers": (_mean_of_cls_and_distillation_token_classifiers, True),
     "perceiver_decoder": (_perceiver_decoder, False),
+    # A head timm builds of other parts than a HeadSpec's (hf_gsc.classifier.timm_models): linear or not, unknown.
+    "timm_forward_head": (_timm_forward_head, False),
 }
 
 #: Modules that are affine maps of their input in eval mode, and containers that only chain their children.

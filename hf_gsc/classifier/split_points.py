@@ -31,6 +31,7 @@ from torch import nn
 from .architectures import ARCHITECTURES, architecture_for, registered_architecture
 from ..utils.feature_capture import capture, install_hooks, with_replaced_output
 from .heads import HeadSpec, bind_head_paths, normalise_path, submodule
+from .timm_models import timm_classifier_path
 from .head_jacobians import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
 
 
@@ -133,6 +134,10 @@ class SplitPoint:
 
 
 def _last_linear_path(model: nn.Module) -> str:
+    """The classifier: timm's ``get_classifier()`` for a timm model, else the last ``nn.Linear`` registered."""
+    classifier = timm_classifier_path(model)
+    if classifier is not None:
+        return classifier
     paths = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not paths:
         raise ValueError("split_point='penultimate' needs an nn.Linear classifier; the model has none")

@@ -9,6 +9,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import torch
 
 from ..settings.config import MIN_TEMPERATURE, DetectorConfig, number_check, setting
+from ..utils.image_processors import normalization_std
 from ..utils.precision import full_precision, parameter_dtype, step_dtype
 from ..utils.scores import msp_score
 from .backbone_pass import BackbonePass
@@ -95,12 +96,10 @@ class ODINDetector(BaselineDetector):
 
     @classmethod
     def model_defaults(cls, image_processor: Any) -> dict[str, Any]:
-        """``image_std``: the processor's normalisation std per channel (``[1.0]`` when it does not normalise), so
-        that ``epsilon`` is a step in [0, 1] pixel units, as in the ODIN code."""
-        std = getattr(image_processor, "image_std", None)
-        if std is None or not getattr(image_processor, "do_normalize", True):
-            return {"image_std": [1.0]}
-        return {"image_std": [float(value) for value in (std if isinstance(std, (list, tuple)) else [std])]}
+        """``image_std``: the processor's normalisation std per channel (timm's too; ``[1.0]`` when it does not
+        normalise), so that ``epsilon`` is a step in [0, 1] pixel units, as in the ODIN code."""
+        std = normalization_std(image_processor)
+        return {"image_std": [1.0] if std is None else std}
 
     @property
     def image_std(self) -> torch.Tensor:

@@ -101,9 +101,12 @@ def position_grid(positions: int, image_size: tuple[int, int]) -> tuple[int, int
 def position_map(contributions: torch.Tensor, head_reads: str, image_size: tuple[int, int]) -> torch.Tensor | None:
     """``(B, h, w)`` contributions summed over each position's channels: ``(B, C, H, W)`` maps (``mean_spatial``,
     ``map``) over ``C``, ``(B, N, D)`` tokens (``mean_tokens``) over ``D`` and laid on a grid
-    (:func:`position_grid`); ``None`` for the other heads."""
+    (:func:`position_grid`), channels-last ``(B, H, W, C)`` maps (``mean_tokens``) over ``C``; ``None`` for the other
+    heads."""
     if head_reads in ("mean_spatial", "map") and contributions.ndim == 4:
         return contributions.sum(dim=1)
+    if head_reads == "mean_tokens" and contributions.ndim == 4:  # a channels-last (B, H, W, C) map
+        return contributions.sum(dim=3)
     if head_reads == "mean_tokens" and contributions.ndim == 3:
         grid = position_grid(contributions.shape[1], image_size)
         if grid is not None:

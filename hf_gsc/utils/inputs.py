@@ -9,6 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from .image_data import image_rows
+from .image_processors import input_channels
 from .images import array_to_image, load_image, model_mode
 
 
@@ -104,7 +105,8 @@ def labelled_batches(
     folder (a class-folder tree gives labels by folder name through ``label2id``), a list of those, a
     ``datasets.Dataset`` (``image_column``, and ``label_column`` mapped by name through ``label2id``), or a dataset
     root read at ``split``; each image decoded by :func:`hf_gsc.utils.images.load_image` (the rule of every entry point)
-    in the mode a model of ``channels`` input channels takes, and prepared ``batch_size`` at a time by
+    in the mode a model of ``channels`` input channels takes (``None``: those ``image_processor`` normalises,
+    :func:`hf_gsc.utils.image_processors.input_channels`), and prepared ``batch_size`` at a time by
     ``image_processor``."""
     rows = None if data is None else image_rows(data, name, label2id, need_labels, split, image_column, label_column)
     if rows is None:
@@ -118,7 +120,7 @@ def labelled_batches(
         )
     if batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    mode = model_mode(channels)
+    mode = model_mode(input_channels(channels, image_processor))
     for start in range(0, len(rows), batch_size):
         chunk = [load_image(source, mode, name=source_name)
                  for source, source_name in rows.chunk(start, start + batch_size)]
