@@ -20,12 +20,13 @@ from .utils.version import __version__
 if TYPE_CHECKING:  # the same names for type checkers and the API reference, which read the source, not imports
     from .auto import AutoOODDetector
     from .detectors import DETECTORS, DetectorBundle
-    from .detectors.gsc import GSCConfig, GSCDetector, GSCForImageClassification, GSCOutput
+    from .detectors.gsc import GSCDetector, GSCForImageClassification, GSCOutput
     from .detectors.interface import OODDetector, OODDetectorOutput
     from .evaluation import EvaluationArguments, EvaluationResult, OODEvaluator
     from .gsc_math.explanation import GSCExplanation
     from .pipeline import OODImageClassificationPipeline
     from .settings.config import DetectorConfig
+    from .settings.gsc import GSCConfig
     from .utils.calibration import Calibration
 
 #: Public name -> the module that defines it.

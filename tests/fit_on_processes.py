@@ -78,7 +78,7 @@ def main(out: Path) -> None:
         raised = str(error)
     (out / f"raised-{accelerator.process_index}.txt").write_text(raised)
     if accelerator.is_main_process:
-        (out / "outcome.json").write_text(json.dumps({"failed": dict(outcome), "passes": outcome.passes,
+        (out / "outcome.json").write_text(json.dumps({"failed": outcome.failed, "passes": outcome.passes,
                                                       "images_per_process": outcome.images_per_process}))
 
 

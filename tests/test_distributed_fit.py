@@ -116,7 +116,7 @@ def test_a_tuning_grid_fits_without_saving_and_keeps_each_grid_point_apart(tmp_p
     data = script.fit_data()
     context = RunContext(make_accelerator("no"), script.to_pixels, script.BATCH_SIZE, on_error="skip", seed=0)
     outcome = fit_detectors(context, grid, list(grid), {key: data for key in grid}, {})
-    assert set(outcome) == {"knn[1]"} and "1000" in outcome["knn[1]"]
+    assert set(outcome.failed) == {"knn[1]"} and "1000" in outcome.failed["knn[1]"]
     assert grid["knn[0]"].fitted and grid["knn[0]"].bank.shape[0] == script.NUM_IMAGES - 1
     assert outcome.images_per_process == [script.NUM_IMAGES - 1] and not any(tmp_path.iterdir())
     assert math.isfinite(outcome.seconds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from pathlib import Path
 
 import pytest
@@ -67,14 +68,36 @@ def test_hf_argument_parser_parses_every_flag_of_the_command_line(tmp_path):
     assert parsed.detector == "saved/knn" and parsed.ood_split_names == ["mnist"] and parsed.no_selection
 
 
-def test_gsc_flags_are_gscs_settings_with_their_defaults():
+def test_gsc_flags_are_generated_from_gscs_settings_with_their_type_help_and_default():
     from hf_gsc.detectors.gsc import GSCConfig
+    from hf_gsc.evaluation.options import plain_text
 
-    defaults = GSCConfig()
-    assert sorted(GSC_FLAGS.values()) == sorted(GSCConfig.setting_names())
+    specs, defaults = {spec.name: spec for spec in dataclasses.fields(GSCConfig)}, GSCConfig()
+    hints, config_hints = typing.get_type_hints(GSCArguments), typing.get_type_hints(GSCConfig)
+    assert sorted(GSC_FLAGS.values()) == sorted(GSCConfig.setting_names())  # every setting has a flag, and no more
     for item in dataclasses.fields(GSCArguments):
         setting = GSC_FLAGS[item.name]
-        assert item.metadata["help"] == f"GSCConfig.{setting} (default {getattr(defaults, setting)!r})"
+        assert item.default is None  # unset unless given: the saved detector's config or GSCConfig's default applies
+        assert item.metadata["help"] == (f"{plain_text(specs[setting].metadata['help'])} "
+                                         f"(default: {getattr(defaults, setting)!r})").replace("%", "%%")
+        assert hints[item.name] == typing.Optional[config_hints[setting]], item.name  # the setting's type, or None
+    help_text = EvaluationArgumentParser().format_help()
+    assert "--gsc-score {energy,msp,max_logit}" in help_text and "the paper's 5 %)" in help_text
+    # A setting added to the config is a flag, with no other line written; a flag taking another option's name is
+    # refused when the flags are built.
+    from hf_gsc.evaluation.setting_flags import setting_flags
+    from hf_gsc.settings.config import integer_check, setting
+
+    @dataclasses.dataclass
+    class WiderConfig(GSCConfig):
+        window: int = setting(3, integer_check(1), "Positions pooled; 3: this test's.")
+
+    arguments, flags = setting_flags(WiderConfig, "WiderArguments", prefix="gsc_", prefixed=("seed",))
+    assert flags["window"] == "window" and flags["gsc_seed"] == "seed" and "seed" not in flags
+    (parsed,) = HfArgumentParser((arguments,)).parse_args_into_dataclasses(["--window", "5", "--gsc-seed", "2"])
+    assert (parsed.window, parsed.gsc_seed, parsed.mask_ratio) == (5, 2, None)
+    with pytest.raises(ValueError, match=r"WiderConfig.seed: its flag --seed is another option's"):
+        setting_flags(WiderConfig, "WiderArguments", reserved=("seed",))
 
 
 def test_python_values_of_their_natural_types_are_accepted_or_refused_naming_the_field(tmp_path):

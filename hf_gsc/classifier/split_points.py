@@ -21,7 +21,6 @@ model elsewhere.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,26 +32,12 @@ from ..utils.feature_capture import capture, install_hooks, with_replaced_output
 from .heads import HeadSpec, bind_head_paths, normalise_path, submodule
 from .timm_models import timm_classifier_path
 from .head_jacobians import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
+from .split_point_names import validate_split_point_name
 
 
 def _call_block(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     output = block(hidden)
     return output[0] if isinstance(output, (tuple, list)) else output
-
-
-NAMED_SPLIT_POINTS = ("final_encoder_output", "penultimate")
-_PATH_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|-?[0-9]+))*$")
-
-
-def validate_split_point_name(split_point: str) -> None:
-    """Raise ``ValueError`` unless ``split_point`` is a named split point or a well-formed dotted path."""
-    if not isinstance(split_point, str) or not (
-        split_point in NAMED_SPLIT_POINTS or _PATH_PATTERN.match(split_point)
-    ):
-        raise ValueError(
-            f"split_point must be one of {NAMED_SPLIT_POINTS} or a dotted module path such as "
-            f"'vit.layers.-2' (names and integer indices only), got {split_point!r}"
-        )
 
 
 @dataclass

@@ -3,8 +3,8 @@
 the command line.
 
 The fields are declared here, in groups that are the help's sections (:class:`SourceArguments`,
-:class:`DataArguments`, :class:`RunArguments`, :class:`DeviceArguments`, and GSC's own settings,
-:class:`GSCArguments`); :class:`EvaluationArguments` inherits them all, so that
+:class:`DataArguments`, :class:`RunArguments`, :class:`DeviceArguments`), and GSC's own settings,
+:class:`GSCArguments`, are generated from ``GSCConfig``'s fields (:func:`~hf_gsc.evaluation.setting_flags.setting_flags`); :class:`EvaluationArguments` inherits them all, so that
 ``HfArgumentParser((EvaluationArguments,))`` parses every flag of ``hf-gsc evaluate``, and the command line parses the
 groups (``HfArgumentParser``'s ``_argument_group_name``) and joins them into one :class:`EvaluationArguments`.
 
@@ -27,8 +27,10 @@ from typing import Any, ClassVar, Optional, Union, get_type_hints
 
 from transformers import HfArgumentParser
 
+from ..settings.gsc import GSCConfig
 from .errors import InputError
 from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, method_lines
+from .setting_flags import setting_flags
 
 #: The help's argument groups (the source options come first, in the parser's own group).
 DATA_GROUP, RUN_GROUP, DEVICE_GROUP = "data", "run", "device and throughput"
@@ -186,42 +188,18 @@ class DeviceArguments:
                                  "else PIL)", metavar="{" + ",".join(IMAGE_BACKENDS) + "}")
 
 
-def _gsc(default: Any, setting: str) -> Any:
-    """A GSC setting's flag: unset (``None``) unless given, so that the saved detector's config or ``GSCConfig``'s
-    default applies; its help names the setting and that default (checked against ``GSCConfig`` by the tests)."""
-    return field(default=None, metadata={"help": f"GSCConfig.{setting} (default {default!r})"})
-
-
-@dataclass(frozen=True, kw_only=True)
-class GSCArguments:
-    """GSC's settings as flags (``--mask-ratio``, ``--split-point``, ...), each unset unless given. A setting whose
-    flag would clash with a run option (``--seed``) or read as another method's (``--score``, ``--temperature``) has a
-    ``gsc`` prefix; :data:`GSC_FLAGS` maps each field to its ``GSCConfig`` setting. Every other method's settings are
-    given with ``--hyperparameter METHOD.NAME=VALUE``."""
-
-    _argument_group_name: ClassVar[Any] = _GroupTitle(
-        f"{GSC_METHOD} options (default: GSCConfig defaults, or the saved detector's config)")
-
-    split_point: Optional[str] = _gsc("final_encoder_output", "split_point")
-    earlier_split_point: Optional[str] = _gsc(None, "earlier_split_point")
-    mask_ratio: Optional[float] = _gsc(0.05, "mask_ratio")
-    mask_size: Optional[str] = _gsc("fixed", "mask_size")
-    selection: Optional[str] = _gsc("gradient", "selection")
-    operation: Optional[str] = _gsc("zero", "operation")
-    alpha: Optional[float] = _gsc(0.1, "alpha")
-    clip_bound: Optional[float] = _gsc(1.0, "clip_bound")
-    beta: Optional[float] = _gsc(0.5, "beta")
-    approximation: Optional[str] = _gsc("first_order", "approximation")
-    gsc_score: Optional[str] = _gsc("energy", "score")
-    gsc_temperature: Optional[float] = _gsc(1.0, "temperature")
-    gsc_seed: Optional[int] = _gsc(0, "seed")
-    feature_shaping: Optional[str] = _gsc("none", "feature_shaping")
-    shaping_percentile: Optional[float] = _gsc(None, "shaping_percentile")
-
-
-#: Each :class:`GSCArguments` field -> the ``GSCConfig`` setting it gives (from the field's help, one source).
-GSC_FLAGS: dict[str, str] = {item.name: item.metadata["help"].split(" ", 1)[0].split(".", 1)[1]
-                             for item in dataclasses.fields(GSCArguments)}
+#: GSC's settings whose flag would clash with a run option (``--seed``) or read as another method's (``--score``,
+#: ``--temperature``): given as ``--gsc-score``, ``--gsc-temperature``, ``--gsc-seed``.
+_GSC_PREFIXED = ("score", "temperature", "seed")
+#: :class:`GSCArguments` (GSC's settings as flags, generated from ``GSCConfig``'s fields: each unset unless given, with
+#: the setting's type, help and default) and :data:`GSC_FLAGS` (each field -> the ``GSCConfig`` setting it gives).
+#: Every other method's settings are given with ``--hyperparameter METHOD.NAME=VALUE``.
+GSCArguments, GSC_FLAGS = setting_flags(
+    GSCConfig, "GSCArguments", prefix=f"{GSC_METHOD}_", prefixed=_GSC_PREFIXED,
+    reserved=tuple(item.name for group in (SourceArguments, DataArguments, RunArguments, DeviceArguments)
+                   for item in dataclasses.fields(group)),
+    namespace={"__module__": __name__, "_argument_group_name": _GroupTitle(
+        f"{GSC_METHOD} options (default: GSCConfig defaults, or the saved detector's config)")})
 #: method -> its own flags (field name -> setting): GSC's only; every method's settings are ``--hyperparameter``.
 METHOD_FLAGS: dict[str, dict[str, str]] = {GSC_METHOD: GSC_FLAGS}
 #: The argument groups in the order of the help (:class:`EvaluationArguments` inherits them all, in this order).

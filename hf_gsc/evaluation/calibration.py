@@ -5,27 +5,8 @@ chosen so that a fraction ``tpr`` (0.95 by default) of the *ID validation* score
 with exactly the rule that :func:`hf_gsc.evaluation.metrics.threshold_at_tpr` uses for FPR95, so a
 calibrated threshold and the reported FPR95 agree (``method="quantile"``).
 
-Split-conformal thresholds (``method="conformal"``)
----------------------------------------------------
-The quantile threshold reaches ``tpr`` on the validation scores, but on new ID data its TPR falls below
-``tpr`` about half the time. :func:`conformal_threshold` picks a lower order statistic so that the TPR on new ID
-data is at least ``tpr`` with probability at least ``1 - delta`` over the draw of the ``n`` calibration samples.
-
-With ``s_(1) <= ... <= s_(n)`` the sorted calibration scores, ``alpha = 1 - tpr`` and the threshold
-``t = s_(k)`` (accept iff ``score >= t``), the TPR on new data is ``1 - F(t^-)``, where ``F`` is the ID score
-distribution. For continuous ``F``, ``F(s_(k))`` follows ``Beta(k, n - k + 1)``, so
-
-    P(TPR >= tpr) = P(F(s_(k)) <= alpha) = P(Binomial(n, alpha) >= k).
-
-The threshold is the largest ``k`` (the strictest threshold, hence the lowest FPR) with
-``P(Binomial(n, alpha) >= k) >= 1 - delta``, i.e. ``k = 1 + max{j : BinomialCDF(j; n, alpha) <= delta}``. Ties
-or a discrete ``F`` only raise the TPR, so the guarantee still holds. It needs ``n >= log(delta) / log(tpr)``
-calibration samples (else even the smallest score is not low enough; an error says so).
-
-Assumption: the calibration scores and the new ID scores are independent draws from one distribution (the
-calibration split is a random sample of the data the detector will see). The guarantee is about the TPR of
-the fixed threshold on that distribution; under exchangeability alone only the weaker marginal statement
-``P(new score >= s_(k)) >= tpr`` for ``k = floor((n + 1) * alpha)`` holds.
+The split-conformal threshold (``method="conformal"``: TPR >= ``tpr`` on new ID data with probability
+>= ``1 - delta``), its derivation and its assumption are in :mod:`hf_gsc.utils.thresholds`, where it is computed.
 """
 
 from __future__ import annotations
@@ -47,14 +28,20 @@ from ..utils.thresholds import (  # noqa: F401  (re-exported: the core holds the
 )
 
 
+def accepted_fraction(scores: ScoresLike, threshold: float) -> float:
+    """Fraction of ``scores`` accepted as ID (``score >= threshold``; a NaN score is not): the TPR on ID scores
+    (:func:`true_positive_rate`), the FPR on OOD scores (OOD accepted as ID)."""
+    if hasattr(scores, "detach"):
+        scores = scores.detach().cpu().double().numpy()
+    values = np.asarray(scores, dtype=np.float64)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"scores must be a non-empty 1-D array; got shape {values.shape}")
+    return float(np.count_nonzero(values >= threshold) / values.size)
+
+
 def true_positive_rate(id_scores: ScoresLike, threshold: float) -> float:
     """Fraction of ``id_scores`` accepted as ID (``score >= threshold``), e.g. on the ID test split."""
-    if hasattr(id_scores, "detach"):
-        id_scores = id_scores.detach().cpu().double().numpy()
-    scores = np.asarray(id_scores, dtype=np.float64)
-    if scores.ndim != 1 or scores.size == 0:
-        raise ValueError(f"id_scores must be a non-empty 1-D array; got shape {scores.shape}")
-    return float(np.count_nonzero(scores >= threshold) / scores.size)
+    return accepted_fraction(id_scores, threshold)
 
 
 def calibration_of(entry: Mapping[str, Any], id_validation_scores: Any,
@@ -72,4 +59,4 @@ def calibration_of(entry: Mapping[str, Any], id_validation_scores: Any,
 
 
 __all__ = ["CalibrationMethod", "calibration_of", "calibration_record", "conformal_order", "conformal_threshold",
-           "threshold_for", "true_positive_rate"]
+           "threshold_for", "true_positive_rate", "accepted_fraction"]

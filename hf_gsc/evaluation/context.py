@@ -12,11 +12,25 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 
 from ..data.decoding import OnError
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from datasets import Dataset, IterableDataset
+    from transformers.image_processing_utils import BaseImageProcessor
+
+    from ..data.preprocessing import ImageTransform
+    from ..detectors.interface import OODDetector
+    from .plan import EvaluationPlan
+    from .score_cache import ScoreCache
+    from .selection import SelectionData
+
+#: A split as the evaluation reads it: a loaded (or subsampled) dataset, or a stream (``--streaming``).
+Split = Union["Dataset", "IterableDataset"]
 
 
 @dataclass(frozen=True)
@@ -38,8 +52,8 @@ class RunContext:
         ood_sources: the SPEC of each OOD split given by hand (name -> SPEC).
     """
 
-    accelerator: Any
-    transform: Any  # callable; its ``normalization`` says where rescale + normalize run
+    accelerator: Accelerator
+    transform: ImageTransform  # its ``normalization`` says where rescale + normalize run
     batch_size: int
     num_workers: int = 0
     on_error: OnError = "raise"
@@ -65,22 +79,22 @@ class EvaluationState:
     seconds: dict[str, Any] = field(default_factory=dict)  # wall time per phase (results.json's seconds)
     skipped: dict[str, str] = field(default_factory=dict)  # method -> why it was left out (any phase)
     # 1. load
-    model: Any = None
-    processor: Any = None
-    shipped: Any = None  # a saved detector evaluated as it is (--detector), else None
+    model: torch.nn.Module | None = None  # the base classifier (the shipped detector's with --detector)
+    processor: BaseImageProcessor | None = None
+    shipped: OODDetector | None = None  # a saved detector evaluated as it is (--detector), else None
     methods: list[str] = field(default_factory=list)
     hyperparameters: dict[str, dict[str, Any]] = field(default_factory=dict)
-    detectors: dict[str, Any] = field(default_factory=dict)
-    id_splits: dict[str, Any] = field(default_factory=dict)
-    ood_splits: dict[str, Any] = field(default_factory=dict)
+    detectors: dict[str, OODDetector] = field(default_factory=dict)
+    id_splits: dict[str, Split] = field(default_factory=dict)
+    ood_splits: dict[str, Split] = field(default_factory=dict)
     label_check: dict[str, Any] = field(default_factory=dict)
     same_as_test: list[str] = field(default_factory=list)  # OOD splits holding the ID test images
     # 2. tune
     tuning: dict[str, Any] | None = None
     # 3. plan
-    selection_data: tuple[dict[str, Any], list[int] | None, str] | None = None  # OOD validation sets, ID rows, what
-    plan: Any = None  # the EvaluationPlan (hf_gsc.evaluation.plan)
-    cache: Any = None  # the ScoreCache of the output folder
+    selection_data: SelectionData | None = None  # None: no selection (--no-selection, --detector, no OOD sets)
+    plan: EvaluationPlan | None = None
+    cache: ScoreCache | None = None  # the score files of the output folder
     missing: dict[str, list[str]] = field(default_factory=dict)  # split -> methods whose score file is missing
     # 4. fit and 5. score (this run's passes)
     scoring_seconds: dict[str, dict[str, float]] = field(default_factory=dict)

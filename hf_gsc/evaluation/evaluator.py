@@ -383,7 +383,7 @@ class OODEvaluator:
         self._begin("plan")
         args, state, context = self.args, self.state, self._context
         accelerator = context.accelerator
-        state.selection_data = None  # (OOD validation sets, ID side rows, description)
+        state.selection_data = None
         if not args.no_selection and state.shipped is None:  # one shipped detector: nothing to choose
             from .selection import selection_sets
 
@@ -393,10 +393,11 @@ class OODEvaluator:
                 seed=args.seed, streaming=args.streaming,
                 test_splits={"ID test": state.id_splits["test"],
                              **{f"OOD {name}": dataset for name, dataset in state.ood_splits.items()}})
-            if not state.selection_data[0]:
-                warnings.warn(f"no selection: {state.selection_data[2]}", UserWarning, stacklevel=2)
+            if not state.selection_data.sets:
+                warnings.warn(f"no selection: {state.selection_data.description}", UserWarning, stacklevel=2)
                 state.selection_data = None
-        validation_ood = (state.selection_data[0], state.selection_data[2]) if state.selection_data else None
+        validation_ood = ((state.selection_data.sets, state.selection_data.description)
+                          if state.selection_data is not None else None)
         state.plan = plan = make_plan(context, state.model, state.detectors, state.id_splits, state.ood_splits,
                                       validation_ood, shipped=state.shipped is not None)
         if ID_VALIDATION in plan.splits:
@@ -407,7 +408,7 @@ class OODEvaluator:
         state.missing = broadcast(accelerator, missing_scores(plan, state.methods, state.cache, args.overwrite)
                                   if accelerator.is_main_process else None)
         if accelerator.is_main_process:
-            print(evaluation_header(self, plan), flush=True)
+            print(evaluation_header(args, state, context, self.model_name(), plan), flush=True)
             # Before this run writes anything: the folder never holds results or detectors that disagree with its
             # fits and score files, even when this run is interrupted. A folder of the user's: nothing is deleted.
             if self.run_folder:
@@ -424,12 +425,12 @@ class OODEvaluator:
         to_fit = [name for name in plan.fit_data
                   if self.args.save_detectors or any(name in names for names in state.missing.values())]
         try:
-            failed = fit_detectors(self._context, state.detectors, to_fit, plan.fit_data, plan.fit_fingerprints)
+            outcome = fit_detectors(self._context, state.detectors, to_fit, plan.fit_data, plan.fit_fingerprints)
         except UndecodableImageError as error:
             raise _resumable(error) from None
         # The images each process read in this run's fit passes (by rank): what the sharded fit spread, beside its time.
-        state.seconds["fit_images_per_process"] = list(failed.images_per_process)
-        self._skip(failed)
+        state.seconds["fit_images_per_process"] = list(outcome.images_per_process)
+        self._skip(outcome.failed)
 
     # --------------------------------------------------------------------------------------------- 5. score
     def score(self) -> None:
@@ -538,11 +539,12 @@ class OODEvaluator:
                 entry["fit"] = {"split": detector.fit_split, **fits[name]}
             entries[name] = entry
             first_files = first_files or files
-        details = run_details(self, base, fits, calibrated, groups, first_files)
+        details = run_details(self.args, state, self._context, self.model_name(), base, fits, calibrated, groups,
+                              first_files)
         if state.shipped is not None:
             method = state.shipped.method
             details["detector"] = at_shipped_threshold(entries[method], state.shipped, self.model_name(),
-                                                       state.id_scores[method], state.ood_scores[method], correct)
+                                                       state.ood_scores[method])
         return EvaluationResult(methods=entries, selection=state.selection, skipped=dict(state.skipped),
                                 seconds=state.seconds, details=details)
 

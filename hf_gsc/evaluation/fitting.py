@@ -18,7 +18,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +30,9 @@ from ..storage.saved_format import read_state, save_state
 from .context import RunContext
 from .loaders import make_dataloader
 from .score_cache import NUM_SKIPPED_KEY
+
+if TYPE_CHECKING:
+    from ..detectors.interface import OODDetector
 
 DETECTORS_DIR = "detectors"
 FIT_INFO = "fit.json"
@@ -86,11 +90,12 @@ def saved_fit_info(output_dir: Path, method: str) -> dict[str, int]:
         return {}
 
 
-class FitOutcome(dict):
-    """What :func:`fit_detectors` returns: a dict, name -> why its fit failed (the fitted and the reused ones are not
-    in it), the same on every process; and this call's fit passes, for the run's timings.
+@dataclass(frozen=True)
+class FitOutcome:
+    """What :func:`fit_detectors` returns, the same on every process.
 
     Attributes:
+        failed: name -> why its fit failed (the fitted and the reused ones are not in it).
         passes: one entry per pass over fit data: ``fitted_together`` (the names fitted in it), ``split``,
             ``seconds`` (wall time of the pass, gathering and ``fit_end`` included), ``images_per_process`` (images
             each process decoded, by rank), ``peak_memory_bytes_per_process`` (:data:`PEAK_MEMORY_PER_PROCESS`),
@@ -99,12 +104,17 @@ class FitOutcome(dict):
             reused from an earlier run reads none).
     """
 
-    def __init__(self, failed: Mapping[str, str] | None = None, passes: Sequence[Mapping[str, Any]] = (),
-                 num_processes: int = 1) -> None:
-        super().__init__(failed or {})
-        self.passes = [dict(entry) for entry in passes]
-        self.images_per_process = [sum(entry[IMAGES_PER_PROCESS][rank] for entry in self.passes)
-                                   for rank in range(num_processes)]
+    failed: dict[str, str]
+    passes: list[dict[str, Any]]
+    images_per_process: list[int]
+
+    @classmethod
+    def of_passes(cls, failed: Mapping[str, str], passes: Sequence[Mapping[str, Any]],
+                  num_processes: int) -> FitOutcome:
+        """The outcome of ``passes`` on ``num_processes`` processes (their images summed per rank)."""
+        kept = [dict(entry) for entry in passes]
+        return cls(dict(failed), kept, [sum(entry[IMAGES_PER_PROCESS][rank] for entry in kept)
+                                        for rank in range(num_processes)])
 
     @property
     def seconds(self) -> float:
@@ -112,7 +122,7 @@ class FitOutcome(dict):
         return round(sum(entry["seconds"] for entry in self.passes), 3)
 
 
-def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Mapping[str, Any]) -> list[list[str]]:
+def fit_groups(to_fit: Sequence[str], fit_data: Mapping[str, Any]) -> list[list[str]]:
     """The methods of ``to_fit`` grouped by the data they fit on (the same split, subset and seed: the same
     dataset object), so that each group costs one pass over its data."""
     groups: dict[int, list[str]] = {}
@@ -121,7 +131,7 @@ def fit_groups(detectors: Mapping[str, Any], to_fit: Sequence[str], fit_data: Ma
     return list(groups.values())
 
 
-def refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_data: Mapping[str, Any],
+def refuse_too_small(detectors: Mapping[str, OODDetector], pending: Sequence[str], fit_data: Mapping[str, Any],
                       failed: dict[str, str], source: str | None = None) -> list[str]:
     """The methods of ``pending`` whose fit data holds enough samples for them (``FittedDetector.check_fit_size``);
     the others go to ``failed`` with the reason before any image is read (the data's row count, where it is known).
@@ -143,7 +153,7 @@ def refuse_too_small(detectors: Mapping[str, Any], pending: Sequence[str], fit_d
 
 def fit_detectors(
     context: RunContext,
-    detectors: Mapping[str, Any],
+    detectors: Mapping[str, OODDetector],
     to_fit: Sequence[str],
     fit_data: Mapping[str, Any],
     fit_fingerprints: Mapping[str, str],
@@ -184,7 +194,7 @@ def fit_detectors(
     failed: dict[str, str] = {}
     passes = []
     pending = refuse_too_small(detectors, pending, fit_data, failed)
-    for group in fit_groups(detectors, pending, fit_data):
+    for group in fit_groups(pending, fit_data):
         begin = time.perf_counter()
         torch.manual_seed(seed)
         np.random.seed(seed)
@@ -224,7 +234,7 @@ def fit_detectors(
         passes.append({FITTED_TOGETHER: list(group), "split": split, "seconds": seconds, IMAGES_PER_PROCESS: images,
                        PEAK_MEMORY_PER_PROCESS: peaks, NUM_SKIPPED_KEY: num_skipped})
     accelerator.wait_for_everyone()  # the saved fits are complete before any process goes on
-    return FitOutcome(failed, passes, accelerator.num_processes)
+    return FitOutcome.of_passes(failed, passes, accelerator.num_processes)
 
 
 def fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:

@@ -103,14 +103,14 @@ def score_split(
         for name, value in results.items():
             outputs.setdefault(name, []).append(value)
     if all_read is not None:  # every process holds the same gathered flags: all raise, or none
-        _raise_if_any_unreadable(accelerator, all_read, errors)
+        _raise_if_any_unreadable(all_read, errors)
     if not outputs:  # this process got no batch
         outputs = {name: [] for name in (*scorers, "labels", "decoded")}
     local = {name: torch.cat(values) if values else torch.empty(0) for name, values in outputs.items()}
     if streamed:
         local = _gather_unequal(accelerator, local)
         if on_error == "raise" and accelerator.num_processes > 1:
-            _raise_if_any_unreadable(accelerator, local["decoded"], errors)
+            _raise_if_any_unreadable(local["decoded"], errors)
     if on_error == "skip" and accelerator.num_processes > 1:
         for message in errors:  # each process logs its own
             logger.warning("skipped: %s", message)
@@ -120,7 +120,7 @@ def score_split(
     return kept
 
 
-def _raise_if_any_unreadable(accelerator: Any, decoded: torch.Tensor, errors: Sequence[str]) -> None:
+def _raise_if_any_unreadable(decoded: torch.Tensor, errors: Sequence[str]) -> None:
     """With several processes: every process raises the same :class:`UndecodableImageError` once the gathered
     ``decoded`` flags show an unreadable image on any of them (the message comes from the process that read it)."""
     if bool(decoded.all()):

@@ -24,13 +24,18 @@ def describe_method(cls: type) -> str:
     """One line about a registered method: the first sentence of its docstring, without reST markup and without the
     names of the library's classes (a user names methods, not classes: ``(see ASHDetector)`` is left out, another
     class is named by its method)."""
-    paragraph = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
-    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", paragraph).replace("``", "")
+    text = plain_text((cls.__doc__ or "").strip().split("\n\n")[0])
     text = re.sub(r"\s*\((?:see [^)]*|[^)]*\bhf_gsc\.[^)]*)\)", "", text)
     for name, other in registered_methods().items():
         text = re.sub(rf"\b(?:[\w.]+\.)?{other.__name__}\b", f"the {name} method", text)
     sentence = text.split(". ")[0].rstrip(".")
     return sentence + "."
+
+
+def plain_text(text: str) -> str:
+    """reStructuredText as the terminal shows it: one line, roles (``:class:`~x.Y```) and literals without their
+    markup."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", " ".join(text.split())).replace("``", "")
 
 
 def method_lines() -> list[str]:

@@ -7,7 +7,7 @@ import platform
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -18,6 +18,11 @@ from .models import image_backend_of
 from .plan import ID_TEST, ID_VALIDATION, OOD_PREFIX
 from .score_cache import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY
 from .timings import split_timings, update_timings
+
+if TYPE_CHECKING:
+    from ..detectors.interface import OODDetector
+    from .arguments import EvaluationArguments
+    from .context import EvaluationState, RunContext
 
 
 class EverythingSkippedError(RuntimeError):
@@ -95,16 +100,16 @@ def ood_groups_of(benchmark: str | None, ood_names: list[str],
     return groups
 
 
-def at_shipped_threshold(entry: dict[str, Any], detector: Any, source: str, id_scores: torch.Tensor,
-                          ood_scores: Mapping[str, torch.Tensor], correct: torch.Tensor) -> dict[str, Any]:
+def at_shipped_threshold(entry: dict[str, Any], detector: OODDetector, source: str,
+                          ood_scores: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """A saved detector's entry at its shipped threshold: per OOD split ``fpr_at_threshold`` (the fraction of OOD
     accepted as ID); returns ``results.json``'s ``detector`` record."""
-    from .calibration import true_positive_rate
+    from .calibration import accepted_fraction
 
     threshold = float(detector.config.threshold)
     entry["calibration"] = detector.config.calibration or {"split": None, "note": "threshold set by hand"}
     for name, scores in ood_scores.items():
-        entry["ood"][name]["fpr_at_threshold"] = true_positive_rate(scores, threshold)
+        entry["ood"][name]["fpr_at_threshold"] = accepted_fraction(scores, threshold)
     return {"source": source, "method": detector.method, "threshold": threshold,
             "calibration": detector.config.calibration, "hyperparameters": dict(detector.hyperparameters),
             "evaluated_as": "saved: no refit, no recalibration",
@@ -113,22 +118,23 @@ def at_shipped_threshold(entry: dict[str, Any], detector: Any, source: str, id_s
 
 
 
-def run_details(evaluator: Any, base: Mapping[str, torch.Tensor], fits: Mapping[str, dict[str, Any]],
-                calibrated: bool, groups: Mapping[str, list[str]],
-                score_files: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, Any]:
+def run_details(args: EvaluationArguments, state: EvaluationState, context: RunContext, model_name: str,
+                base: Mapping[str, torch.Tensor], fits: Mapping[str, dict[str, Any]], calibrated: bool,
+                groups: Mapping[str, list[str]], score_files: Mapping[str, Mapping[str, torch.Tensor]]) -> dict[str, Any]:
     """Every ``results.json`` entry beside the methods, the selection and the timings: the run's model, data,
-    split sizes, unreadable images, label check, configuration, device and versions (``evaluator``: the
-    :class:`~hf_gsc.evaluation.evaluator.OODEvaluator` after its phases, on the main process; ``score_files``: the
-    first method's score files, by split, as the collect phase loaded them)."""
-    args, state, plan, context = evaluator.args, evaluator.state, evaluator.state.plan, evaluator.context
-    assert plan is not None and context is not None
+    split sizes, unreadable images, label check, configuration, device and versions, on the main process after the
+    phases (``state``: what they built, its ``seconds`` completed here with the scoring's; ``model_name``: how the
+    evaluated model is named; ``score_files``: the first method's score files, by split, as the collect phase loaded
+    them)."""
+    plan, cache = state.plan, state.cache
+    assert plan is not None and cache is not None
     any_method = next(iter(state.detectors))
 
     def skipped(split: str) -> int:  # the same for every method: all read the split through the same decoding
         return int(score_files[split].get(NUM_SKIPPED_KEY, torch.tensor(0)))
 
     details: dict[str, Any] = {
-        "model": evaluator.model_name(),
+        "model": model_name,
         "benchmark": args.benchmark,  # None with --id-dataset
         "id_dataset": args.id_dataset,
         "id_accuracy": float((base[PREDICTIONS_KEY] == base["labels"]).double().mean()),
@@ -157,7 +163,7 @@ def run_details(evaluator: Any, base: Mapping[str, torch.Tensor], fits: Mapping[
         details["ood_same_as_id_test"] = state.same_as_test
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
     # Timings of the passes that computed the scores used, this run's or an earlier one's (cached splits).
-    records = update_timings(state.cache.root, plan.score_fingerprints, state.missing, state.throughput,
+    records = update_timings(cache.root, plan.score_fingerprints, state.missing, state.throughput,
                              state.scoring_seconds)
     splits_scored, method_seconds = split_timings(records, plan.score_fingerprints, state.throughput,
                                                   state.missing, created)

@@ -16,13 +16,20 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
 from .plan import ID_TEST, ID_VALIDATION, OOD_PREFIX, VAL_OOD_PREFIX, num_rows
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
-def check_process_count(accelerator: Any, environ: Mapping[str, str] | None = None) -> None:
+    from .arguments import EvaluationArguments
+    from .context import EvaluationState, RunContext
+    from .plan import EvaluationPlan
+
+
+def check_process_count(accelerator: Accelerator, environ: Mapping[str, str] | None = None) -> None:
     """Refuse a launch whose processes would each run alone (``WORLD_SIZE`` > 1 but one accelerate process), and warn
     when ``accelerate launch`` was asked for several processes but runs one: its simple launcher (``--cpu
     --num_processes 2`` without ``--multi_gpu``) sets ``MASTER_ADDR`` / ``MASTER_PORT`` for them and starts a single
@@ -107,17 +114,18 @@ def split_label(split: str) -> str:
 
 
 
-def evaluation_header(evaluator: Any, plan: Any) -> str:
-    """:func:`run_header` of an :class:`~hf_gsc.evaluation.evaluator.OODEvaluator` about to fit and score ``plan``
-    (its :class:`~hf_gsc.evaluation.plan.EvaluationPlan`)."""
+def evaluation_header(args: EvaluationArguments, state: EvaluationState, context: RunContext, model_name: str,
+                      plan: EvaluationPlan) -> str:
+    """:func:`run_header` of an evaluation about to fit and score ``plan``: what ``args`` asked for, the ``state``
+    the load phase built (detectors, processor, missing score files), the run's ``context`` (device, processes) and
+    the evaluated model's ``model_name``."""
     import torch
 
     from .models import image_backend_of
 
-    args, state, context = evaluator.args, evaluator.state, evaluator.context
     shipped = state.shipped
     return run_header({
-        "model": evaluator.model_name(),
+        "model": model_name,
         "data": data_description(args.benchmark, args.id_dataset, args.named_ood_datasets),
         **({"shipped": f"the saved {shipped.method!r} detector as it is: its settings, fitted state and "
                        f"threshold {shipped.config.threshold:.6g} (no refit, no recalibration)"}

@@ -22,7 +22,7 @@ lower mean FPR95 (ID+), then by name.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,11 +32,23 @@ from .ranking import RANKING_RULE, rank, validation_metrics
 SELECTION_RULE = f"{RANKING_RULE} (by method name)"
 
 
+class SelectionData(NamedTuple):
+    """The data the selection ranks the methods on (:func:`selection_sets`).
+
+    Attributes:
+        sets: the OOD validation sets by name (empty where none can be had).
+        id_rows: the rows of the ID validation subset that form the ID side (``None``: all of them).
+        description: what the data is, for the console and the selection record.
+    """
+
+    sets: dict[str, Any]
+    id_rows: list[int] | None
+    description: str
+
+
 def selection_sets(validation: Any, *, given: Sequence[tuple[str, str]], benchmark: str | None, max_samples: int | None,
-                   seed: int, streaming: bool = False, test_splits: Mapping[str, Any] | None = None
-                   ) -> tuple[dict[str, Any], list[int] | None, str]:
-    """``(OOD validation sets by name, the rows of ``validation`` that form the ID side (``None``: all), what the
-    data is)``; ``validation`` is the evaluation's ID validation subset, ``given`` the ``(NAME, SPEC)`` of each
+                   seed: int, streaming: bool = False, test_splits: Mapping[str, Any] | None = None) -> SelectionData:
+    """The OOD validation sets and the ID side the selection ranks the methods on; ``validation`` is the evaluation's ID validation subset, ``given`` the ``(NAME, SPEC)`` of each
     ``--val-ood-dataset``. Empty sets where none can be had (a streamed ID validation split without
     ``--val-ood-dataset``). ``test_splits``: name -> every test split (ID test, each OOD split); a given set holding
     the same images as one (a Hub copy of it, a folder given twice by another path) is refused
@@ -57,13 +69,14 @@ def selection_sets(validation: Any, *, given: Sequence[tuple[str, str]], benchma
                                  "the selection is made on validation data only; give OOD validation data that is "
                                  "no test split")
             sets[name] = subset(loaded, max_samples, seed, VAL_OOD_PREFIX + name)
-        return sets, None, "--val-ood-dataset " + ", ".join(f"{name}={spec}" for name, spec in given)
+        return SelectionData(sets, None, "--val-ood-dataset " + ", ".join(f"{name}={spec}" for name, spec in given))
     if is_streamed(validation):
-        return {}, None, "none: a streamed ID validation split cannot be split in halves; pass --val-ood-dataset"
+        return SelectionData({}, None, "none: a streamed ID validation split cannot be split in halves; pass "
+                             "--val-ood-dataset")
     fit_rows, select_rows = split_halves(len(validation), seed)
     sets = validation_ood_sets(benchmark, validation.select(fit_rows), len(select_rows), VALIDATION_SEED)
-    return sets, select_rows, ("OOD sets generated from a random half of the ID validation subset, against its "
-                               "other half")
+    return SelectionData(sets, select_rows, "OOD sets generated from a random half of the ID validation subset, "
+                         "against its other half")
 
 
 def selection_record(validation_scores: Mapping[str, torch.Tensor], ood_scores: Mapping[str, Mapping[str, torch.Tensor]],
@@ -128,5 +141,5 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
             *table_lines(["Method", *sets, "mean"], rows)]
 
 
-__all__ = ["SELECTION_RULE", "VAL_OOD_PREFIX", "markdown_lines", "read_clause", "selection_record", "selection_sets",
+__all__ = ["SELECTION_RULE", "SelectionData", "VAL_OOD_PREFIX", "markdown_lines", "read_clause", "selection_record", "selection_sets",
            "sentence"]

@@ -168,7 +168,7 @@ def tune_hyperparameters(
         assert context.output_dir is not None  # the grid's fits are kept for a rerun
         fits = context.replace(output_dir=Path(context.output_dir) / TUNING_FITS, overwrite=False,
                                source=f"tuning fit of ID {split}")
-        problems.update(fit_detectors(fits, candidates, keys, dict.fromkeys(keys, data), prints))
+        problems.update(fit_detectors(fits, candidates, keys, dict.fromkeys(keys, data), prints).failed)
     for key in problems:
         candidates.pop(key, None)
 

@@ -15,18 +15,10 @@ from __future__ import annotations
 import fractions
 import functools
 import math
-from typing import Literal
 
 import torch
 
-Operation = Literal["zero", "perturb", "project", "clip", "scale"]
-Selection = Literal["gradient", "random", "reverse", "fisher"]
-Approximation = Literal["first_order", "predicted_logit", "exact"]
-
-OPERATIONS: tuple[str, ...] = ("zero", "perturb", "project", "clip", "scale")
-SELECTIONS: tuple[str, ...] = ("gradient", "random", "reverse", "fisher")
-MASK_SIZES: tuple[str, ...] = ("fixed", "adaptive")
-APPROXIMATIONS: tuple[str, ...] = ("first_order", "predicted_logit", "exact")
+from .choices import OPERATIONS, SELECTIONS, Operation, Selection
 
 
 @functools.lru_cache(maxsize=64)

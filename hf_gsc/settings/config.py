@@ -4,8 +4,8 @@
 :class:`DetectorConfig` is the base: the type field ``method`` (a class attribute of each method's config class,
 like PEFT's ``peft_type``), the fitted ``threshold`` with its ``calibration`` record, and a *reference* to the base
 model (name or path and revision) instead of the base model's own config. Each method has its own subclass whose
-dataclass fields are its settings, written in the method's own file (``KNNConfig`` in :mod:`hf_gsc.detectors.knn`,
-``GSCConfig`` in :mod:`hf_gsc.detectors.gsc`), so that a method stays one file. Each setting is
+dataclass fields are its settings, written in the method's own file (``KNNConfig`` in :mod:`hf_gsc.detectors.knn`), so that a method stays one file; GSC's, ``GSCConfig``, is in
+:mod:`hf_gsc.settings.gsc`, without torch, so that the command line generates its flags at once. Each setting is
 declared with :func:`setting`: a type, a default, a check and a help string that names the authors' default and its
 source (``metadata["help"]``, collected into the class docstring, so ``help(KNNConfig)`` lists them). Every field is
 validated on every assignment by its check (``metadata["check"]``) and has one *kind* (its ``metadata["kind"]``):
@@ -38,7 +38,7 @@ from typing import Any, Callable, ClassVar
 
 from ..utils.version import __version__
 from ..utils.feature_shapings import feature_shaping
-from ..classifier.split_points import validate_split_point_name
+from ..classifier.split_point_names import validate_split_point_name
 
 #: The saved detector's settings, for every method (its ``method`` field says which); see :mod:`hf_gsc.storage.saved_format`.
 CONFIG_NAME = "detector_config.json"
@@ -80,12 +80,13 @@ def integer_check(low: int, optional: bool = False) -> Callable[[str, Any], Any]
 
 
 def choice_check(choices: tuple[str, ...]) -> Callable[[str, Any], Any]:
-    """A field check: one of ``choices``."""
+    """A field check: one of ``choices`` (kept as the check's ``choices`` attribute, which the command line shows)."""
     def check(name: str, value: Any) -> Any:
         if value not in choices:
             raise ValueError(f"{name} must be one of {choices}, got {value!r}")
         return value
 
+    setattr(check, "choices", choices)
     return check
 
 
@@ -97,7 +98,7 @@ def bool_check(name: str, value: Any) -> Any:
 
 
 def split_point_check(optional: bool = False) -> Callable[[str, Any], Any]:
-    """A field check: a split point name (:func:`hf_gsc.classifier.split_points.validate_split_point_name`; ``None`` too with
+    """A field check: a split point name (:func:`hf_gsc.classifier.split_point_names.validate_split_point_name`; ``None`` too with
     ``optional``). Whether the model has it is checked when a detector is built on the model."""
     def check(name: str, value: Any) -> Any:
         if value is None and optional:

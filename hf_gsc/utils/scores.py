@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
 
 import torch
 
-Score = Literal["energy", "msp", "max_logit"]
-SCORES: tuple[str, ...] = ("energy", "msp", "max_logit")
+from .score_names import SCORES, Score
 
 
 def energy_score(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -3,8 +3,30 @@
 A detector accepts an input as in-distribution iff ``ood_score >= threshold``. :func:`threshold_at_tpr` keeps a
 fraction ``tpr`` of the given ID scores; the evaluation's FPR@95 uses the same rule, so a calibrated threshold and
 the reported FPR agree. :func:`conformal_threshold` picks a lower order statistic that keeps at least ``tpr``
-of new ID data with probability at least ``1 - delta`` (split-conformal; the derivation and its assumption are in
-:mod:`hf_gsc.evaluation.calibration`). Pure functions of arrays: the detectors (``calibrate``) and the evaluation both use them.
+of new ID data with probability at least ``1 - delta`` (split-conformal: the derivation and its assumption below).
+Pure functions of arrays: the detectors (``calibrate``) and the evaluation both use them.
+
+Split-conformal thresholds (``method="conformal"``)
+---------------------------------------------------
+The quantile threshold reaches ``tpr`` on the validation scores, but on new ID data its TPR falls below
+``tpr`` about half the time. :func:`conformal_threshold` picks a lower order statistic so that the TPR on new ID
+data is at least ``tpr`` with probability at least ``1 - delta`` over the draw of the ``n`` calibration samples.
+
+With ``s_(1) <= ... <= s_(n)`` the sorted calibration scores, ``alpha = 1 - tpr`` and the threshold
+``t = s_(k)`` (accept iff ``score >= t``), the TPR on new data is ``1 - F(t^-)``, where ``F`` is the ID score
+distribution. For continuous ``F``, ``F(s_(k))`` follows ``Beta(k, n - k + 1)``, so
+
+    P(TPR >= tpr) = P(F(s_(k)) <= alpha) = P(Binomial(n, alpha) >= k).
+
+The threshold is the largest ``k`` (the strictest threshold, hence the lowest FPR) with
+``P(Binomial(n, alpha) >= k) >= 1 - delta``, i.e. ``k = 1 + max{j : BinomialCDF(j; n, alpha) <= delta}``. Ties
+or a discrete ``F`` only raise the TPR, so the guarantee still holds. It needs ``n >= log(delta) / log(tpr)``
+calibration samples (else even the smallest score is not low enough; an error says so).
+
+Assumption: the calibration scores and the new ID scores are independent draws from one distribution (the
+calibration split is a random sample of the data the detector will see). The guarantee is about the TPR of
+the fixed threshold on that distribution; under exchangeability alone only the weaker marginal statement
+``P(new score >= s_(k)) >= tpr`` for ``k = floor((n + 1) * alpha)`` holds.
 """
 
 from __future__ import annotations
@@ -176,7 +198,8 @@ def threshold_for(id_scores: ScoresLike, tpr: float = 0.95, delta: float | None 
 def calibration_record(
     split: str, num_samples: int, tpr: float, delta: float | None = None, **extra: Any
 ) -> dict[str, Any]:
-    """What a threshold was calibrated on, in the shape stored in ``GSCConfig.calibration``.
+    """What a threshold was calibrated on: the record of :class:`hf_gsc.utils.calibration.Calibration` (stored in
+    every detector's ``DetectorConfig.calibration``), before the kept scores' count and digest are added.
 
     ``method`` is ``"quantile"`` (``delta`` ``None``) or ``"conformal"`` (``delta``: the allowed probability
     that the TPR on new ID data falls below ``tpr``).
