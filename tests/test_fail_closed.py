@@ -377,7 +377,8 @@ def test_outputs_land_under_a_relative_output_dir(tiny, tmp_path, monkeypatch): 
     argv[argv.index("--methods") + 1] = "react"  # fits: detectors/react/ is written too
     evaluate_argv(argv)
     written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    assert written == ["run/detectors/react/detector_state.safetensors",
+    assert written == ["run/.hf_gsc_run.json",  # the marker by which a later run knows the folder as a run
+                       "run/detectors/react/detector_state.safetensors",
                        "run/detectors/react/fit.json", "run/p_values/react.safetensors", "run/results.json",
                        "run/results.md",
                        *(f"run/scores/{m}/{s}.safetensors" for m in ("_base_model",) for s in ("id_test",)),
