@@ -17,6 +17,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -27,7 +29,8 @@ from conftest import evaluate_argv
 from timm_families import FAMILIES, import_timm, make_timm_model
 
 NUM_CLASSES = 1000
-ID2LABEL = {i: f"class_{i:04d}" for i in range(NUM_CLASSES)}
+# ImageNet-1k's names as Hub classifiers' configs carry them ("crane" twice: 134 and 517)
+ID2LABEL = dict(enumerate(json.loads((Path(__file__).parent / "fixtures" / "imagenet_1k_labels.json").read_text())["names"]))
 FOLDER_CLASSES = [3, 500, 999]  # the ID folders' classes, named as the model names them
 PER_CLASS = {"train": 4, "validation": 4, "test": 4}
 IMAGE_SIDE = 40  # every processor resizes: the images need not be the model's size
@@ -39,6 +42,7 @@ TIMM_KINDS = [f"timm_{family}" for family in sorted(FAMILIES)]
 def _transformers_model(kind: str) -> torch.nn.Module:
     import transformers
 
+    # label2id as Hub configs hold it: one "crane" (the last, 517) survives the inversion
     labels = dict(num_labels=NUM_CLASSES, id2label=ID2LABEL, label2id={v: k for k, v in ID2LABEL.items()})
     config = {
         "vit": lambda: transformers.ViTConfig(image_size=32, patch_size=16, hidden_size=16, num_hidden_layers=1,
@@ -124,7 +128,8 @@ def _direct_accuracy(folder: Path, test_root: Path) -> float:
         images = [Image.open(path).convert("RGB") for path in sorted(class_folder.iterdir())]
         with torch.no_grad():
             predicted = model(**processor(images=images, return_tensors="pt")).logits.argmax(-1)
-        correct += int((predicted == model.config.label2id[class_folder.name]).sum())
+        index = next(i for i in FOLDER_CLASSES if ID2LABEL[i] == class_folder.name)
+        correct += int((predicted == index).sum())
         total += len(images)
     return correct / total
 
@@ -184,7 +189,8 @@ def test_fit_calibrate_pipeline_and_round_trip(kind, data, tmp_path):
 @pytest.mark.parametrize("kind", ["timm_resnet", "timm_vit"], indirect=True)
 def test_evaluate_every_method_on_timm(kind, data, tmp_path):
     """--methods all on a timm model: the run completes; a method left out is left out for the data's size (12 ID
-    training images for 1,000 classes), never for the architecture."""
+    training images for 1,000 classes), never for the architecture, but BATS on a model without the BatchNorm before
+    its head that BATS reads (refused when built, naming the layer)."""
     from hf_gsc.detectors import DETECTORS
 
     name, folder = kind
@@ -194,7 +200,9 @@ def test_evaluate_every_method_on_timm(kind, data, tmp_path):
     assert sorted([*result["methods"], *result["skipped"]]) == sorted(DETECTORS)
     assert {"gsc", "gsc_ash", "odin", "adascale_a", "react", "ash_s", "msp"} <= set(result["methods"])
     too_few = {method: reason for method, reason in result["skipped"].items() if "NotEnoughSamplesError" in reason}
-    assert too_few == result["skipped"], result["skipped"]
+    no_batchnorm = {method: reason for method, reason in result["skipped"].items()
+                    if method == "bats" and "has no affine BatchNorm layer" in reason}
+    assert {**too_few, **no_batchnorm} == result["skipped"], result["skipped"]
 
 
 def test_odin_steps_in_pixel_units_of_the_models_processor(kind):
