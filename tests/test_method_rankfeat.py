@@ -79,6 +79,9 @@ def test_the_default_split_points_follow_the_authors_per_architecture():
                 "vit": ("vit.layers.-2",), "swin": ("swin.encoder.layers.-2",)}
     for arch, points in expected.items():
         assert get_detector("rankfeat", make_tiny_model(arch)).hyperparameters["split_points"] == points
+    one_block = make_tiny_model("vit")
+    del one_block.vit.layers[1:]  # an encoder of one block: its final output is the one split point
+    assert get_detector("rankfeat", one_block).hyperparameters["split_points"] == ("final_encoder_output",)
 
 
 def test_one_split_point_scores_its_own_removal():

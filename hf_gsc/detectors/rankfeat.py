@@ -43,8 +43,12 @@ def pools_spatially(model: nn.Module) -> bool:
 
 def default_split_points(model: nn.Module) -> tuple[str, ...]:
     """The authors' split points for ``model``: a CNN's last two stages (block 4 and block 3 of OpenOOD's
-    ResNet-50), a transformer's second-to-last block (``svd_block_index = 11`` of 12 in their ViT script)."""
-    before_last = f"{architecture_for(model).blocks}.-2"
+    ResNet-50), a transformer's second-to-last block (``svd_block_index = 11`` of 12 in their ViT script); an encoder
+    of one block has its final output only."""
+    blocks = architecture_for(model).blocks
+    if len(model.get_submodule(blocks)) < 2:
+        return ("final_encoder_output",)
+    before_last = f"{blocks}.-2"
     return ("final_encoder_output", before_last) if pools_spatially(model) else (before_last,)
 
 
