@@ -9,12 +9,12 @@ from typing import Any, Callable, ClassVar, Hashable
 import torch
 from torch import nn
 
-from ..settings.config import DetectorConfig, integer_check, setting
+from ..settings.config import DetectorConfig
 from .backbone_pass import BackbonePass
 from .common import FittedDetector
 from .interface import register_detector
 from .penultimate import StatisticsPass
-from .vim import vim_origin, vim_principal_dim, vim_residual_norm, vim_residual_space
+from .vim import ViMConfig, vim_origin, vim_principal_dim, vim_residual_norm, vim_residual_space
 
 
 def second_moment_about(mean: torch.Tensor, covariance: torch.Tensor, origin: torch.Tensor) -> torch.Tensor:
@@ -25,15 +25,11 @@ def second_moment_about(mean: torch.Tensor, covariance: torch.Tensor, origin: to
 
 
 @dataclass
-class ResidualConfig(DetectorConfig):
-    """Settings of the residual norm (:class:`ResidualDetector`)."""
+class ResidualConfig(ViMConfig):
+    """Settings of the residual norm (:class:`ResidualDetector`): ViM's ``principal_dim``, with its default by the ViM
+    authors' rule for the width (OpenOOD residual.yml's fixed ``dim: 512`` is for its ImageNet ResNet-50)."""
 
     method: ClassVar[str] = "residual"
-    principal_dim: int | None = setting(
-        None, integer_check(1, optional=True),
-        "Dimension of the principal space left out; ``None``: the ViM authors' rule :func:`vim_principal_dim` (1000 "
-        "for ``D >= 2048``, 512 for ``D >= 768``, else ``D // 2``), as for ``vim`` (OpenOOD residual.yml's ``dim: "
-        "512`` is for its ImageNet ResNet-50). Below the feature width.")
 
 
 @register_detector
