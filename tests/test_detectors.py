@@ -460,7 +460,9 @@ def test_ood_scores_lower_on_toy_problem(name):
     x_train = toy_inputs(train_labels, ood=False, generator=generator)
     test_labels = torch.arange(40) % 4
     x_id, x_ood = toy_inputs(test_labels, False, generator), toy_inputs(test_labels, True, generator)
-    hyperparameters = {"split_point": "penultimate"} if name == "gsc" else {}
+    # GSC at the toy's one linear layer; CFOOD with every fitting sample as its reference set (its default 10% is 20
+    # rows here, 5 per class, too few for a neighbourhood).
+    hyperparameters = {"gsc": {"split_point": "penultimate"}, "cfood": {"alpha": 1.0}}.get(name, {})
     detector = get_detector(name, model, **hyperparameters)
     if detector.needs_fit:
         detector.fit([(x_train[i : i + 50], train_labels[i : i + 50]) for i in range(0, 200, 50)])
