@@ -23,7 +23,7 @@ from hf_gsc.detectors.backbone_pass import fit_together
 from hf_gsc.detectors.penultimate import ClassStatistics, chunked_percentile
 
 STATISTIC_METHODS = ["mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem", "dice", "nci", "fdbd", "she", "neco",
-                     "ora", "mds_ensemble", "residual"]
+                     "ora", "mds_ensemble", "residual", "caref", "cadref"]
 FEATURE_METHODS = ["knn", "vim", "react", "vra", "conjnorm", "nnguide", "relation", "cfood"]
 WIDTH = 32
 
