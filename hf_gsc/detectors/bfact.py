@@ -1,4 +1,4 @@
-"""BFAct: Butterworth-filtered activations (Kong & Li, 2023), as the OptFS authors run it."""
+"""BFAct: Butterworth-filtered activations (2023), as the OptFS authors run it."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class BFActDetector(FittedDetector):
     """Energy of the logits of the penultimate feature through a Butterworth gain, ``logsumexp(W bf(z) + b)``
     (:func:`butterworth`), the cut-off a percentile of the ID training activations.
 
-    Kong, Li, "BFAct: Out-of-Distribution Detection with Butterworth Filter Rectified Activations", 2023. No code of
+    "BFAct: Out-of-Distribution Detection with Butterworth Filter Rectified Activations", 2023. No code of
     the BFAct authors was found; the reference is the OptFS authors' implementation (github.com/Qinyu-Allen-Zhao/
     OptFSOOD, ``detector/bfact.py``, ``use_surrogate=False``): the cut-off is ``np.percentile`` of every penultimate
     activation of the ID training features. Its other mode (``use_surrogate=True``) picks the percentile in

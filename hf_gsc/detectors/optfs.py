@@ -1,4 +1,4 @@
-"""OptFS: the optimal piecewise-constant feature shaping (Zhao, Xu, Gould & Gedeon, ICLR 2024)."""
+"""OptFS: the optimal piecewise-constant feature shaping (Zhao et al., ICLR 2024)."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class OptFSDetector(FittedDetector):
     (:func:`shaped`), ``theta`` on 100 intervals of the ID activations' range set to each interval's mean contribution
     to the predicted logit of the ID training samples (normalised to norm 1000).
 
-    Zhao, Xu, Gould, Gedeon, "Towards Optimal Feature-Shaping Methods for Out-of-Distribution Detection", ICLR 2024.
+    Zhao et al., "Towards Optimal Feature-Shaping Methods for Out-of-Distribution Detection", ICLR 2024.
     The reference is the authors' code, github.com/Qinyu-Allen-Zhao/OptFSOOD ``detector/ours.py`` (``setup`` with the
     fixed weight, ``postprocess``): the intervals split the range between the ``1e-3`` and ``1 - 1e-3`` quantiles of
     every ID training activation; ``theta_i = mean_n sum_d [z_nd in interval i] w_{c_n d} z_nd`` over the training
