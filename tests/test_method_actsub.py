@@ -17,7 +17,9 @@ from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitt
 RTOL = 1e-11
 
 
-def scale(x, percentile=65):
+def openood_shaping(x, percentile, prune):
+    """OpenOOD's ``scale`` (``prune=False``: the whole input scaled) and ``ash_s`` (``prune=True``: the pruned input
+    scaled), which ActSub imports: ``exp(s1 / s2)``, ``s2`` the sum of the ``n - round(n p / 100)`` largest."""
     input = x.clone()
     b, c, h, w = x.shape
     s1 = x.sum(dim=[1, 2, 3])
@@ -27,19 +29,15 @@ def scale(x, percentile=65):
     v, i = torch.topk(t, k, dim=1)
     t.zero_().scatter_(dim=1, index=i, src=v)
     s2 = x.sum(dim=[1, 2, 3])
-    return input * torch.exp((s1 / s2)[:, None, None, None])
+    return (x if prune else input) * torch.exp((s1 / s2)[:, None, None, None])
+
+
+def scale(x, percentile=65):
+    return openood_shaping(x, percentile, prune=False)
 
 
 def ash_s(x, percentile=65):
-    b, c, h, w = x.shape
-    s1 = x.sum(dim=[1, 2, 3])
-    n = x.shape[1:].numel()
-    k = n - int(np.round(n * percentile / 100.0))
-    t = x.view((b, c * h * w))
-    v, i = torch.topk(t, k, dim=1)
-    t.zero_().scatter_(dim=1, index=i, src=v)
-    s2 = x.sum(dim=[1, 2, 3])
-    return x * torch.exp((s1 / s2)[:, None, None, None])
+    return openood_shaping(x, percentile, prune=True)
 
 
 def split_transform(M, idx):
