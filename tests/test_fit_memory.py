@@ -24,7 +24,7 @@ from hf_gsc.detectors.penultimate import ClassStatistics, chunked_percentile
 
 STATISTIC_METHODS = ["mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem", "dice", "nci", "fdbd", "she", "neco",
                      "ora", "mds_ensemble", "residual", "caref", "cadref"]
-FEATURE_METHODS = ["knn", "vim", "react", "vra", "conjnorm", "nnguide", "relation", "cfood", "bfact", "optfs"]
+FEATURE_METHODS = ["knn", "vim", "react", "vra", "conjnorm", "nnguide", "relation", "cfood", "bfact", "optfs", "grood"]
 WIDTH = 32
 
 
