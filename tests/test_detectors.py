@@ -448,13 +448,18 @@ def toy_inputs(classes: torch.Tensor, ood: bool, generator: torch.Generator) -> 
     return x.view(-1, 1, 1, 16)
 
 
-#: Methods the toy cannot run, and why.
-NOT_ON_THE_TOY = {"rankfeat": "removes the rank-1 component of a feature map or token matrix; the toy has vectors",
-                  "actsub": "splits the classifier's right singular vectors (Equation 4); the toy's four are of one "
-                            "singular value, so the split (c_idx = 1) cuts its row space along an arbitrary direction"}
+#: Methods that fail the toy problem by design, with the reason (their reference implementation fails it alike).
+TOY_FAILURES = {
+    "rankfeat": "RankFeat removes the rank-1 component of a feature map or token matrix; the toy's features are "
+                "vectors, which it refuses",
+    "actsub": "ActSub splits the classifier's right singular vectors (Equation 4); the toy's four share one singular "
+              "value, so the split (c_idx = 1) cuts its row space along an arbitrary direction and the authors' code "
+              "scores some OOD samples above ID ones",
+}
 
 
-@pytest.mark.parametrize("name", [name for name in ALL_METHODS if name not in NOT_ON_THE_TOY])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=TOY_FAILURES[name]))
+                                  if name in TOY_FAILURES else name for name in ALL_METHODS])
 def test_ood_scores_lower_on_toy_problem(name):
     generator = torch.Generator().manual_seed(0)
     model = ToyClassifier()
