@@ -433,11 +433,8 @@ class ToyClassifier(nn.Module):
                 self.classifier.weight[c, 3 * c : 3 * c + 3] = torch.tensor([4.0, 3.9, 3.8])
         self.double().eval()
 
-    def forward(self, pixel_values: torch.Tensor, output_hidden_states: bool = False) -> ImageClassifierOutput:
-        features = torch.relu(self.encoder(pixel_values.flatten(1)))
-        # The features as a 16-channel 1 x 1 map, the one hidden state (read by MDSEns).
-        hidden = (features.view(-1, 16, 1, 1),) if output_hidden_states else None
-        return ImageClassifierOutput(logits=self.classifier(features), hidden_states=hidden)
+    def forward(self, pixel_values: torch.Tensor) -> ImageClassifierOutput:
+        return ImageClassifierOutput(logits=self.classifier(torch.relu(self.encoder(pixel_values.flatten(1)))))
 
 
 def toy_inputs(classes: torch.Tensor, ood: bool, generator: torch.Generator) -> torch.Tensor:
@@ -452,6 +449,7 @@ def toy_inputs(classes: torch.Tensor, ood: bool, generator: torch.Generator) -> 
 TOY_FAILURES = {
     "rankfeat": "RankFeat removes the rank-1 component of a feature map or token matrix; the toy's features are "
                 "vectors, which it refuses",
+    "mds_ensemble": "MDSEns reads the layers of the encoder's blocks; the toy has no encoder, which it refuses",
     "actsub": "ActSub splits the classifier's right singular vectors (Equation 4); the toy's four share one singular "
               "value, so the split (c_idx = 1) cuts its row space along an arbitrary direction and the authors' code "
               "scores some OOD samples above ID ones",

@@ -123,14 +123,24 @@ def test_defaults_and_the_id_only_weights():
     model = make_tiny_model("resnet")
     with pytest.raises(ValueError, match=r"alpha must have one weight per layer \(2 layers \[0, -1\]\), got 1"):
         get_detector("mds_ensemble", model, layers=[0, -1], alpha=[1.0])
-    with pytest.raises(ValueError, match=r"layers must be a non-empty list of distinct hidden-state indices"):
+    with pytest.raises(ValueError, match=r"layers must be a non-empty list of distinct layer indices"):
         get_detector("mds_ensemble", model, layers=[0, 0])
 
 
-def test_a_layer_out_of_range_is_named(tmp_path):
-    model = make_tiny_model("resnet")  # hidden states: the stem and two stages
-    with pytest.raises(ValueError, match=r"layers \[5\] out of range for the 3 hidden states"):
-        get_detector("mds_ensemble", model, layers=[0, 5]).fit(fit_batches())
+def test_a_layer_out_of_range_is_named_when_the_detector_is_built():
+    model = make_tiny_model("resnet")  # layers: the stem (the first stage's input) and two stages
+    with pytest.raises(ValueError, match=r"layers \[5\] out of range for the 3 layers of ResNetForImageClassification"):
+        get_detector("mds_ensemble", model, layers=[0, 5])
+
+
+def test_the_base_model_stays_picklable():
+    """The layers are captured by this library's hooks: transformers' ``output_hidden_states=True`` would install
+    hooks of its own, local functions that pickle cannot write, on the shared base model."""
+    import pickle
+
+    model = make_tiny_model("vit")
+    get_detector("mds_ensemble", model, layers=[0, -1]).fit(fit_batches()).score(scored_inputs())
+    pickle.dumps(model)
 
 
 def test_a_load_with_other_layers_than_the_fitted_ones_is_refused(tmp_path):

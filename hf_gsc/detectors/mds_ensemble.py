@@ -10,7 +10,9 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
+from ..classifier.architectures import architecture_for
 from ..settings.config import DetectorConfig, number_check, setting
+from ..utils.feature_capture import Target, capture_many, install_hooks
 from ..utils.precision import full_precision, parameter_dtype, step_dtype
 from .backbone_pass import BackbonePass, FitShards
 from .common import FittedDetector
@@ -35,11 +37,32 @@ def gaussian_scores(features: torch.Tensor, class_means: torch.Tensor, precision
     return -0.5 * mahalanobis_distances(features.double(), mahalanobis_terms(class_means, precision))
 
 
+def layer_targets(model: nn.Module, layers: Sequence[int]) -> list[Target]:
+    """Where each of ``layers`` is read: layer 0 is the input of the encoder's first block, layer ``i`` the output of
+    its block ``i - 1`` (:mod:`hf_gsc.classifier.architectures`), the model's ``hidden_states`` for a transformers
+    ResNet (stem, then each stage) and ViT (embeddings, then each block), captured by hooks (transformers'
+    ``output_hidden_states=True`` installs hooks on the model that make it unpicklable)."""
+    try:
+        blocks = list(model.get_submodule(architecture_for(model).blocks))
+    except ValueError as error:
+        raise ValueError(f"mds_ensemble reads the layers of the encoder's blocks: {error}") from None
+    count = len(blocks) + 1
+    bad = [index for index in layers if not -count <= index < count]
+    if bad:
+        raise ValueError(f"mds_ensemble: layers {bad} out of range for the {count} layers of {type(model).__name__} "
+                         f"(the input of the first of its {len(blocks)} blocks, then each block's output; indices "
+                         f"-{count}..{count - 1})")
+    targets = [(blocks[0], True) if index % count == 0 else (blocks[index % count - 1], False) for index in layers]
+    for module, _ in targets:
+        install_hooks(module)
+    return targets
+
+
 def _indices(name: str, value: Any) -> Any:
     if isinstance(value, str) or not isinstance(value, Sequence) or not value or any(
             isinstance(v, bool) or not isinstance(v, int) for v in value) or len(set(value)) != len(value):
-        raise ValueError(f"{name} must be a non-empty list of distinct hidden-state indices (integers, negative from "
-                         f"the end), got {value!r}")
+        raise ValueError(f"{name} must be a non-empty list of distinct layer indices (integers, negative from the "
+                         f"end), got {value!r}")
     return tuple(value)
 
 
@@ -59,10 +82,11 @@ class MDSEnsembleConfig(DetectorConfig):
     method: ClassVar[str] = "mds_ensemble"
     layers: tuple[int, ...] = setting(
         (0,), _indices,
-        "Indices into the model's ``hidden_states`` (``output_hidden_states=True``; negative from the end) whose "
-        "channel means are scored; ``[0]``: OpenOOD mds_ensemble.yml (``feature_type_list: [mean]``: the first "
-        "entry of its ResNet's feature list, the stem's output after max-pooling, which is ``hidden_states[0]`` of a "
-        "transformers ResNet).")
+        "The layers whose channel means are scored (negative from the end): 0 is the input of the encoder's first "
+        "block, ``i`` the output of its block ``i - 1`` (:func:`layer_targets`: the model's ``hidden_states`` for a "
+        "transformers ResNet and ViT); ``[0]``: OpenOOD mds_ensemble.yml (``feature_type_list: [mean]``: the first "
+        "entry of its ResNet's feature list, the stem's output after max-pooling, which is layer 0 of a transformers "
+        "ResNet).")
     alpha: tuple[float, ...] | None = setting(
         None, _weights,
         "Weight of each layer's score, one per entry of ``layers``; ``None``: 1 for each (OpenOOD mds_ensemble.yml "
@@ -87,10 +111,11 @@ class MDSEnsembleDetector(FittedDetector):
     with ``configs/postprocessors/mds_ensemble.yml``: per layer, class means and the tied covariance
     (``EmpiricalCovariance`` of the class-centred features; its pseudo-inverse the precision) of the ID training
     features; at scoring, one forward and backward per layer for its input step, then a forward of the stepped
-    input. The layers are the model's ``hidden_states`` (``output_hidden_states=True``): a transformers ResNet's are
-    exactly OpenOOD's ResNet feature list before its last pooling (stem after max-pooling, then each stage); a
-    transformer's are the embeddings and each block's output, whose channel means here are means over the tokens
-    (OpenOOD has no feature list for its ViT).
+    input. The layers are the input of the encoder's first block and each block's output (:func:`layer_targets`),
+    which are the model's ``hidden_states``: a transformers ResNet's are exactly OpenOOD's ResNet feature list before
+    its last pooling (stem after max-pooling, then each stage); a ViT's are the embeddings and each block's output,
+    whose channel means here are means over the tokens (OpenOOD has no feature list for its ViT). They are captured
+    by hooks, not with ``output_hidden_states=True``, whose hooks would make the base model unpicklable.
 
     Where this differs from OpenOOD: the layer weights ``alpha`` are a setting (1 each by default, OpenOOD's yml);
     OpenOOD's alternative of fitting them by logistic regression on its OOD validation set (``alpha_list`` empty) is
@@ -120,6 +145,7 @@ class MDSEnsembleDetector(FittedDetector):
         if alpha is not None and len(alpha) != len(layers):
             raise ValueError(f"mds_ensemble: alpha must have one weight per layer ({len(layers)} layers {list(layers)}), "
                              f"got {len(alpha)}: {list(alpha)}")
+        self._targets = layer_targets(self.model, layers)
 
     @property
     def alpha(self) -> tuple[float, ...]:
@@ -138,25 +164,16 @@ class MDSEnsembleDetector(FittedDetector):
         return self.num_classes + 1, "one sample of every class, and more than classes for a covariance"
 
     # ------------------------------------------------------------------ the layers' channel means
-    def _hidden_states(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Every hidden state of ``pixel_values`` (the model's own forward, fed in its dtype; with the graph to the
-        input where grad mode is on)."""
-        output = self.model(pixel_values=pixel_values.to(parameter_dtype(self.model)), output_hidden_states=True)
-        hidden = getattr(output, "hidden_states", None)
-        if not hidden:
-            raise ValueError(f"mds_ensemble: {type(self.model).__name__} returns no hidden_states with "
-                             "output_hidden_states=True; this method reads them")
-        return hidden
-
     def _layer_means(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
-        """``m_l`` of each layer of ``layers``, ``(B, D_l)`` in ``pixel_values``' dtype or wider."""
-        hidden = self._hidden_states(pixel_values)
-        layers = self.hyperparameters["layers"]
-        bad = [index for index in layers if not -len(hidden) <= index < len(hidden)]
-        if bad:
-            raise ValueError(f"mds_ensemble: layers {bad} out of range for the {len(hidden)} hidden states of "
-                             f"{type(self.model).__name__} (indices -{len(hidden)}..{len(hidden) - 1})")
-        return [channel_means(hidden[index].to(step_dtype(hidden[index].dtype))) for index in layers]
+        """``m_l`` of each layer of ``layers``, ``(B, D_l)`` in ``pixel_values``' dtype or wider: the model's own
+        forward (fed in its dtype; with the graph to the input where grad mode is on), stopped at the last layer
+        read."""
+        captured, _ = capture_many(lambda: self.model(pixel_values=pixel_values.to(parameter_dtype(self.model))),
+                                   self._targets, stop=True)
+        missing = [index for index, target in zip(self.hyperparameters["layers"], self._targets) if target not in captured]
+        if missing:
+            raise RuntimeError(f"mds_ensemble: the forward never reached layers {missing}")
+        return [channel_means(captured[target].to(step_dtype(captured[target].dtype))) for target in self._targets]
 
     # ------------------------------------------------------------------ fitting: per layer class means and tied covariance
     def fit_begin(self) -> None:

@@ -116,6 +116,17 @@ class RankFeatDetector(BaselineDetector):
         super().__init__(model, config, **hyperparameters)
         self.splits = tuple(resolve_split_point(self.model, point) for point in self.hyperparameters["split_points"])
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A split point inside the encoder holds a closure (the blocks after it): rebuilt on unpickling (pickle,
+        # copy.deepcopy) instead of pickled, as GSC's backend.
+        state = super().__getstate__()
+        state["splits"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.splits = tuple(resolve_split_point(self.model, point) for point in self.hyperparameters["split_points"])
+
     def resolve_defaults(self, model: nn.Module, hyperparameters: dict[str, Any]) -> dict[str, Any]:
         if hyperparameters["split_points"] is None:
             hyperparameters["split_points"] = default_split_points(model)
