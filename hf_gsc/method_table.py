@@ -62,7 +62,8 @@ def _reads(detector) -> str:
     parts = ["logits"] if detector.reads_logits else []
     gradient = hasattr(detector, "backend")  # GSC and GSC + ASH: the gradient through the head after the split
     for split in detector.feature_splits():
-        parts.append(f"F at `{split.name}` + the head" if gradient else "penultimate feature z")
+        plain = split.name == "penultimate" and not gradient
+        parts.append("penultimate feature z" if plain else f"F at `{split.name}` + the head")
     return ", ".join(parts)
 
 

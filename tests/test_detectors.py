@@ -468,6 +468,12 @@ TOY_FAILURES = {
     "weiper_kldiv": "WeiPer's densities are histograms of a sample's values over its dimensions, blind to which "
                     "dimensions are active: the toy's ID (3 active features) and OOD (4 active) samples have nearly "
                     "the same histograms, and the authors' code scores them alike (ID min -0.109, OOD max -0.010)",
+    "rankfeat": "RankFeat removes the rank-1 component of a feature map or token matrix; the toy's features are "
+                "vectors, which it refuses",
+    "mds_ensemble": "MDSEns reads the layers of the encoder's blocks; the toy has no encoder, which it refuses",
+    "actsub": "ActSub splits the classifier's right singular vectors (Equation 4); the toy's four share one singular "
+              "value, so the split (c_idx = 1) cuts its row space along an arbitrary direction and the authors' code "
+              "scores some OOD samples above ID ones",
 }
 
 
@@ -481,7 +487,9 @@ def test_ood_scores_lower_on_toy_problem(name):
     x_train = toy_inputs(train_labels, ood=False, generator=generator)
     test_labels = torch.arange(40) % 4
     x_id, x_ood = toy_inputs(test_labels, False, generator), toy_inputs(test_labels, True, generator)
-    hyperparameters = {"split_point": "penultimate"} if name == "gsc" else {}
+    # GSC at the toy's one linear layer; CFOOD with every fitting sample as its reference set (its default 10% is 20
+    # rows here, 5 per class, too few for a neighbourhood).
+    hyperparameters = {"gsc": {"split_point": "penultimate"}, "cfood": {"alpha": 1.0}}.get(name, {})
     detector = get_detector(name, model, **hyperparameters)
     if detector.needs_fit:
         detector.fit([(x_train[i : i + 50], train_labels[i : i + 50]) for i in range(0, 200, 50)])

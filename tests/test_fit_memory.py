@@ -1,6 +1,6 @@
 """What a fit holds is set by the method, not by the number of fitting samples.
 
-* statistic methods (Gaussian family, DICE, NCI, fDBD, SHE) hold sums only: the same bytes after 2 and after 8
+* statistic methods (Gaussian family, MDSEns's per-layer Gaussians, DICE, NCI, fDBD, SHE) hold sums only: the same bytes after 2 and after 8
   batches;
 * feature-reading methods (KNN, ViM, ReAct, ConjNorm, NNGuide) hold every feature once, contiguous float32 (float64
   for a float64 model), shared by those fitted in one pass, and never a view into the backbone's token tensor;
@@ -23,8 +23,8 @@ from hf_gsc.detectors.backbone_pass import fit_together
 from hf_gsc.detectors.penultimate import ClassStatistics, chunked_percentile
 
 STATISTIC_METHODS = ["mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem", "dice", "nci", "fdbd", "she", "neco",
-                     "ora"]
-FEATURE_METHODS = ["knn", "vim", "react", "vra", "conjnorm", "nnguide"]
+                     "ora", "mds_ensemble", "residual", "caref", "cadref"]
+FEATURE_METHODS = ["knn", "vim", "react", "vra", "conjnorm", "nnguide", "relation", "cfood", "bfact", "optfs", "grood"]
 WIDTH = 32
 
 

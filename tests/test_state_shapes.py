@@ -16,7 +16,7 @@ from hf_gsc.detectors import DETECTORS, get_detector
 from conftest import IMAGE_SIZE, NUM_LABELS
 from test_detectors import balanced_model
 
-NUM = 128
+NUM = 150  # a tenth (15: the rows of CFOOD and ActSub; 14 CFOOD fractions) is neither the feature width (12) nor K
 FITTED = sorted(method for method, cls in DETECTORS.items() if cls.needs_fit is True)
 
 

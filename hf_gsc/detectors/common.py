@@ -249,6 +249,13 @@ class FittedDetector(PenultimateDetector):
         sample, labels ignored."""
         return "mean", lambda: StatisticsPass(ClassStatistics(num_classes=1), _unlabelled)
 
+    def moment_accumulator(self) -> tuple[Hashable, Callable[[], FitAccumulator]]:
+        """The accumulator of the methods that read the mean and covariance of every feature, labels ignored (NECO,
+        Residual): float64 sums and the sum of outer products about the first batch's mean, ``D + D^2`` numbers
+        whatever ``N``."""
+        return "mean and covariance", lambda: StatisticsPass(ClassStatistics(num_classes=1, second_moment=True),
+                                                             _unlabelled)
+
     def mean_feature(self, accumulated: StatisticsPass) -> torch.Tensor:
         """``(D,)`` float64 mean of the ID features of :meth:`mean_accumulator`, every sample counted (the fit count
         checked): the fitted state of the methods that centre on the training mean (DICE, NCI, fDBD)."""

@@ -12,7 +12,7 @@ from ..settings.config import DetectorConfig, integer_check, setting
 from .backbone_pass import BackbonePass
 from .common import FittedDetector
 from .interface import register_detector
-from .penultimate import ClassStatistics, StatisticsPass
+from .penultimate import StatisticsPass
 
 #: The share of the standardised features' variance the default ``neco_dim`` explains (the 90% rule of the NECO
 #: postprocessor in github.com/mueller-mp/maha-norm and of ``neco_score`` in the ORA authors' repository).
@@ -153,9 +153,7 @@ class NECODetector(FittedDetector):
 
     def fit_accumulator(self) -> tuple[Hashable, Callable[[], StatisticsPass]]:
         # The mean and covariance of every feature, streamed: (D + D^2) float64 whatever N.
-        return "mean and covariance", lambda: StatisticsPass(
-            ClassStatistics(num_classes=1, second_moment=True),
-            lambda features, labels: (features, torch.zeros(features.shape[0], dtype=torch.long), None))
+        return self.moment_accumulator()
 
     def _fit(self, accumulated: StatisticsPass) -> None:
         self.check_fit_count(accumulated.count)

@@ -420,6 +420,13 @@ def chunked_percentile(chunks: Sequence[torch.Tensor], q: float) -> float:
     """``numpy.percentile(np.concatenate([c.ravel() for c in chunks]).astype(float64), q)`` (linear interpolation),
     the same float64 value, without concatenating or sorting a copy: the two order statistics it interpolates are
     selected exactly (:func:`_kth_smallest_key`) from the chunks as held (float32 or float64, no NaN)."""
+    return chunked_quantile(chunks, np.true_divide(np.float64(q), 100))
+
+
+def chunked_quantile(chunks: Sequence[torch.Tensor], fraction: float) -> float:
+    """``numpy.quantile(np.concatenate([c.ravel() for c in chunks]).astype(float64), fraction)``, as
+    :func:`chunked_percentile` (``numpy.percentile`` at ``q`` is this at ``q / 100``; a fraction such as ``1 - 1e-3``
+    is no float ``q`` over 100)."""
     chunks = [chunk for chunk in chunks if chunk.numel()]
     if not chunks:
         raise ValueError("percentile of no values")
@@ -429,7 +436,7 @@ def chunked_percentile(chunks: Sequence[torch.Tensor], q: float) -> float:
                          f"{sorted({str(chunk.dtype) for chunk in chunks})}")
     n = sum(chunk.numel() for chunk in chunks)
     # numpy's 'linear' method: virtual index (n - 1) q, its floor and the lerp's weight, in float64 as numpy.
-    virtual = (n - 1) * np.true_divide(np.float64(q), 100)
+    virtual = (n - 1) * np.float64(fraction)
     if virtual >= n - 1:
         return _key_value(_kth_smallest_key(chunks, n - 1), dtype)
     lower = int(np.floor(virtual))

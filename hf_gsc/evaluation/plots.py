@@ -22,10 +22,10 @@ from ..utils.confined_files import atomic_open, make_dirs
 PLOTS_DIR = "plots"
 #: The colour of the ID scores in the density figure; no OOD split or method is drawn in it.
 ID_COLOR = "tab:blue"
-#: Colours of curves (methods, OOD splits): tab10 without the ID colour, cycled through :data:`LINESTYLES`, so that
-#: every one of 36 curves has its own (colour, line style) pair.
+#: Colours of curves (methods, OOD splits): tab10 without the ID colour, then four named colours far from all of
+#: them, cycled through :data:`LINESTYLES`, so that every one of 52 curves has its own (colour, line style) pair.
 CURVE_COLORS = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray", "tab:olive",
-                "tab:cyan")
+                "tab:cyan", "black", "gold", "teal", "maroon")
 LINESTYLES = ("-", "--", "-.", ":")
 #: The density figure's x axis spans these quantiles of the scores (one heavy tail would squash the rest into a bin).
 SCORE_QUANTILES = (0.01, 0.99)

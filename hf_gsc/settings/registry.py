@@ -75,9 +75,12 @@ def closest_name(name: str, known: Sequence[str]) -> str | None:
 
 def default_methods() -> list[str]:
     """The methods ``hf-gsc evaluate`` runs without ``--methods``: those whose class sets ``in_default_table``
-    itself (a subclass such as ``gsc_ash`` does not inherit it), in registration order."""
+    itself (a subclass such as ``gsc_ash`` does not inherit it), GSC first, then by name (one order whatever order
+    their modules register in: a module that subclasses another method's class, as ``iodin`` ODIN's, registers it
+    early)."""
     load_methods()
-    return [name for name, cls in DETECTORS.items() if vars(cls).get("in_default_table", False)]
+    names = [name for name, cls in DETECTORS.items() if vars(cls).get("in_default_table", False)]
+    return sorted(names, key=lambda name: (name != "gsc", name))
 
 
 def detector_class(method: str) -> type["OODDetector"]:
