@@ -138,16 +138,26 @@ def test_mask_counts_every_coordinate_the_head_reads(family_model):
     assert out.mask.flatten(1).sum(dim=1).eq(math.ceil(0.05 * read)).all()
 
 
+#: Methods that read a part of the model that a timm model lacks here, and the words of their refusal.
+LACKING = {"bats": "has no affine BatchNorm layer", "rankfeat": "exposes no list of them",
+           "mds_ensemble": "exposes no list of them"}
+
+
 def test_every_method_runs(family_model):
     """Every registered method builds, fits (one shared pass) and scores finite numbers on the timm model."""
     family, model = family_model
-    # The Gaussian methods need more samples than the penultimate feature's width plus the classes.
-    count = 32 * math.ceil((model.timm_model.get_classifier().in_features + NUM_LABELS + 1) / 32)
+    # The Gaussian methods need more samples than the penultimate feature's width plus the classes; ActSub 100.
+    count = 32 * math.ceil(max(model.timm_model.get_classifier().in_features + NUM_LABELS + 1, 100) / 32)
     fit_images = images(family, count, seed=4)
     with torch.no_grad():
         labels = model(pixel_values=fit_images).logits.argmax(-1)
     labels[::2] = torch.arange(count // 2) % NUM_LABELS  # every class present
-    detectors = [get_detector(name, model) for name in sorted(DETECTORS)]
+    detectors = []
+    for name in sorted(DETECTORS):
+        try:
+            detectors.append(get_detector(name, model))
+        except ValueError as error:  # only a method reading a part timm models lack here, refused naming it
+            assert name in LACKING and LACKING[name] in str(error), (name, error)
     errors: dict[str, str] = {}
     fit_together(detectors, [(fit_images[i : i + 32], labels[i : i + 32]) for i in range(0, count, 32)],
                  errors=errors)

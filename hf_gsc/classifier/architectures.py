@@ -326,6 +326,25 @@ def timm_architecture(model: nn.Module) -> ArchitectureSpec:
     return ArchitectureSpec(final, timm_head(model, features, logits), final=final)
 
 
+def encoder_blocks(model: nn.Module, reader: str) -> nn.Module:
+    """The list of encoder blocks (or stages) of ``model``, for a method that reads them (``reader`` names it).
+
+    Raises:
+        ValueError: the model exposes no such list: a timm model is read at ``forward_features``' output only (its
+            spec's ``blocks`` is that module), so methods that read inner blocks do not apply to it.
+    """
+    spec = architecture_for(model)
+    blocks = model.get_submodule(spec.blocks)
+    # A timm model's spec names forward_features' output module as its blocks (a ResNet's last stage: its entries
+    # are that stage's blocks, not the encoder's stages), so a method reading stages would read the wrong ones.
+    if is_timm_model(model) or not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ValueError(f"{reader} reads the encoder's blocks, and model type {model_type!r} exposes no list of "
+                         f"them here ({spec.blocks!r} is a {type(blocks).__name__}; timm models are read at "
+                         f"forward_features' output only)")
+    return blocks
+
+
 def architecture_for(model: nn.Module) -> ArchitectureSpec:
     """The spec of ``model``: registered (:data:`ARCHITECTURES`), a timm model's (:func:`timm_architecture`) or
     discovered (:func:`discover_architecture`).

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
-from ..classifier.architectures import architecture_for
+from ..classifier.architectures import encoder_blocks
 from ..settings.config import DetectorConfig, number_check, setting
 from ..utils.feature_capture import Target, capture_many, install_hooks
 from ..utils.precision import full_precision, parameter_dtype, step_dtype
@@ -43,7 +43,7 @@ def layer_targets(model: nn.Module, layers: Sequence[int]) -> list[Target]:
     ResNet (stem, then each stage) and ViT (embeddings, then each block), captured by hooks (transformers'
     ``output_hidden_states=True`` installs hooks on the model that make it unpicklable)."""
     try:
-        blocks = list(model.get_submodule(architecture_for(model).blocks))
+        blocks = list(encoder_blocks(model, "mds_ensemble"))
     except ValueError as error:
         raise ValueError(f"mds_ensemble reads the layers of the encoder's blocks: {error}") from None
     count = len(blocks) + 1

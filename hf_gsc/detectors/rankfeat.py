@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 from torch import nn
 
-from ..classifier.architectures import architecture_for
+from ..classifier.architectures import architecture_for, encoder_blocks
 from ..classifier.heads import HeadSpec, ModuleHead
 from ..classifier.split_points import SplitPoint, resolve_split_point, validate_split_point_name
 from ..settings.config import MIN_TEMPERATURE, DetectorConfig, number_check, setting
@@ -46,7 +46,7 @@ def default_split_points(model: nn.Module) -> tuple[str, ...]:
     ResNet-50), a transformer's second-to-last block (``svd_block_index = 11`` of 12 in their ViT script); an encoder
     of one block has its final output only."""
     blocks = architecture_for(model).blocks
-    if len(model.get_submodule(blocks)) < 2:
+    if len(encoder_blocks(model, "rankfeat")) < 2:
         return ("final_encoder_output",)
     before_last = f"{blocks}.-2"
     return ("final_encoder_output", before_last) if pools_spatially(model) else (before_last,)
