@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # Debian packages that hold the offline benchmark data (Fashion-MNIST, real digits, photos, fonts).
 DATA_PACKAGES := dataset-fashion-mnist opencv-doc fonts-dejavu-core fonts-liberation fonts-freefont-ttf
 
-.PHONY: install install-data test lint demo docs
+.PHONY: install install-data test test-space lint demo docs
 install: install-data $(VENV)/.installed
 
 # Idempotent: installs the Debian data packages only when one is missing (needs root or sudo).
@@ -24,8 +24,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[all,test]'
 	touch $@
 
+# Everything but the Space test, which installs a Space's requirements from the package index (make test-space).
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m 'not space' tests
+
+# tests/test_space.py's install: a Space folder's requirements.txt into a fresh environment, then its app.py, asked
+# by gradio_client (about 4 minutes on 2 cores, most of it pip resolving and unpacking Gradio and transformers).
+test-space: install
+	$(PY) -m pytest -q -m space tests
 
 # ruff and mypy (the test extra) with the settings in pyproject.toml.
 lint: install

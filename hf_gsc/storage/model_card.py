@@ -160,15 +160,17 @@ def render_model_card(
     license: str = DEFAULT_LICENSE,
     base_in_repo: bool = False,
     p_value_cut: float | None = None,
+    model_name: str | None = None,
 ) -> ModelCard:
     """Model card of a detector from its saved config ``values`` (:meth:`hf_gsc.DetectorConfig.to_dict`):
     metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
-    the threshold and, with ``results``, its evaluation."""
+    the threshold and, with ``results``, its evaluation. Its title is ``repo_id``, else ``model_name``, else
+    ``METHOD-BASE``."""
     template = template_text()
     method = values["method"]
     base_model = values.get("base_model_name_or_path")
     base_name = (base_model or "classifier").rstrip("/").split("/")[-1]
-    name = repo_id or f"{method}-{base_name}"
+    name = repo_id or model_name or f"{method}-{base_name}"
     eval_results = eval_results_from(results, method) if results else []
     card_data = ModelCardData(
         library_name="hf_gsc",
