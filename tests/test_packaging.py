@@ -115,7 +115,7 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
     metadata = zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("METADATA"))).decode()
     assert f"\nVersion: {__version__}\n" in metadata
     all_extra = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra == \"all\"" in line]
-    assert len(all_extra) == 1 and "[benchmarks,demo,evaluation,plots]" in all_extra[0], all_extra
+    assert len(all_extra) == 1 and "[benchmarks,demo,evaluation,metric,plots]" in all_extra[0], all_extra
     # Every package of hf_gsc is listed in pyproject.toml (the list is explicit because of hf_gsc.docs).
     packages = {str(init.parent.relative_to(REPO_ROOT)).replace("/", ".") for init in (REPO_ROOT / "hf_gsc").rglob("__init__.py")}
     assert {name.rsplit("/", 1)[0].replace("/", ".") for name in names if name.endswith("/__init__.py")} == packages
