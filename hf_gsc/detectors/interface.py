@@ -41,8 +41,8 @@ from ..settings.registry import DETECTORS, detector_class, get_detector, registe
 from ..storage.pretrained import DetectorFiles
 from ..classifier.split_points import SplitPoint
 from ..utils.conformal import conformal_p_value, p_value_cut, sorted_calibration_scores
-from ..utils.thresholds import (MIN_CALIBRATION_SAMPLES, TOO_FEW_FOR_A_THRESHOLD, calibration_record, check_tpr,
-                                threshold_for)
+from ..utils.thresholds import (MIN_CALIBRATION_SAMPLES, TOO_FEW_FOR_A_THRESHOLD, calibration_record, check_delta,
+                                check_tpr, threshold_for)
 
 @dataclass
 class OODDetectorOutput(ModelOutput):
@@ -635,6 +635,7 @@ class OODDetector(DetectorFiles, HubPush, nn.Module):
         Returns:
             The threshold.
         """
+        tpr, delta = check_tpr(tpr), check_delta(delta)  # before any forward: a bad one is refused at once
         rows = image_rows(id_validation_data, "id_validation_data", None, False, split, image_column, label_column)
         source, read_split = ("tensors given by the caller", None) if rows is None else (rows.source, rows.split)
         scores = []
