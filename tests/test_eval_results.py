@@ -121,3 +121,30 @@ def test_eval_results_round_trip_through_huggingface_hub(tmp_path):
     parsed = yaml.safe_load(eval_results_yaml(entries))
     assert hub_api.eval_result_entries_to_yaml(hub_api.parse_eval_result_entries(parsed)) == validate(parsed)
     assert name == ".eval_results/user__photos.yaml"
+
+
+def test_push_to_hub_with_results_writes_them_too(tmp_path):
+    """``push_to_hub(..., results_dir=...)`` (and ``hf-gsc publish --detector-dir``): the detector's own results in
+    the Hub's format beside its card."""
+    from conftest import make_tiny_model
+
+    from hf_gsc import GSCConfig
+
+    base = tmp_path / "base"
+    make_tiny_model("resnet").float().save_pretrained(base)
+    config = GSCConfig(mask_ratio=0.1)
+    results_dir = _results(tmp_path / "run", benchmark=None, id_dataset="user/photos", model=str(base))
+    results = json.loads((results_dir / "results.json").read_text())
+    results["methods"]["gsc"]["hyperparameters"] = {name: getattr(config, name) for name in GSCConfig.score_names()}
+    (results_dir / "results.json").write_text(json.dumps(results))
+    script = (f"from hf_gsc import GSCForImageClassification\n"
+              f"d = GSCForImageClassification.from_pretrained({str(base)!r}, mask_ratio=0.1)\n"
+              f"d.push_to_hub('user/gsc-photos', save_base_model=True, results_dir={str(results_dir)!r})\n")
+    with LoopbackHub() as hub:
+        env = {**hub.client_env(hf_home=tmp_path / "hf_home", token=hub.token), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        document = validate(yaml.safe_load(hub.read_file("user/gsc-photos", ".eval_results/user__photos.yaml")))
+    assert {(e["dataset"]["task_id"], e["value"]) for e in document} >= {("ood-svhn-auroc", 0.9), ("ood-tin-auroc", 0.75)}
+    assert all(str(tmp_path) not in e["notes"] for e in document)  # the local model path is published as local:NAME

@@ -17,6 +17,7 @@ files) and local folders have none, so no file is written for them (:func:`bench
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Mapping
 
 from .repo_ids import is_hub_id
@@ -87,6 +88,23 @@ def eval_results_entries(results: Mapping[str, Any], method: str, source_url: st
     return (file_name(results, dataset_id), entries) if entries else None
 
 
+def write_eval_results(folder: str | Path, results: Mapping[str, Any], method: str, repo_id: str,
+                       revision: str | None = None) -> Path | None:
+    """Write ``method``'s ``.eval_results`` file into ``folder`` (a repo about to be uploaded to ``repo_id``), its
+    source the repo's ``results.json``; returns the file, or None when the ID data is no Hub dataset."""
+    from huggingface_hub import constants
+
+    source = f"{constants.ENDPOINT}/{repo_id}/blob/{revision or 'main'}/results.json"
+    found = eval_results_entries(results, method, source)
+    if found is None:
+        return None
+    name, entries = found
+    path = Path(folder) / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(eval_results_yaml(entries), encoding="utf-8")
+    return path
+
+
 def eval_results_yaml(entries: list[dict[str, Any]]) -> str:
     """The file's text (YAML, keys in the documented order)."""
     import yaml  # PyYAML: a dependency of huggingface_hub
@@ -95,4 +113,4 @@ def eval_results_yaml(entries: list[dict[str, Any]]) -> str:
 
 
 __all__ = ["EVAL_RESULTS_DIR", "METRICS", "benchmark_dataset_id", "eval_results_entries", "eval_results_yaml",
-           "file_name"]
+           "file_name", "write_eval_results"]

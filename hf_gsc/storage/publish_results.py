@@ -10,7 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .eval_results import eval_results_entries, eval_results_yaml
+from .eval_results import write_eval_results
 from .model_card import render_model_card
 from .push import HubError, upload_folder_to_hub  # noqa: F401  (HubError: part of this module's interface)
 from .repo_ids import is_hub_id
@@ -42,16 +42,10 @@ def publish_results(
               "base_model_name_or_path": model if is_hub_id(model) else None, "hf_gsc_version": results.get(
                   "versions", {}).get("hf_gsc")}
     card = render_model_card(values, repo_id, results, table, [p.as_posix() for p in plots])
-    from huggingface_hub import constants
-
-    hub_results = eval_results_entries(results, method, f"{constants.ENDPOINT}/{repo_id}/blob/{revision or 'main'}/results.json")
     with tempfile.TemporaryDirectory() as folder:
         copy_results(results_dir, Path(folder), plots, public=True)
         card.save(Path(folder) / "README.md")
-        if hub_results is not None:  # the Hub's own results format, beside the card's model-index
-            name, entries = hub_results
-            (Path(folder) / name).parent.mkdir(exist_ok=True)
-            (Path(folder) / name).write_text(eval_results_yaml(entries), encoding="utf-8")
+        write_eval_results(folder, results, method, repo_id, revision)  # the Hub's own format, beside model-index
         return upload_folder_to_hub(
             folder, repo_id, private, revision, token, "Upload hf_gsc evaluation results",
             kept=f"The results in {results_dir} are intact.",
