@@ -603,14 +603,15 @@ def same_model_or_refuse(model: Any, args: Any) -> str:
     from ..detectors.interface import OODDetector
 
     flag, named = ("--detector", args.detector) if args.detector is not None else ("--model", args.model)
+    candidates: list[Any]
     if isinstance(model, str):
-        kind_matches, names = True, [model]
+        kind_matches, candidates = True, [model]
     elif isinstance(model, OODDetector):
         kind_matches = flag == "--detector"
-        names = [getattr(model.model, "name_or_path", None), model.config.base_model_name_or_path]
+        candidates = [getattr(model.model, "name_or_path", None), model.config.base_model_name_or_path]
     else:
-        kind_matches, names = flag == "--model", [getattr(model, "name_or_path", None)]
-    names = [str(name) for name in names if name]
+        kind_matches, candidates = flag == "--model", [getattr(model, "name_or_path", None)]
+    names = [str(name) for name in candidates if name]
     if kind_matches and any(_same_name(name, str(named)) for name in names):
         return str(named)
     given = repr(names[0]) if names else f"a {type(model).__name__} with no name_or_path"
