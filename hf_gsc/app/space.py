@@ -22,8 +22,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..settings.config import CONFIG_NAME
-from ..storage.loading import has_base_weights
 from ..storage.repo_ids import is_hub_id, looks_local
 from ..utils.confined_files import atomic_write_text
 from ..utils.version import __version__
@@ -175,6 +173,9 @@ def write_space(detector: str | os.PathLike, output: str | Path, requirement: st
 
 def _check_local_detector(folder: Path) -> None:
     """A local ``--detector`` must be a saved detector that a Space can load from its copy alone."""
+    from ..settings.config import CONFIG_NAME  # here: hf-gsc space --help imports no torch
+    from ..storage.loading import has_base_weights
+
     config = folder / CONFIG_NAME
     if not config.is_file():
         raise ValueError(f"{PROG}: --detector {str(folder)!r} is a folder without {CONFIG_NAME}: not a saved detector "
