@@ -69,12 +69,15 @@ def test_a_local_detector_folder_is_copied_and_the_package_carried(tmp_path):
     assert "models:" not in (space / "README.md").read_text().split("---")[1]
     # A later run replaces its own folders whole (a file gone from the detector is gone from the copy).
     (detector / "extra.txt").write_text("x")
-    assert cli.main(["space", "--detector", str(detector), "--output", str(space)]) == 0
+    assert cli.main(["space", "--detector", str(detector), "--output", str(space), "--requirement", "hf_gsc[demo]"]) == 0
     assert (space / "detector" / "extra.txt").is_file()
     (detector / "extra.txt").unlink()
     assert cli.main(["space", "--detector", str(detector), "--output", str(space), "--requirement", "hf_gsc[demo]"]) == 0
     assert not (space / "detector" / "extra.txt").exists()
     assert (space / "requirements.txt").read_text() == "hf_gsc[demo]\n"
+    assert not (space / "hf_gsc").exists()  # the earlier package copy would shadow what --requirement installs
+    assert cli.main(["space", "--detector", "user/name", "--output", str(space), "--requirement", "hf_gsc[demo]"]) == 0
+    assert not (space / "detector").exists() and 'build_app("user/name")' in (space / "app.py").read_text()
 
 
 def test_a_missing_or_unusable_local_detector_is_refused(tmp_path, capsys):

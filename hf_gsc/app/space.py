@@ -7,8 +7,8 @@ and a private detector needs no Hub repo. ``--requirement LINE`` writes that lin
 
 ``DIR`` must be new, empty, or a folder this command wrote (its ``app.py`` says so on its first line); another folder
 is refused without ``--overwrite``, so the user's own files are never replaced unasked. Only the names in
-:data:`WRITTEN` are written (a ``hf_gsc/`` or ``detector/`` folder this command wrote is replaced whole); nothing
-else in ``DIR`` is touched.
+:data:`WRITTEN` are written (a ``hf_gsc/`` or ``detector/`` folder this command wrote is replaced whole, or removed
+when this run writes none: ``--requirement``, a Hub id); nothing else in ``DIR`` is touched.
 """
 
 from __future__ import annotations
@@ -147,7 +147,13 @@ def write_space(detector: str | os.PathLike, output: str | Path, requirement: st
         raise ValueError(f"{PROG}: --output {str(output)!r} lies inside --detector {name!r}, which is copied into it; "
                          "choose a folder outside it")
     check_output(output, overwrite)
+    ours = written_here(output)
     output.mkdir(parents=True, exist_ok=True)
+    # A folder of ours from an earlier run drops what this run does not write: a package copy app.py would import
+    # instead of what --requirement installs, a detector copy it no longer loads.
+    for folder, kept in ((PACKAGE_DIR, requirement is None), (DETECTOR_DIR, local)):
+        if ours and not kept and (output / folder).is_dir() and not (output / folder).is_symlink():
+            shutil.rmtree(output / folder)
     if local:
         _replace_folder(output, DETECTOR_DIR, lambda staged: shutil.copytree(
             detector, staged, ignore=shutil.ignore_patterns(".cache", ".git")))
