@@ -9,7 +9,7 @@ DATA_PACKAGES := dataset-fashion-mnist opencv-doc fonts-dejavu-core fonts-libera
 VENV_TIMM ?= .venv-timm
 PY_TIMM := $(VENV_TIMM)/bin/python
 
-.PHONY: install install-data test test-timm lint demo docs
+.PHONY: install install-data test test-space test-timm lint demo docs
 install: install-data $(VENV)/.installed
 
 # Idempotent: installs the Debian data packages only when one is missing (needs root or sudo).
@@ -28,8 +28,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[all,test]'
 	touch $@
 
+# Everything but the Space test, which installs a Space's requirements from the package index (make test-space).
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m 'not space' tests
+
+# tests/test_space.py's install: a Space folder's requirements.txt into a fresh environment, then its app.py, asked
+# by gradio_client (measured on 2 cores: 264 s with pip's cache cold, 76 s warm; most of it pip installing Gradio and
+# transformers).
+test-space: install
+	$(PY) -m pytest -q -m space tests
 
 # The tests that need timm (tests/test_timm_models.py; the timm rows of tests/test_brought_models.py: -k timm), which skip in
 # .venv. timm needs torchvision, whose Linux wheels on the package index are CUDA builds pinning the CUDA torch, so

@@ -1,10 +1,12 @@
 """Gradient Short-Circuit and baseline OOD detection for Hugging Face image classifiers.
 
 The public names are imported on first use (PEP 562), all together: ``from hf_gsc import AutoOODDetector`` (or any
-other) imports every method (registering each) and the ``ood-image-classification`` pipeline, as an eager import
-would. ``import hf_gsc`` alone imports no torch, so that ``hf-gsc --help`` and ``hf-gsc --version`` answer at once;
-the pipeline task is still registered for ``transformers.pipeline("ood-image-classification", ...)`` after a bare
-``import hf_gsc``: the moment transformers' pipelines module is imported (:func:`_register_with_pipelines`).
+other) imports every method (registering each), as an eager import would. ``import hf_gsc`` alone imports no torch,
+so that ``hf-gsc --help`` and ``hf-gsc --version`` answer at once. The ``ood-image-classification`` pipeline is
+registered the moment transformers' pipelines module is imported (:func:`_register_with_pipelines`), so
+``transformers.pipeline("ood-image-classification", ...)`` finds it after any import of hf_gsc, and a process that
+builds no pipeline never imports ``transformers.pipelines`` (with its tokenizers and processors: a third of what
+hf_gsc itself adds to the import of transformers' models).
 """
 from __future__ import annotations
 
@@ -43,8 +45,9 @@ _EXPORTS = {
 #: The evaluation's entry points: they need the ``evaluation`` extra (datasets, accelerate), which a serving install
 #: does not have, so they are imported only when asked for, not with the other names.
 _EVALUATION_EXPORTS = ("EvaluationArguments", "EvaluationResult", "OODEvaluator")
-#: The modules every public name brings with it (the registry full, the pipeline task registered).
-_EAGER = ("detectors", "auto", "pipeline")
+#: The modules every public name brings with it (the registry full). Not the pipeline: it is registered when
+#: transformers' pipelines are imported, by whoever imports them.
+_EAGER = ("detectors", "auto")
 
 
 def _import_all() -> None:

@@ -41,7 +41,9 @@ class AutoOODDetector:
                 ``AutoModelForImageClassification.from_pretrained`` (``dtype``, ``device_map``, ...).
         """
         from .storage.loading import load_detector
+        from .storage.repo_ids import check_source
 
+        check_source(pretrained_model_name_or_path)
         return load_detector(pretrained_model_name_or_path, method=method, **kwargs)
 
 

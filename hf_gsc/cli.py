@@ -92,7 +92,22 @@ def publish(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"published {args.detector_dir or args.results_dir} to {args.repo_id}: {url}")
+    if args.detector_dir is None:
+        print(_eval_results_line(args.results_dir))
     return 0
+
+
+def _eval_results_line(results_dir: str) -> str:
+    """What the publish wrote in the Hub's ``.eval_results`` format, or why nothing."""
+    from .storage.eval_results import EVAL_RESULTS_DIR, benchmark_dataset_id, file_name
+    from .storage.results import read_results
+
+    results = read_results(results_dir)[0]
+    dataset_id = benchmark_dataset_id(results)
+    if dataset_id is None:
+        return (f"no {EVAL_RESULTS_DIR}/ file: the ID data ({results.get('benchmark') or results.get('id_dataset')}) "
+                "is no Hub dataset, which the Hub's evaluation results name; the card's model-index holds the results")
+    return f"wrote {file_name(results, dataset_id)} (Hub dataset {dataset_id}) beside the card's model-index"
 
 
 def _publish_detector(args: argparse.Namespace) -> str:

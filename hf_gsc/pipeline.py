@@ -26,13 +26,9 @@ from .utils.images import load_image, model_mode
 TASK = "ood-image-classification"
 
 
-def unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A flat index of ``F`` as its index in ``shape`` (channel, row, column for a map; token, channel for tokens)."""
-    position = []
-    for size in reversed(shape):
-        index, rest = divmod(index, size)
-        position.append(rest)
-    return tuple(reversed(position))
+#: The fields of :class:`~hf_gsc.gsc_math.explanation.GSCExplanation` that hold one row per image.
+EXPLANATION_TENSORS = ("predicted_class", "score_before", "score_after", "logit_change", "coordinates",
+                       "contributions", "total_contribution", "position_map")
 
 
 class OODImageClassificationPipeline(Pipeline):
@@ -42,8 +38,10 @@ class OODImageClassificationPipeline(Pipeline):
     scores) and ``method``.
 
     Call arguments: ``top_k`` (labels per image, default 5), ``timeout`` (seconds to fetch an image URL),
-    ``explain`` (GSC only: add ``"explanation"``, why the input scored as it did,
-    :meth:`hf_gsc.GSCForImageClassification.explain`, with its map over positions resized to the image as given),
+    ``explain`` (GSC only: add ``"explanation"``, why the input scored as it did: the dict
+    :meth:`hf_gsc.gsc_math.explanation.GSCExplanation.to_dict` of :meth:`hf_gsc.GSCForImageClassification.explain`,
+    the same names and forms as its attributes, with ``image_map`` the map over positions resized to the image as
+    given),
     ``map_size`` (with ``explain=True``: the ``(height, width)`` the map is resized to instead; a display of a large
     image needs no map at its full size).
     Construction argument ``compile_mode`` (``pipeline(..., compile_mode="reduce-overhead")``; default ``None``, the
@@ -131,13 +129,12 @@ class OODImageClassificationPipeline(Pipeline):
                    "p_value": output.p_value, "image_size": model_inputs["image_size"]}
         if explain:
             explanation = self.model.explain(pixel_values)
-            outputs.update(predicted_class=explanation.predicted_class, score_before=explanation.score_before,
-                           score_after=explanation.score_after, coordinates=explanation.coordinates,
-                           contributions=explanation.contributions,
-                           position_map=explanation.position_map,
-                           # a list item per image: a batched pipeline hands postprocess item [i] of a list
-                           description=[explanation.description] * len(pixel_values),
-                           feature_shape=torch.tensor([explanation.feature_shape] * len(pixel_values)))
+            # Each tensor field per image (a batched pipeline hands postprocess row [i] of each tensor and item [i]
+            # of each list); postprocess rebuilds the one-image GSCExplanation and returns its to_dict().
+            outputs.update({f"explanation_{name}": getattr(explanation, name) for name in EXPLANATION_TENSORS
+                            if getattr(explanation, name) is not None},
+                           explanation_head_reads=[explanation.head_reads] * len(pixel_values),
+                           explanation_feature_shape=torch.tensor([explanation.feature_shape] * len(pixel_values)))
         return outputs
 
     def postprocess(self, model_outputs: dict[str, torch.Tensor | None], top_k: int = 5,
@@ -155,32 +152,23 @@ class OODImageClassificationPipeline(Pipeline):
             "p_value": None if p_value is None else float(p_value[0]),
             "method": self.model.method,
             **({"explanation": self._explanation(model_outputs, id2label, map_size)}
-               if "score_before" in model_outputs else {}),
+               if "explanation_score_before" in model_outputs else {}),
         }
 
     @staticmethod
     def _explanation(model_outputs: dict[str, Any], id2label: dict[int, str],
                      map_size: tuple[int, int] | None = None) -> dict[str, Any]:
-        """The explanation of one image as plain values, its map resized to ``map_size`` (default: the image as
-        given)."""
-        from .gsc_math.explanation import resized_map
+        """The explanation of one image: :meth:`hf_gsc.gsc_math.explanation.GSCExplanation.to_dict`, its
+        ``image_map`` resized to ``map_size`` (default: the image as given)."""
+        from .gsc_math.explanation import GSCExplanation
 
-        predicted = int(model_outputs["predicted_class"][0])
-        listed = [(int(i), float(c)) for i, c in zip(model_outputs["coordinates"][0], model_outputs["contributions"][0])
-                  if int(i) >= 0]
-        feature_shape = tuple(int(v) for v in model_outputs["feature_shape"][0])
-        description = model_outputs["description"]
-        position_map = model_outputs["position_map"]
+        head_reads = model_outputs["explanation_head_reads"]
+        explanation = GSCExplanation(
+            **{name: model_outputs.get(f"explanation_{name}") for name in EXPLANATION_TENSORS},
+            feature_shape=tuple(int(v) for v in model_outputs["explanation_feature_shape"][0]),
+            head_reads=head_reads if isinstance(head_reads, str) else head_reads[0], image_map=None)
         size = map_size or tuple(int(v) for v in model_outputs["image_size"][0])
-        return {
-            "predicted_label": id2label.get(predicted, str(predicted)),
-            "score_before": float(model_outputs["score_before"][0]),
-            "score_after": float(model_outputs["score_after"][0]),
-            "head_reads": description if isinstance(description, str) else description[0],
-            "coordinates": [{"index": list(unravel(index, feature_shape)), "contribution": contribution}
-                            for index, contribution in listed],
-            "map": None if position_map is None else resized_map(position_map[:1], size)[0].float().numpy(),
-        }
+        return explanation.to_dict(0, id2label, size)
 
 
 PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=OODImageClassificationPipeline, pt_model=AutoOODDetector, type="image")

@@ -59,7 +59,7 @@ def explanation_maps(detectors: dict[str, object], chosen: list[tuple[str, objec
         for column, (caption, image) in enumerate(chosen):
             result = explain(image, explain=True)
             ax = axes[row, column]
-            ax.imshow(overlay(image, result["explanation"]["map"]))
+            ax.imshow(overlay(image, result["explanation"]["image_map"]))
             ax.set_xticks([])
             ax.set_yticks([])
             verdict = "flagged" if result["is_ood"] else "in-dist."

@@ -128,7 +128,8 @@ def test_other_methods_have_no_map():
 def test_space_folder_and_the_command(tmp_path, capsys):
     from hf_gsc import cli
 
-    assert cli.main(["space", "--detector", "user/gsc-fmnist-resnet", "--output", str(tmp_path / "space")]) == 0
+    assert cli.main(["space", "--detector", "user/gsc-fmnist-resnet", "--output", str(tmp_path / "space"),
+                     "--requirement", "hf_gsc[demo]==0.4.0"]) == 0
     readme = (tmp_path / "space" / "README.md").read_text()
     front = readme.split("---")[1]
     assert "sdk: gradio" in front and "app_file: app.py" in front and "- user/gsc-fmnist-resnet" in front
@@ -136,8 +137,9 @@ def test_space_folder_and_the_command(tmp_path, capsys):
     app = (tmp_path / "space" / "app.py").read_text()
     compile(app, "app.py", "exec")
     assert 'build_app("user/gsc-fmnist-resnet")' in app
-    assert (tmp_path / "space" / "requirements.txt").read_text().startswith("hf_gsc[demo]==")
-    # A local folder cannot be read by a Space: refused, naming the argument.
+    assert (tmp_path / "space" / "requirements.txt").read_text() == "hf_gsc[demo]==0.4.0\n"
+    assert not (tmp_path / "space" / "hf_gsc").exists()  # --requirement installs hf_gsc: no package copied
+    # A local folder that is no saved detector: refused, naming the argument (tests/test_space.py: a detector's).
     assert cli.main(["space", "--detector", str(tmp_path), "--output", str(tmp_path / "other")]) == 1
     assert not (tmp_path / "other").exists()
     capsys.readouterr()
@@ -323,7 +325,7 @@ def test_space_never_writes_over_the_users_files(tmp_path, capsys):
            "notes.txt": "keep me\n"}
     for name, text in own.items():
         (mine / name).write_text(text)
-    command = ["space", "--detector", "user/gsc-fmnist-resnet", "--output", str(mine)]
+    command = ["space", "--detector", "user/gsc-fmnist-resnet", "--output", str(mine), "--requirement", "hf_gsc"]
     assert cli.main(command) == 1
     err = capsys.readouterr().err
     assert "is not empty and was not written by hf-gsc space" in err and "--overwrite" in err
@@ -334,7 +336,7 @@ def test_space_never_writes_over_the_users_files(tmp_path, capsys):
     assert 'build_app("user/gsc-fmnist-resnet")' in (mine / "app.py").read_text()
     assert (mine / "notes.txt").read_text() == "keep me\n"
     # A folder this command wrote is its own: written again without --overwrite, for another detector.
-    assert cli.main(["space", "--detector", "user/other", "--output", str(mine)]) == 0
+    assert cli.main(["space", "--detector", "user/other", "--output", str(mine), "--requirement", "hf_gsc"]) == 0
     assert 'build_app("user/other")' in (mine / "app.py").read_text() and (mine / "notes.txt").is_file()
     (tmp_path / "file").write_text("x")
     assert cli.main(["space", "--detector", "user/other", "--output", str(tmp_path / "file")]) == 1

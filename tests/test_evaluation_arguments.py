@@ -135,3 +135,31 @@ def test_the_evaluator_on_parsed_arguments_gives_the_command_lines_numbers(tiny,
         assert by_python["methods"][name]["ood"]["noise"] == pytest.approx(entry["ood"]["noise"], rel=1e-9)
     assert by_python["selection"]["method"] == by_cli["selection"]["method"]
     assert by_python["id_accuracy"] == by_cli["id_accuracy"]
+
+
+def test_a_local_looking_path_that_does_not_exist_fails_at_once_naming_it(tmp_path, monkeypatch):
+    """``--id-dataset data/photo`` (a typo, with a folder ``data`` here), ``--model ./x``, ``a/b/c``: one line naming
+    the path, on construction (no Hub call: the Hub is unreachable here, and the check needs no network). A Hub id
+    ``user/name`` still goes to the Hub."""
+    from hf_gsc import EvaluationArguments
+    from hf_gsc.evaluation.errors import InputError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "data").mkdir()
+    common = {"output_dir": str(tmp_path / "out")}
+    hub_ood = {"ood_dataset": ["noise=user/noise:test"]}
+    cases = [({"model": "m", "id_dataset": "data/photo", **hub_ood}, "--id-dataset 'data/photo': no such folder"),
+             ({"model": "./x", "benchmark": "fmnist-ood"}, "--model './x': no such folder './x'"),
+             ({"model": "a/b/c", "benchmark": "fmnist-ood"}, "--model 'a/b/c': no such folder"),
+             ({"model": "data/vit", "benchmark": "fmnist-ood"}, "--model 'data/vit': no such folder"),
+             ({"model": "~/nothing-here-vit", "benchmark": "fmnist-ood"}, "--model '~/nothing-here-vit'"),
+             ({"detector": "./gone", "benchmark": "fmnist-ood"}, "--detector './gone': no such folder")]
+    for kwargs, message in cases:
+        with pytest.raises(InputError, match=message.replace("(", r"\(").replace(".", r"\.")):
+            EvaluationArguments(**common, **kwargs)
+    # Hub ids, and folders that exist, pass the check.
+    EvaluationArguments(model="user/vit", benchmark="fmnist-ood", **common)
+    EvaluationArguments(model="user/vit", id_dataset="user/photos:cfg", **hub_ood, **common)
+    (tmp_path / "data" / "vit").mkdir()
+    EvaluationArguments(model="data/vit", benchmark="fmnist-ood", **common)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,34 @@ def test_the_notebook_example_evaluates_a_model_object(tiny, tmp_path):  # noqa:
     # KNN's fit pass read the ID train split once, on the one process.
     fit_rows = json.loads((fitting.fit_dir(tmp_path, "knn") / fitting.FIT_INFO).read_text())["num_samples"]
     assert result.seconds["fit_images_per_process"] == [fit_rows] and fit_rows > 0
+
+
+def test_a_parsed_command_line_and_the_loaded_model_it_names(tiny, tmp_path):  # noqa: F811
+    """transformers' idiom: parse an ``hf-gsc evaluate`` command line (``--model`` included), load that model and
+    pass both; the object is used and the path recorded. Another model, or a detector as --model, is refused naming
+    both."""
+    from transformers import AutoModelForImageClassification
+
+    from hf_gsc import AutoOODDetector, OODEvaluator
+
+    args = EvaluationArgumentParser().parse(_argv(tiny, tmp_path / "run", "msp"))
+    model = AutoModelForImageClassification.from_pretrained(tiny["model"])
+    run = OODEvaluator(model, args)
+    assert run.model_source is model and run.model_name() == tiny["model"]
+    # The same folder however it is spelled.
+    relative = os.path.relpath(tiny["model"]) + "/"
+    assert OODEvaluator(AutoModelForImageClassification.from_pretrained(relative), args).model_name() == tiny["model"]
+    result = run.evaluate()
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["model"] == tiny["model"] == result.to_dict()["model"]
+
+    other = tmp_path / "other"
+    model.save_pretrained(other)
+    with pytest.raises(InputError) as refused:
+        OODEvaluator(AutoModelForImageClassification.from_pretrained(str(other)), args)
+    assert f"'{other}'" in str(refused.value) and f"--model '{tiny['model']}'" in str(refused.value)
+    detector = AutoOODDetector.from_pretrained(tiny["model"], method="msp")
+    with pytest.raises(InputError, match="a loaded detector goes with --detector"):
+        OODEvaluator(detector, args)
 
 
 # ------------------------------------------------------------------------------------------------- reruns

@@ -8,6 +8,7 @@ import torch
 from conftest import IMAGE_SIZE, make_tiny_model
 
 from hf_gsc import GSCForImageClassification
+from hf_gsc.gsc_math.explanation import unravel
 
 TOP_K = 7
 
@@ -110,18 +111,26 @@ def test_pipeline_explains_gsc_and_refuses_other_methods(tmp_path):
             assert explanation["predicted_label"] == result["predictions"][0]["label"]
             assert explanation["score_after"] == pytest.approx(result["ood_score"], rel=1e-5)
             assert explanation["score_before"] == pytest.approx(float(expected.score_before[0]), rel=1e-5)
-            assert "mean over the positions" in explanation["head_reads"]
-            assert explanation["map"].shape == (image.height, image.width)  # the image as given
-            first = explanation["coordinates"][0]
-            channel, row, column = first["index"]
-            flat = (channel * expected.feature_shape[1] + row) * expected.feature_shape[2] + column
-            assert flat == int(expected.coordinates[0, 0])
-            assert first["contribution"] == pytest.approx(float(expected.contributions[0, 0]), rel=1e-4, abs=1e-7)
+            # One form: the pipeline's dict is GSCExplanation.to_dict(), the attributes' names and forms.
+            assert explanation["head_reads"] == expected.head_reads == "mean_spatial"
+            assert explanation["description"] == expected.description and "mean over the positions" in expected.description
+            assert explanation["image_map"].shape == (image.height, image.width)  # the image as given
+            assert explanation["position_map"].shape == tuple(expected.position_map.shape[1:])
+            assert explanation["feature_shape"] == list(expected.feature_shape)
+            assert explanation["coordinates"] == [int(i) for i in expected.coordinates[0] if int(i) >= 0]
+            assert explanation["contributions"] == pytest.approx(expected.contributions[0].tolist()[:len(
+                explanation["coordinates"])], rel=1e-4, abs=1e-7)
+            channel, row, column = unravel(explanation["coordinates"][0], explanation["feature_shape"])
+            assert (channel * expected.feature_shape[1] + row) * expected.feature_shape[2] + column == int(
+                expected.coordinates[0, 0])
+            assert set(explanation) == {"predicted_class", "predicted_label", "score_before", "score_after",
+                                        "logit_change", "total_contribution", "coordinates", "contributions",
+                                        "feature_shape", "head_reads", "description", "position_map", "image_map"}
     assert "explanation" not in ood(images[0])
     # map_size: the same map at another size (a display of a large image needs no map at its full size)
     from hf_gsc.gsc_math.explanation import resized_map
 
-    sized = ood(images[0], explain=True, map_size=(7, 5))["explanation"]["map"]
+    sized = ood(images[0], explain=True, map_size=(7, 5))["explanation"]["image_map"]
     positions = detector.explain(processor(images=images[0], return_tensors="pt")["pixel_values"]).position_map
     assert sized.shape == (7, 5)
     assert np.allclose(sized, resized_map(positions[:1], (7, 5))[0].float().numpy(), rtol=1e-5, atol=1e-7)

@@ -391,3 +391,20 @@ def test_evaluate_load_needs_no_network(monkeypatch: pytest.MonkeyPatch) -> None
     expected = _module_metrics([0.9, 0.4], [0.5, 0.1])
     assert expected["fpr95_ood_positive"] == 0.5  # catching both OOD (0.5, 0.1) needs t <= 0.5: ID 0.4 is rejected
     assert by_folder.compute(**kwargs) == by_script.compute(**kwargs) == expected
+
+
+def test_the_metrics_work_without_evaluate() -> None:
+    """evaluate is optional (the ``metric`` extra): the evaluation's metrics never import it, and the one function
+    that needs it says which extra installs it."""
+    import subprocess
+    import sys
+
+    script = ("import sys; sys.modules['evaluate'] = None\n"
+              "from hf_gsc.evaluation.metrics import load_ood_metric, ood_metrics\n"
+              "print(ood_metrics([0.9, 0.4], [0.5, 0.1])['auroc'])\n"
+              "try:\n    load_ood_metric()\nexcept ImportError as error:\n    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    auroc, message = done.stdout.strip().splitlines()[-2:]
+    assert float(auroc) == 0.75
+    assert message.startswith("load_ood_metric needs the evaluate package: pip install 'hf_gsc[metric]'")

@@ -115,7 +115,7 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
     metadata = zipfile.ZipFile(wheel).read(next(name for name in names if name.endswith("METADATA"))).decode()
     assert f"\nVersion: {__version__}\n" in metadata
     all_extra = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra == \"all\"" in line]
-    assert len(all_extra) == 1 and "[benchmarks,demo,evaluation,plots]" in all_extra[0], all_extra
+    assert len(all_extra) == 1 and "[benchmarks,demo,evaluation,metric,plots]" in all_extra[0], all_extra
     # Every package of hf_gsc is listed in pyproject.toml (the list is explicit because of hf_gsc.docs).
     packages = {str(init.parent.relative_to(REPO_ROOT)).replace("/", ".") for init in (REPO_ROOT / "hf_gsc").rglob("__init__.py")}
     assert {name.rsplit("/", 1)[0].replace("/", ".") for name in names if name.endswith("/__init__.py")} == packages
@@ -145,6 +145,13 @@ def test_wheel_installed_outside_the_checkout(tmp_path):
         local = json.loads((elsewhere / "run" / "results.json").read_text())
         assert published["methods"] == local["methods"] and str(elsewhere) not in json.dumps(published)
 
+    # hf-gsc space from an installed hf_gsc carries the files the wheel installed (no source tree to build from).
+    _run([str(command), "space", "--detector", "user/gsc-from-wheel", "--output", "space"], elsewhere, env)
+    carried = {str(path.relative_to(elsewhere / "space")) for path in (elsewhere / "space" / "hf_gsc").rglob("*")
+               if path.is_file()}
+    assert carried == {name for name in names if name.startswith("hf_gsc/")}, carried ^ {
+        name for name in names if name.startswith("hf_gsc/")}
+    assert "gradio>=5.0" in (elsewhere / "space" / "requirements.txt").read_text().splitlines()
     assert "usage: hf-gsc evaluate" in _run([str(command), "evaluate", "--help"], elsewhere, env)
     assert "usage: hf-gsc {evaluate,publish,docs,demo,space}" in _run([str(python), "-m", "hf_gsc", "--help"], elsewhere, env)
     # The documentation a pip user has: the pages inside the installed package, named by `hf-gsc docs`.

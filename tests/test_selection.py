@@ -79,6 +79,25 @@ def test_the_chosen_detector_is_saved_as_selected_with_its_reason(selected):
     assert detector.config.threshold == pytest.approx(results["methods"][chosen]["threshold"])
     card = (folder / "README.md").read_text()
     assert "## Why this detector" in card and "on validation data only" in card
+    assert f"Selected on validation data only: **{chosen}**" in card and "Validation ranking (" in card
+
+
+def test_each_card_says_what_its_method_was_fitted_on_and_only_the_selected_names_the_choice(selected):
+    """A method's card states its own fit (from results.json's split_sizes.fit), or that it fitted nothing; the
+    selection's sentence and ranking appear in the selected detector's card only."""
+    output_dir, results = selected
+    chosen = results["selection"]["method"]
+    fits = results["split_sizes"]["fit"]
+    assert {"knn", "mahalanobis"} <= set(fits) and "msp" not in fits
+    for method in METHODS.split(","):
+        card = (output_dir / "detectors" / method / "README.md").read_text()
+        if method in fits:
+            assert f"Fitted on {fits[method]:,} images of the `train` split of the ID data (`" in card, card
+        else:
+            assert "Fitted on nothing" in card
+        named = "Selected on validation data only" in card or "Validation ranking (" in card
+        assert named == (method == chosen), method
+        assert "| Method |" in card  # the test table of every method stays
 
 
 def test_user_validation_ood_sets_and_no_selection(tiny, tmp_path):  # noqa: F811

@@ -157,7 +157,10 @@ def overlay(image: Any, contribution_map: Any, min_side: int = 256) -> Any:
 
 def coordinate_rows(explanation: dict[str, Any]) -> list[list[Any]]:
     """The short-circuited coordinates as table rows: index in ``F``, contribution to the predicted logit."""
-    return [[", ".join(str(i) for i in row["index"]), row["contribution"]] for row in explanation["coordinates"]]
+    from ..gsc_math.explanation import unravel
+
+    return [[", ".join(str(i) for i in unravel(index, explanation["feature_shape"])), contribution]
+            for index, contribution in zip(explanation["coordinates"], explanation["contributions"])]
 
 
 def shown_name(source: Any) -> str:
@@ -235,9 +238,10 @@ class DemoModel:
         shown, rows = None, []
         if explanation is not None:
             summary.update(score_before_short_circuit=explanation["score_before"],
-                           score_after_short_circuit=explanation["score_after"], head_reads=explanation["head_reads"])
-            if explanation["map"] is not None:
-                shown = overlay(image, explanation["map"])
+                           score_after_short_circuit=explanation["score_after"],
+                           head_reads=explanation["description"])
+            if explanation["image_map"] is not None:
+                shown = overlay(image, explanation["image_map"])
             rows = coordinate_rows(explanation)
         return labels, verdict_text(result, self.p_value_cut), figure, summary, shown, rows
 

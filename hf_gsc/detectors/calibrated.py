@@ -23,7 +23,7 @@ from ..settings.config import DetectorConfig
 from ..utils.calibration import Calibration, fitted_state_digest
 from ..utils.image_data import image_rows
 from ..utils.inputs import labelled_batches
-from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, TOO_FEW_FOR_A_THRESHOLD
+from ..utils.thresholds import MIN_CALIBRATION_SAMPLES, TOO_FEW_FOR_A_THRESHOLD, check_delta, check_tpr
 
 
 def decide(ood_score: torch.Tensor, threshold: float | None) -> torch.Tensor | None:
@@ -273,6 +273,7 @@ class Calibrated:
         Returns:
             The threshold.
         """
+        tpr, delta = check_tpr(tpr), check_delta(delta)  # before any forward: a bad one is refused at once
         rows = image_rows(id_validation_data, "id_validation_data", None, False, split, image_column, label_column)
         source, read_split = ("tensors given by the caller", None) if rows is None else (rows.source, rows.split)
         scores = []

@@ -126,8 +126,11 @@ class OODEvaluator:
     def __init__(self, model: Any = None, args: Any = None, *, image_processor: Any = None) -> None:
         if not is_evaluation_arguments(args):
             raise TypeError(f"args must be an EvaluationArguments, got {type(args).__name__}")
+        #: The path or Hub id the arguments name when the caller also passed that model loaded: the one recorded.
+        self.named_source: str | None = None
         if model is not None and (args.model is not None or args.detector is not None):
-            raise InputError("give the model once: as OODEvaluator's model, or as --model / --detector, not both")
+            # transformers' idiom: parse the command line (--model included), load the model, pass both.
+            self.named_source = same_model_or_refuse(model, args)
         if model is None and args.model is None and args.detector is None:
             raise InputError(SOURCE_CHOICE)
         self.args = args
@@ -587,6 +590,8 @@ class OODEvaluator:
     def model_name(self) -> str:
         """How the evaluated model is named in the header and the results."""
         source = self.model_source
+        if self.named_source is not None:
+            return self.named_source
         if isinstance(source, str):
             return source
         model = getattr(source, "model", source)
@@ -594,10 +599,48 @@ class OODEvaluator:
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
+def same_model_or_refuse(model: Any, args: Any) -> str:
+    """The path or Hub id that ``args`` names (``--model``, or ``--detector`` for a detector) when ``model`` (a
+    loaded classifier or detector, or a name) is that same model; else an :class:`InputError` naming both.
+
+    A loaded model is the one named when its ``name_or_path`` (a detector: its base model's, or its config's base
+    reference) is the name, or the same folder."""
+    from ..detectors.interface import OODDetector
+
+    flag, named = ("--detector", args.detector) if args.detector is not None else ("--model", args.model)
+    candidates: list[Any]
+    if isinstance(model, str):
+        kind_matches, candidates = True, [model]
+    elif isinstance(model, OODDetector):
+        kind_matches = flag == "--detector"
+        candidates = [getattr(model.model, "name_or_path", None), model.config.base_model_name_or_path]
+    else:
+        kind_matches, candidates = flag == "--model", [getattr(model, "name_or_path", None)]
+    names = [str(name) for name in candidates if name]
+    if kind_matches and any(_same_name(name, str(named)) for name in names):
+        return str(named)
+    given = repr(names[0]) if names else f"a {type(model).__name__} with no name_or_path"
+    what = "detector" if isinstance(model, OODDetector) else "model"
+    if not kind_matches:
+        raise InputError(f"OODEvaluator's model is a loaded {what} ({given}) but the arguments name {flag} {named!r}: "
+                         "a loaded detector goes with --detector, a classifier with --model (or pass "
+                         "OODEvaluator(None, args))")
+    raise InputError(f"OODEvaluator's {what} is {given} but the arguments name {flag} {named!r}, another model: give "
+                     f"the model once (OODEvaluator(model, args) with {flag} naming that model, or "
+                     "OODEvaluator(None, args))")
+
+
+def _same_name(a: str, b: str) -> bool:
+    """The same Hub id, or the same local folder however it is spelled."""
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return a.rstrip("/") == b.rstrip("/")
+
+
 def _resumable(error: UndecodableImageError) -> UndecodableImageError:
     return UndecodableImageError(f"{error} (fix or remove the file, or pass --skip-unreadable-images to leave such "
                                  "images out; finished splits are kept and not scored again)")
 
 
 __all__ = ["NEEDS", "PHASES", "PHASE_ORDER", "SELECTED", "EvaluationResult", "EvaluationState", "EverythingSkippedError",
-           "OODEvaluator", "RunContext"]
+           "OODEvaluator", "RunContext", "same_model_or_refuse"]

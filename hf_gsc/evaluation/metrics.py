@@ -226,6 +226,9 @@ def load_ood_metric(**load_kwargs: Any) -> "evaluate.EvaluationModule":
         **load_kwargs: passed on to ``evaluate.load`` (e.g. ``keep_in_memory=True``,
             ``cache_dir=...``, ``experiment_id=...``).
     """
-    import evaluate  # deferred: importing evaluate (and datasets) takes seconds
-
+    try:
+        import evaluate  # deferred: importing evaluate (and datasets) takes seconds
+    except ImportError:  # optional: evaluate is no longer developed upstream, and nothing else here needs it
+        raise ImportError("load_ood_metric needs the evaluate package: pip install 'hf_gsc[metric]'; ood_metrics(...) "
+                          "computes the same numbers without it") from None
     return evaluate.load(str(OOD_METRIC_PATH), **load_kwargs)

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..storage.model_card import SELECTION_SENTENCE_START, VALIDATION_RANKING_START
 from .plan import VAL_OOD_PREFIX
 from .ranking import RANKING_RULE, rank, validation_metrics
 
@@ -121,7 +122,7 @@ def sentence(record: Mapping[str, Any]) -> str:
     entry = record["validation"][chosen]
     sets = ", ".join(entry["ood"])
     read = record["data"].get("read") or read_clause(None, record["data"]["ood"])
-    return (f"Selected on validation data only: **{chosen}** (mean validation AUROC {100 * entry['auroc']:.2f}%, "
+    return (f"{SELECTION_SENTENCE_START} **{chosen}** (mean validation AUROC {100 * entry['auroc']:.2f}%, "
             f"FPR95 (ID+) {100 * entry['fpr95']:.2f}% over {sets}; rule: {record['rule']}; {read}).")
 
 
@@ -136,7 +137,7 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
         rows.append([f"**{name}**" if name == record["method"] else name, *cells,
                      f"{100 * entry['auroc']:.2f} / {100 * entry['fpr95']:.2f} / {100 * entry['fpr95_ood_positive']:.2f}"])
     sizes = record["data"]["num_samples"]
-    return ["", f"Validation ranking ({record['data']['ood']}; ID {sizes['id']} rows; cells AUROC↑ / FPR95 (ID+)↓ in %, "
+    return ["", f"{VALIDATION_RANKING_START}{record['data']['ood']}; ID {sizes['id']} rows; cells AUROC↑ / FPR95 (ID+)↓ in %, "
                 f"mean also FPR95 (OOD+)↓):", "",
             *table_lines(["Method", *sets, "mean"], rows)]
 

@@ -71,10 +71,36 @@ def _parse_ood_dataset(item: str, option: str = "--ood-dataset") -> tuple[str, s
     return name, spec
 
 
+def missing_local_path(spec: str | None) -> str | None:
+    """The local path ``spec`` (a ``--model`` / ``--detector`` / ``--id-dataset`` value, ``:config`` allowed after a
+    Hub id) names when it reads as one and does not exist, else None: it starts with ``.``, ``/`` or ``~``, holds more
+    than one ``/`` or a backslash, or its first component exists here (``data/photo`` with a folder ``data``). A Hub
+    id ``user/name`` reads as one only when no ``user`` exists here, so it goes to the Hub as before."""
+    from ..storage.repo_ids import looks_local
+
+    if not spec or os.path.exists(spec):
+        return None
+    head = spec if looks_local(spec) and ":" not in spec else spec.split(":", 1)[0]
+    if os.path.exists(head):
+        return None
+    first = head.replace("\\", "/").split("/", 1)[0]
+    if looks_local(head) or ("/" in head and first and os.path.exists(first)):
+        return head
+    return None
+
+
+def _check_local_source(flag: str, spec: str | None) -> None:
+    """A local-looking ``--model`` / ``--detector`` that does not exist: one line now, not Hub retries later."""
+    missing = missing_local_path(spec)
+    if missing is not None:
+        raise InputError(f"{flag} {spec!r}: no such folder {missing!r} (working directory {os.getcwd()}); a local "
+                         f"model is a folder saved with save_pretrained, a Hub model a repo id 'user/name'")
+
+
 def _check_id_dataset(spec: str | None) -> None:
     from ..data.splits import missing_local_folder
 
-    missing = None if spec is None else missing_local_folder(spec, split_required=False)
+    missing = None if spec is None else missing_local_folder(spec, split_required=False) or missing_local_path(spec)
     if missing is not None:
         raise InputError(f"--id-dataset {spec!r}: no such folder {missing!r} (local ID data is a saved DatasetDict or "
                          "a folder of images with train/validation/test sub-folders; Hub data is 'dataset_id[:config]')")
@@ -180,6 +206,8 @@ def validate(args: Any) -> dict[str, Any]:
     detector = args.detector
     if args.model is not None and detector is not None:
         raise InputError(SOURCE_CHOICE)
+    _check_local_source("--model", args.model if isinstance(args.model, str) else None)
+    _check_local_source("--detector", detector if isinstance(detector, str) else None)
     if detector is not None:
         given = [option for option, value in (("--methods", args.methods), ("--hyperparameter", args.hyperparameter),
                                                ("--tune", args.tune),

@@ -69,6 +69,45 @@ class GSCExplanation:
     position_map: torch.Tensor | None
     image_map: torch.Tensor | None
 
+    def to_dict(self, index: int = 0, id2label: dict[int, str] | None = None,
+                image_size: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Input ``index``'s explanation as plain Python values: what the pipeline returns under ``"explanation"``
+        (``explain=True``), in the same names and forms as the attributes, one input's row of each:
+
+        * ``predicted_class`` (int) and, with ``id2label``, ``predicted_label``;
+        * ``score_before``, ``score_after``, ``logit_change``, ``total_contribution`` (floats);
+        * ``coordinates`` (flat indices into ``F``, largest ``|contribution|`` first, the ``-1`` padding dropped;
+          :func:`unravel` gives each one's index in ``feature_shape``) and ``contributions`` (floats, the same order);
+        * ``feature_shape`` (list), ``head_reads`` (a key of :data:`READS`), ``description`` (the sentence);
+        * ``position_map`` (``(h, w)`` float32 NumPy array, or ``None``) and ``image_map``: that map resized to
+          ``image_size`` (``(H, W)``; default the ``image_map`` attribute's size), or ``None``.
+        """
+        kept = [(int(i), float(c)) for i, c in zip(self.coordinates[index].tolist(), self.contributions[index].tolist())
+                if int(i) >= 0]
+        predicted = int(self.predicted_class[index])
+        position_map = None if self.position_map is None else self.position_map[index:index + 1]
+        if position_map is None:
+            image_map = None
+        elif image_size is not None:
+            image_map = resized_map(position_map, image_size)[0].float().numpy()
+        else:
+            image_map = None if self.image_map is None else self.image_map[index].float().numpy()
+        return {
+            "predicted_class": predicted,
+            **({"predicted_label": id2label.get(predicted, str(predicted))} if id2label is not None else {}),
+            "score_before": float(self.score_before[index]),
+            "score_after": float(self.score_after[index]),
+            "logit_change": float(self.logit_change[index]),
+            "total_contribution": float(self.total_contribution[index]),
+            "coordinates": [i for i, _ in kept],
+            "contributions": [c for _, c in kept],
+            "feature_shape": list(self.feature_shape),
+            "head_reads": self.head_reads,
+            "description": self.description,
+            "position_map": None if position_map is None else position_map[0].float().numpy(),
+            "image_map": image_map,
+        }
+
     @property
     def description(self) -> str:
         """One sentence: how the head reads ``F`` and whether there is a map."""
@@ -112,6 +151,15 @@ def position_map(contributions: torch.Tensor, head_reads: str, image_size: tuple
         if grid is not None:
             return contributions.sum(dim=2).reshape(contributions.shape[0], *grid)
     return None
+
+
+def unravel(index: int, shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """A flat index of ``F`` as its index in ``shape`` (channel, row, column for a map; token, channel for tokens)."""
+    position = []
+    for size in reversed(shape):
+        index, rest = divmod(index, size)
+        position.append(rest)
+    return tuple(reversed(position))
 
 
 def resized_map(position_values: torch.Tensor, image_size: tuple[int, int]) -> torch.Tensor:

@@ -25,6 +25,11 @@ TASK_TYPE = "out-of-distribution-detection"
 DEFAULT_LICENSE = "apache-2.0"
 
 
+#: How ``results.md`` (:mod:`hf_gsc.evaluation.selection`) opens the sentence naming the selected method and its
+#: validation ranking (which marks the selected method): kept only in the card of the method selected.
+SELECTION_SENTENCE_START = "Selected on validation data only:"
+VALIDATION_RANKING_START = "Validation ranking ("
+
 _METRIC_NAMES = {"fpr95": "FPR@95%TPR (ID positive)", "fpr95_ood_positive": "FPR@95%TPR (OOD positive, OpenOOD)"}
 
 
@@ -97,6 +102,49 @@ def selection_text(selection: Mapping[str, Any]) -> str:
     return text + f" Rule: {selection['rule']}."
 
 
+def fit_text(results: Mapping[str, Any], method: str) -> str | None:
+    """What the evaluation fitted ``method`` on (``results.json``'s ``split_sizes.fit``), or that it fits nothing;
+    ``None`` without an evaluation's results."""
+    if not results.get("methods") or method not in results["methods"]:
+        return None
+    sizes = (results.get("split_sizes") or {}).get("fit") or {}
+    if method not in sizes:
+        return ("Fitted on nothing: the method reads the base model's outputs (and the threshold below) only, so no "
+                "image was fitted on.")
+    skipped = ((results.get("num_skipped") or {}).get("fit") or {}).get(method) or 0
+    left_out = f", {skipped} unreadable ones left out" if skipped else ""
+    data = f"benchmark `{results['benchmark']}`" if results.get("benchmark") else f"`{results.get('id_dataset')}`"
+    return (f"Fitted on {sizes[method]:,} images of the `{detector_class(method).fit_split}` split of the ID data "
+            f"({data}){left_out}, never on test or OOD data.")
+
+
+def without_selection(table: str) -> str:
+    """``results.md`` without the selection's sentence and validation ranking: what the card of a method the
+    evaluation did not select shows (it names no other method as the selected one)."""
+    kept: list[str] = []
+    lines = table.splitlines()
+    index = 0
+    while index < len(lines):
+        line = lines[index]
+        if line.startswith(SELECTION_SENTENCE_START):
+            index += 1
+            if index < len(lines) and not lines[index].strip():
+                index += 1  # its blank line
+            continue
+        if line.startswith(VALIDATION_RANKING_START):
+            index += 1
+            while index < len(lines) and (not lines[index].strip() or lines[index].startswith("|")):
+                if not lines[index].strip() and index + 1 < len(lines) and not lines[index + 1].startswith("|"):
+                    break
+                index += 1
+            while kept and not kept[-1].strip():
+                kept.pop()
+            continue
+        kept.append(line)
+        index += 1
+    return "\n".join(kept) + ("\n" if table.endswith("\n") else "")
+
+
 def percent(value: float) -> str:
     """A fraction as ``results.md`` writes it: ``0.9666666666666667`` -> ``96.67%``."""
     return f"{100 * float(value):.2f}%"
@@ -164,15 +212,17 @@ def render_model_card(
     license: str = DEFAULT_LICENSE,
     base_in_repo: bool = False,
     p_value_cut: float | None = None,
+    model_name: str | None = None,
 ) -> ModelCard:
     """Model card of a detector from its saved config ``values`` (:meth:`hf_gsc.DetectorConfig.to_dict`):
     metadata (library, licence, base model, tags, model-index) and body naming the method, its hyperparameters,
-    the threshold and, with ``results``, its evaluation."""
+    the threshold and, with ``results``, its evaluation. Its title is ``repo_id``, else ``model_name``, else
+    ``METHOD-BASE``."""
     template = template_text()
     method = values["method"]
     base_model = values.get("base_model_name_or_path")
     base_name = (base_model or "classifier").rstrip("/").split("/")[-1]
-    name = repo_id or f"{method}-{base_name}"
+    name = repo_id or model_name or f"{method}-{base_name}"
     eval_results = eval_results_from(results, method) if results else []
     card_data = ModelCardData(
         library_name="hf_gsc",
@@ -186,6 +236,8 @@ def render_model_card(
     )
     hyperparameters = dict(values.get("hyperparameters") or {})
     selection = (results or {}).get("selection") or {}
+    if results_table and selection.get("method") and selection.get("method") != method:
+        results_table = without_selection(results_table)
     accuracy = (results or {}).get("id_accuracy")
     return ModelCard.from_template(
         card_data,
@@ -194,6 +246,7 @@ def render_model_card(
         repo_id=repo_id,
         method=method,
         method_description=method_description(method),
+        fit_text=fit_text(results or {}, method),
         base_model=base_model if is_hub_id(base_model) else None,
         base_model_revision=values.get("base_model_revision"),
         base_in_repo=base_in_repo,

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .loading import load_detector
+from .repo_ids import check_source
 from .saving import save_detector
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ class DetectorFiles:
         """Load a saved detector of this class's method, or build one on an image classifier (Hub id, path or loaded
         model); see :meth:`hf_gsc.AutoOODDetector.from_pretrained` for the arguments."""
         method = cls.__dict__.get("method")
+        check_source(pretrained_model_name_or_path)
         return load_detector(pretrained_model_name_or_path, method=kwargs.pop("method", None) or method,
                              expected_class=cls, **kwargs)
 

@@ -10,6 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from .eval_results import write_eval_results
 from .model_card import render_model_card
 from .push import HubError, upload_folder_to_hub  # noqa: F401  (HubError: part of this module's interface)
 from .repo_ids import is_hub_id
@@ -25,7 +26,8 @@ def publish_results(
     method: str | None = None,
 ) -> str:
     """Upload an evaluation's results (JSON, table, plots) with a model card (of ``method``, by default the one the
-    evaluation's selection chose, else GSC when it was evaluated) to ``repo_id``.
+    evaluation's selection chose, else GSC when it was evaluated) to ``repo_id``, and the method's results in the
+    Hub's ``.eval_results/`` format when the ID data is a Hub dataset (:mod:`hf_gsc.storage.eval_results`).
 
     Raises:
         hf_gsc.utils.confined_files.LinkError: a file to upload is a link leading out of ``results_dir`` (nothing is uploaded).
@@ -43,6 +45,7 @@ def publish_results(
     with tempfile.TemporaryDirectory() as folder:
         copy_results(results_dir, Path(folder), plots, public=True)
         card.save(Path(folder) / "README.md")
+        write_eval_results(folder, results, method, repo_id, revision)  # the Hub's own format, beside model-index
         return upload_folder_to_hub(
             folder, repo_id, private, revision, token, "Upload hf_gsc evaluation results",
             kept=f"The results in {results_dir} are intact.",

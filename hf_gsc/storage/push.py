@@ -9,8 +9,10 @@ import os
 import tempfile
 from typing import Any
 
+from .eval_results import write_eval_results
 from .model_card import DEFAULT_LICENSE
 from .repo_ids import is_hub_id
+from .results import public_results, read_results
 from .saving import check_savable, save_detector
 
 
@@ -113,6 +115,9 @@ class HubPush:
         with tempfile.TemporaryDirectory() as folder:
             save_detector(self, folder, save_base_model=save_base_model, results_dir=results_dir, repo_id=repo_id,
                           license=license)
+            if results_dir is not None:  # the Hub's own results format, beside the card's model-index
+                write_eval_results(folder, public_results(read_results(results_dir)[0], None)[0], self.method,
+                                   repo_id, revision)
             return upload_folder_to_hub(
                 folder, repo_id, private, revision, token, commit_message or f"Upload {self.method} detector", kept,
                 create=False,

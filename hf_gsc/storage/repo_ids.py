@@ -5,6 +5,16 @@ from __future__ import annotations
 import os
 
 
+def check_source(value: object, name: str = "pretrained_model_name_or_path") -> None:
+    """Refuse (``TypeError`` naming ``name``) a ``from_pretrained`` source that is no folder, Hub id or loaded model,
+    before it reaches a library below (``from_pretrained(42)`` would end in ``os.fspath``'s message)."""
+    import torch
+
+    if not isinstance(value, (str, os.PathLike, torch.nn.Module)):
+        raise TypeError(f"{name} must be a saved detector or image classifier: a folder (str or os.PathLike), a Hub "
+                        f"repo id or a loaded model (torch.nn.Module); got {type(value).__name__} {value!r:.60}")
+
+
 def is_hub_id(name: str | None) -> bool:
     """Whether ``name`` can only mean a Hub repo id: a valid ``[namespace/]name`` that is no local folder."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id

@@ -2,11 +2,21 @@
 maps the top-level ``docs/`` to the package ``hf_gsc.docs``), so a pip user reads the pages of the
 version they run without a network; ``hf-gsc docs`` prints the folder and ``hf-gsc docs PAGE`` a page. The project
 has no hosted documentation site, so no URL is named anywhere (``make docs`` builds one locally from the same
-pages)."""
+pages).
+
+The API pages (``api/*.md``) are written for the site's generator: a line ``::: hf_gsc.NAME`` stands for that
+object's reference, generated from its docstring. Printed here, each such line becomes the object's signature and
+docstring (what ``help(hf_gsc.NAME)`` shows, which the page also names), so the installed pages read whole.
+Output to a pipe that closes early (``hf-gsc docs evaluation | head``) ends quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -53,8 +63,61 @@ def docs_main(argv: Sequence[str] | None = None, prog: str | None = None) -> int
     if page not in names:
         print(f"error: no page {args.page!r} in {folder}; pages: {', '.join(names)}", file=sys.stderr)
         return 2
-    print((folder / f"{page}.md").read_text(encoding="utf-8"))
+    text = (folder / f"{page}.md").read_text(encoding="utf-8")
+    _write(render_references(text) if page.startswith("api/") else text)
     return 0
 
 
-__all__ = ["DOCS_CANDIDATES", "DOCS_FOLDER", "DOCS_HELP", "PAGE_GLOBS", "docs_dir", "docs_main", "pages"]
+#: A site generator's reference line (mkdocstrings): ``::: dotted.name``, options indented below it.
+_REFERENCE = re.compile(r"^::: *([A-Za-z_][\w.]*)[ \t]*\n((?:[ \t]+.*\n)*)", re.MULTILINE)
+
+
+def render_references(text: str) -> str:
+    """``text`` with each ``::: dotted.name`` line replaced by that object's signature and docstring."""
+    return _REFERENCE.sub(lambda match: _reference(match.group(1)), text if text.endswith("\n") else text + "\n")
+
+
+def _reference(dotted: str) -> str:
+    found = _resolve(dotted)
+    if found is None:
+        return f"`{dotted}`: see `help({dotted})` in Python.\n"
+    signature = ""
+    if callable(found):
+        try:
+            signature = str(inspect.signature(found))
+        except (TypeError, ValueError):
+            pass
+    doc = inspect.getdoc(found) or "(no docstring)"
+    return f"### `{dotted}{signature}`\n\n(`help({dotted})` in Python)\n\n{doc}\n"
+
+
+def _resolve(dotted: str) -> object | None:
+    """The object a dotted name names (module attributes followed from the longest importable module)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                found = getattr(found, name)
+        except AttributeError:
+            return None
+        return found
+    return None
+
+
+def _write(text: str) -> None:
+    """Print ``text``; a reader that closed the pipe early (``| head``) ends the output quietly."""
+    try:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would report the broken pipe again when it flushes stdout at exit: point stdout at devnull.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+__all__ = ["DOCS_CANDIDATES", "DOCS_FOLDER", "DOCS_HELP", "PAGE_GLOBS", "docs_dir", "docs_main", "pages",
+           "render_references"]

@@ -68,10 +68,13 @@ def batches(
 ) -> Iterable[tuple[torch.Tensor, torch.Tensor | None]]:
     """Normalise tensors, ``(pixel_values, labels)`` tuples and mappings into ``(pixel_values, labels)`` batches.
     No batch at all is an error unless ``allow_empty`` (a fit then says how many samples it needs)."""
-    if data is None:
+    if data is None or not (isinstance(data, torch.Tensor) or hasattr(data, "__iter__")):
+        # The one message for every entry that reads data (fit, calibrate): names the argument and what it takes.
+        got = "is None" if data is None else f"must be data, got {type(data).__name__} {data!r:.60}"
         raise TypeError(
-            f"{name} is None; pass a (N, C, H, W) tensor of pixel_values or an iterable of batches "
-            "(tensors, (pixel_values, labels) tuples or mappings with 'pixel_values')"
+            f"{name} {got}; pass a (N, C, H, W) tensor of pixel_values, an iterable of batches (tensors, "
+            "(pixel_values, labels) tuples or mappings with 'pixel_values'), or images (a folder, a file, a URL, a PIL "
+            "or NumPy image or a list of them, a datasets.Dataset, a dataset root)"
         )
     items = [data] if isinstance(data, torch.Tensor) else data
     seen = False

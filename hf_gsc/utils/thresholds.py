@@ -82,12 +82,30 @@ def as_scores(scores: ScoresLike, name: str) -> np.ndarray:
     return arr
 
 
-def check_tpr(tpr: float) -> float:
-    """Return ``tpr`` as a float after checking it lies in ``(0, 1]``."""
+def check_number(name: str, value: Any) -> float:
+    """``value`` as a float, refused (naming ``name``) unless it is a number: an int, a float, a NumPy or 0-d torch
+    number. A string (``"0.9"``) or a bool is refused as the settings' checks refuse ``k="5"``, not converted."""
+    if isinstance(value, (str, bytes, bool)) or not hasattr(value, "__float__"):
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
     try:
-        value = float(tpr)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"tpr must be a number in (0, 1]; got {tpr!r}") from err
+        return float(value)
+    except (TypeError, ValueError) as err:  # a tensor of more than one element
+        raise ValueError(f"{name} must be a number, got {value!r}") from err
+
+
+def check_delta(delta: float | None) -> float | None:
+    """``delta`` as a float after checking it is a number in ``(0, 1)``; ``None`` (no conformal guarantee) as it is."""
+    if delta is None:
+        return None
+    value = check_number("delta", delta)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"delta must be in (0, 1); got {delta!r}")
+    return value
+
+
+def check_tpr(tpr: float) -> float:
+    """Return ``tpr`` as a float after checking it is a number (:func:`check_number`) in ``(0, 1]``."""
+    value = check_number("tpr", tpr)
     # ``not (0 < value <= 1)`` also rejects NaN.
     if not 0.0 < value <= 1.0:
         raise ValueError(f"tpr must be in (0, 1]; got {tpr!r}")
@@ -144,8 +162,7 @@ def conformal_order(n: int, tpr: float, delta: float) -> int:
         raise ValueError(f"n must be a positive integer (the number of calibration scores); got {n!r}")
     if not 0.0 < float(tpr) < 1.0:
         raise ValueError(f"tpr must be in (0, 1) for a conformal threshold; got {tpr!r}")
-    if not 0.0 < float(delta) < 1.0:
-        raise ValueError(f"delta must be in (0, 1); got {delta!r}")
+    check_delta(delta)
     alpha = 1.0 - float(tpr)
     j = np.arange(n + 1)
     # Binomial pmf in log space: n is up to about 10^5 here, where the direct product under/overflows.
@@ -216,6 +233,8 @@ __all__ = [
     "ScoresLike",
     "as_scores",
     "calibration_record",
+    "check_delta",
+    "check_number",
     "check_tpr",
     "conformal_order",
     "conformal_threshold",
