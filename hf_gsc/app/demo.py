@@ -120,8 +120,8 @@ def input_side(image_processor: Any) -> int:
     if isinstance(size, int):
         return size
     keys = ("height", "width", "shortest_edge", "longest_edge")
-    sides = [size.get(key) if isinstance(size, dict) else getattr(size, key, None) for key in keys]
-    sides = [side for side in sides if isinstance(side, int) and side > 0]
+    read = [size.get(key) if isinstance(size, dict) else getattr(size, key, None) for key in keys]
+    sides = [side for side in read if isinstance(side, int) and side > 0]
     return max(sides) if sides else DEFAULT_INPUT_SIDE
 
 
