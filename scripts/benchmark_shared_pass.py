@@ -93,7 +93,8 @@ def run(model: Path, methods: str, output_dir: Path, args: argparse.Namespace) -
 
     argv = ["--model", str(model), "--benchmark", "fmnist-ood", "--ood-splits", args.ood_splits,
             "--methods", methods, "--max-samples", str(args.max_samples), "--max-fit-samples", str(args.max_fit_samples),
-            "--batch-size", str(args.batch_size), "--num-workers", "0", "--no-plots", "--output-dir", str(output_dir)]
+            "--batch-size", str(args.batch_size), "--num-workers", "0", "--no-plots", "--output-dir", str(output_dir),
+            "--labels-by-order"]  # a random model names no classes: its accuracy is not what is measured
     begin = time.perf_counter()
     results = OODEvaluator(args=parse_arguments(argv)).evaluate().to_dict()
     return {"wall_seconds": round(time.perf_counter() - begin, 3), "seconds_total": results["seconds"]["total"],
