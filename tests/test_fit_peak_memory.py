@@ -3,12 +3,10 @@
 Each figure is a fresh process's peak RSS (``ru_maxrss``) after building the model and fitting one detector
 (``scripts/benchmark_fit_memory.py --measure``, the script that measures the ImageNet-shaped targets in
 docs/efficiency.md), at two numbers of fitting inputs; the growth between them is compared with a bound scaled down
-from those targets:
-
-KNN through ``detector.fit`` on a one-layer ViT of ViT-B/16's width at 224 px (token tensors of 30 MB a batch, the
+from those targets. KNN through ``detector.fit`` on a one-layer ViT of ViT-B/16's width at 224 px (token tensors of 30 MB a batch, the
 transient memory a real forward makes): the features it keeps are 0.9 MiB more for 300 more inputs; the bound,
-24 MiB, leaves room for the allocator's noise between two processes. A copy per batch landing between the forward's
-transient tensors made it grow by about 0.45 MiB per input (+140 MiB here). The feature-space methods' own peaks at
+48 MiB, leaves room for the allocator's noise between two processes (about 30 MiB). A copy per batch landing
+between the forward's transient tensors made it grow by about 0.45 MiB per input (+144 MiB here). The feature-space methods' own peaks at
 ImageNet shape (Mahalanobis, ReAct, ViM, ConjNorm from 4,000 to 24,000 inputs) take minutes a measurement: the script
 measures them (docs/efficiency.md).
 """
@@ -22,7 +20,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MIB = 2**20
 
 
 def peak_rss_mib(case: str, method: str, count: int) -> float:
@@ -35,4 +32,4 @@ def peak_rss_mib(case: str, method: str, count: int) -> float:
 
 def test_knn_fit_on_a_vit_at_224_px_grows_by_its_bank_only():
     small, large = peak_rss_mib("vit-light", "knn", 100), peak_rss_mib("vit-light", "knn", 400)
-    assert large - small <= 24, (small, large)
+    assert large - small <= 48, (small, large)
