@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, help="JSON file (a .md table is written beside it)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma list of {sorted(CASES)}")
     parser.add_argument("--small", action="store_true", help=f"smaller sizes, a quick check: {SMALL}")
+    parser.add_argument("--methods", help="comma list: only these methods of each case (default: every one)")
     parser.add_argument("--measure", nargs=3, metavar=("CASE", "METHOD", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
@@ -146,15 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(cases) - set(CASES))
     if unknown:
         parser.error(f"--cases: unknown {unknown}; choose from {sorted(CASES)}")
-    import torch
-
-    from hf_gsc import __version__
-
-    rows, failed = [], []
+    rows: list[dict] = []
+    failed = []
+    command = "OMP_NUM_THREADS=1 python scripts/benchmark_fit_memory.py " + " ".join(sys.argv[1:] if argv is None else argv)
     for case in cases:
         methods, sizes, limits = CASES[case]
         sizes = SMALL[case] if args.small else sizes
         for method in methods:
+            if args.methods and method not in args.methods.split(","):
+                continue
             small, large = (in_fresh_process(case, method, count) for count in sizes)
             growth = large["peak_rss_mib"] - small["peak_rss_mib"]
             limit = limits if isinstance(limits, int) else limits.get(method)
@@ -169,25 +170,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case:7s} {method:12s} N={sizes[0]:6d}: {small['peak_rss_mib']:8.1f} MiB  N={sizes[1]:6d}: "
                   f"{large['peak_rss_mib']:8.1f} MiB  growth {growth:+8.1f} MiB (limit {row['limit_mib']})",
                   flush=True)
+            write(args.output, command, rows)  # after every row: a long run interrupted keeps what it measured
+    return 1 if failed else 0
+
+
+def write(output: Path, command: str, rows: list[dict]) -> None:
+    """The JSON and, beside it, its table (.md)."""
+    import torch
+
+    from hf_gsc import __version__
+
     results = {
-        "command": "OMP_NUM_THREADS=1 python scripts/benchmark_fit_memory.py "
-                   + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command,
         "measured": "peak RSS (ru_maxrss) of a fresh process that builds the model and fits one detector on N inputs "
                     f"in batches of {BATCH}; growth = the larger N's peak minus the smaller N's",
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "hf_gsc": __version__,
                     "threads": 1},
         "rows": rows,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=1) + "\n")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=1) + "\n")
     lines = [f"`{results['command']}`", "", "| case | method | inputs | peak RSS (MiB) | growth (MiB) | limit (MiB) |",
              "|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['case']} | {row['method']} | {row['inputs'][0]:,} → {row['inputs'][1]:,} | "
                      f"{row['peak_rss_mib'][0]:.0f} → {row['peak_rss_mib'][1]:.0f} | {row['growth_mib']:+.0f} | "
                      f"{'' if row['limit_mib'] is None else row['limit_mib']} |")
-    args.output.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    return 1 if failed else 0
+    output.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
