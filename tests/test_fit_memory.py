@@ -252,3 +252,22 @@ def test_a_fitted_knn_with_a_bank_fraction_scores_and_reloads(vit, tmp_path):
     loaded = AutoOODDetector.from_pretrained(tmp_path, model=vit)
     assert loaded.bank.shape == (16, WIDTH)
     torch.testing.assert_close(loaded.score(images), scores, rtol=1e-6, atol=0)
+
+
+def test_feature_store_keeps_batches_in_order_across_chunks(monkeypatch):
+    """Chunks of a few rows here (CHUNK_BYTES lowered): batches that span two chunks come back whole, in order, with
+    their labels, and in the store's dtype (a half-precision batch widened to float32)."""
+    from hf_gsc.detectors import penultimate
+
+    monkeypatch.setattr(penultimate, "CHUNK_BYTES", 5 * 3 * 4)  # five rows of three float32 values
+    store = penultimate.FeatureStore()
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(rows, 3, generator=generator) for rows in (2, 4, 7, 1, 0, 3)]
+    for index, batch in enumerate(batches):
+        store.update(batch.half() if index == 1 else batch, torch.full((batch.shape[0],), index))
+    assert store.count == 17 and all(piece.dtype == torch.float32 for piece in store.features)
+    expected = torch.cat([batch.half().float() if index == 1 else batch for index, batch in enumerate(batches)])
+    assert torch.equal(torch.cat(store.features), expected)
+    assert torch.cat(store.labels).tolist() == [index for index, batch in enumerate(batches) for _ in range(len(batch))]
+    # Chunks of 5, 5 and 7 rows (a chunk holds at least the batch that opens it): the 4- and 7-row batches span two.
+    assert [chunk.shape[0] for chunk, _ in store._chunks] == [5, 5, 7]
