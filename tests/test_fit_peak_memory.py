@@ -31,5 +31,7 @@ def peak_rss_mib(case: str, method: str, count: int) -> float:
 
 
 def test_knn_fit_on_a_vit_at_224_px_grows_by_its_bank_only():
-    small, large = peak_rss_mib("vit-light", "knn", 100), peak_rss_mib("vit-light", "knn", 400)
+    # The least of two processes per size: a process's heap layout varies from run to run, and now and then one ends
+    # 100-200 MiB higher (a copy per batch raised every run).
+    small, large = (min(peak_rss_mib("vit-light", "knn", count) for _ in range(2)) for count in (100, 400))
     assert large - small <= 48, (small, large)
