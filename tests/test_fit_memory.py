@@ -3,7 +3,8 @@
 * statistic methods (Gaussian family, MDSEns's per-layer Gaussians, DICE, NCI, fDBD, SHE) hold sums only: the same bytes after 2 and after 8
   batches;
 * feature-reading methods (KNN, ViM, ReAct, ConjNorm, NNGuide) hold every feature once, contiguous float32 (float64
-  for a float64 model), shared by those fitted in one pass, and never a view into the backbone's token tensor;
+  for a float64 model), in chunks of the store's own, shared by those fitted in one pass, and never a view into the
+  backbone's token tensor;
 * the methods of one pass that read the same statistics share one accumulator (one update per batch);
 * statistics combine across processes by sums (two threads standing in for two processes);
 * ReAct's percentile equals ``np.percentile`` without concatenating the batches.
@@ -20,7 +21,7 @@ from transformers import ViTConfig, ViTForImageClassification
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.backbone_pass import fit_together
-from hf_gsc.detectors.penultimate import ClassStatistics, chunked_percentile
+from hf_gsc.detectors.penultimate import CHUNK_BYTES, ClassStatistics, chunked_percentile
 
 STATISTIC_METHODS = ["mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem", "dice", "nci", "fdbd", "she", "neco",
                      "ora", "mds_ensemble", "residual", "caref", "cadref"]
@@ -94,11 +95,14 @@ def test_statistic_methods_hold_the_same_bytes_whatever_the_number_of_samples(vi
 def test_feature_methods_hold_one_contiguous_float32_copy_of_each_feature_and_no_token_tensor(vit, method):
     data = batches(4)
     detector = fed(method, vit, data)
-    features = [tensor for tensor in held_tensors(detector) if tensor.is_floating_point()]
-    assert sum(tensor.numel() for tensor in features) == 4 * 16 * WIDTH  # once, N x D
-    assert all(tensor.dtype == torch.float32 and tensor.is_contiguous() for tensor in features)
-    # Not a view of the (B, T, D) tokens: a held feature's storage is its own size.
-    assert all(tensor.untyped_storage().nbytes() == tensor.numel() * 4 for tensor in features)
+    stored = detector._accumulator.features
+    assert sum(tensor.numel() for tensor in stored) == 4 * 16 * WIDTH  # once, N x D
+    assert all(tensor.dtype == torch.float32 and tensor.is_contiguous() for tensor in stored)
+    # Not a view of the (B, T, D) tokens: every float tensor held is one chunk of the store's own, whose storage is its
+    # own size (one chunk of at least CHUNK_BYTES here, its untouched tail never made resident).
+    held = [tensor for tensor in held_tensors(detector) if tensor.is_floating_point()]
+    assert len(held) == 1 and held[0].untyped_storage().nbytes() == held[0].numel() * 4 >= CHUNK_BYTES
+    assert all(tensor.untyped_storage().data_ptr() == held[0].untyped_storage().data_ptr() for tensor in stored)
     detector.fit_end()
     assert detector.fitted
 
@@ -248,3 +252,22 @@ def test_a_fitted_knn_with_a_bank_fraction_scores_and_reloads(vit, tmp_path):
     loaded = AutoOODDetector.from_pretrained(tmp_path, model=vit)
     assert loaded.bank.shape == (16, WIDTH)
     torch.testing.assert_close(loaded.score(images), scores, rtol=1e-6, atol=0)
+
+
+def test_feature_store_keeps_batches_in_order_across_chunks(monkeypatch):
+    """Chunks of a few rows here (CHUNK_BYTES lowered): batches that span two chunks come back whole, in order, with
+    their labels, and in the store's dtype (a half-precision batch widened to float32)."""
+    from hf_gsc.detectors import penultimate
+
+    monkeypatch.setattr(penultimate, "CHUNK_BYTES", 5 * 3 * 4)  # five rows of three float32 values
+    store = penultimate.FeatureStore()
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(rows, 3, generator=generator) for rows in (2, 4, 7, 1, 0, 3)]
+    for index, batch in enumerate(batches):
+        store.update(batch.half() if index == 1 else batch, torch.full((batch.shape[0],), index))
+    assert store.count == 17 and all(piece.dtype == torch.float32 for piece in store.features)
+    expected = torch.cat([batch.half().float() if index == 1 else batch for index, batch in enumerate(batches)])
+    assert torch.equal(torch.cat(store.features), expected)
+    assert torch.cat(store.labels).tolist() == [index for index, batch in enumerate(batches) for _ in range(len(batch))]
+    # Chunks of 5, 5 and 7 rows (a chunk holds at least the batch that opens it): the 4- and 7-row batches span two.
+    assert [chunk.shape[0] for chunk, _ in store._chunks] == [5, 5, 7]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_gsc.gsc_math.shortcircuit import num_masked, top_k_mask, top_k_mask_by_sort, top_k_mask_by_topk
+from hf_gsc.gsc_math.shortcircuit import num_masked, top_k_mask, top_k_mask_by_topk
 
-#: The dispatcher (the partial top-k on a CPU) and both ways, each run here on the CPU: the sort is the GPU's way.
-MASKS = pytest.mark.parametrize("mask_of", [top_k_mask, top_k_mask_by_topk, top_k_mask_by_sort],
-                                ids=["dispatch", "topk", "sort"])
+#: Both ways: the stable sort of every column (GSC's, no host read) and the partial top-k (host reads).
+MASKS = pytest.mark.parametrize("mask_of", [top_k_mask, top_k_mask_by_topk], ids=["sort", "topk"])
 
 
 def _stable_argsort_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -60,11 +59,10 @@ def test_mask_with_one_size_for_every_row_handles_ties(mask_of):
         assert torch.equal(mask_of(priority, k), expected), (priority, k)
 
 
-
 def test_both_ways_agree_on_a_pooled_heads_gradient():
     """A pooled head's gradient repeats over a channel's positions: ties straddle every cut (ResNet-50's 2048x7x7)."""
     gradient = torch.randn(3, 256, generator=torch.Generator().manual_seed(2)).repeat_interleave(49, dim=1)
     k = num_masked(gradient, 0.05)
-    by_sort = top_k_mask_by_sort(gradient.abs(), k)
+    by_sort = top_k_mask(gradient.abs(), k)
     assert torch.equal(by_sort, top_k_mask_by_topk(gradient.abs(), k))
     assert by_sort.sum(dim=1).tolist() == k.tolist()

@@ -82,37 +82,77 @@ def stored_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+#: Bytes of one chunk of a :class:`FeatureStore` at least: glibc's largest dynamic mmap threshold (32 MiB on 64-bit),
+#: so that every chunk is mapped apart from the heap, never between the forward's transient tensors.
+CHUNK_BYTES = 32 * 2**20
+
+
 class FeatureStore:
     """Every fitting feature and its label, held once, for the fits that read every feature after the pass (KNN's
     bank, ReAct's percentile, ViM's residual norms, ConjNorm's normalisers, NNGuide's bank).
 
-    Each batch is copied into its own contiguous tensor (:func:`stored_dtype`): a feature the backbone gave as a view
-    (a ViT's CLS token is a view of the ``(B, T, D)`` token tensor) would otherwise keep its whole base alive. The
-    copies stay one per batch, never concatenated, so that the fit never holds them twice: ``N D`` elements
-    (``4 N D`` bytes in float32) and ``N`` labels. Shared by every detector of a pass that reads the features.
+    Batches are copied (:func:`stored_dtype`, contiguous) into chunks of at least :data:`CHUNK_BYTES` (rows of one
+    batch may span two chunks), allocated as the fit reaches them and never moved: ``N D`` elements (``4 N D`` bytes in
+    float32) and ``N`` labels, plus the untouched tail of the last chunk, which an allocation that size leaves
+    unmapped. A copy per batch would be a small allocation landing between the large transient tensors of each
+    forward, where the C allocator cannot give the heap back: the peak resident memory of a ViT fit then grows by
+    about 0.4 MiB per fitting input whatever the method keeps. A feature the backbone gave as a view (a ViT's CLS
+    token) is copied, never kept with its base. Shared by every detector of a pass that reads the features.
     """
 
     def __init__(self) -> None:
-        self.features: list[torch.Tensor] = []
-        self.labels: list[torch.Tensor] = []
+        self._chunks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features (R, D), labels (R,)) buffers
+        self._filled = 0  # rows used in the last chunk
+        self._pieces: list[tuple[int, int, int]] = []  # (chunk, start, rows) per stored piece, in the data's order
 
     def update(self, features: torch.Tensor, labels: torch.Tensor) -> None:
-        self.features.append(features.detach().to(dtype=stored_dtype(features.dtype), memory_format=torch.contiguous_format,
-                                                  copy=True))
-        self.labels.append(labels.detach().clone())
+        features, labels = features.detach(), labels.detach().reshape(-1)
+        done, rows = 0, features.shape[0]
+        while done < rows:
+            if not self._chunks or self._filled == self._chunks[-1][0].shape[0]:
+                self._chunks.append(self._new_chunk(features, labels))
+                self._filled = 0
+            chunk_features, chunk_labels = self._chunks[-1]
+            take = min(rows - done, chunk_features.shape[0] - self._filled)
+            chunk_features[self._filled:self._filled + take].copy_(features[done:done + take])
+            chunk_labels[self._filled:self._filled + take].copy_(labels[done:done + take])
+            self._pieces.append((len(self._chunks) - 1, self._filled, take))
+            self._filled += take
+            done += take
+
+    @staticmethod
+    def _new_chunk(features: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = stored_dtype(features.dtype)
+        width = features[0].numel() if features.shape[0] else 1
+        row_bytes = max(1, width * torch.empty((), dtype=dtype).element_size())
+        rows = max(features.shape[0], -(-CHUNK_BYTES // row_bytes))
+        return (torch.empty(rows, *features.shape[1:], dtype=dtype),
+                torch.empty(rows, dtype=labels.dtype))
+
+    @property
+    def features(self) -> list[torch.Tensor]:
+        """The stored features, one view per stored piece (a batch, or its part in one chunk), in the data's order."""
+        return [self._chunks[chunk][0].narrow(0, start, rows) for chunk, start, rows in self._pieces]
+
+    @property
+    def labels(self) -> list[torch.Tensor]:
+        """The labels of :attr:`features`, piece by piece."""
+        return [self._chunks[chunk][1].narrow(0, start, rows) for chunk, start, rows in self._pieces]
 
     @property
     def count(self) -> int:
-        return sum(batch.shape[0] for batch in self.features)
+        return sum(rows for _, _, rows in self._pieces)
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """``(features (B, D), labels (B,))`` per fitting batch, in the order of the data."""
+        """``(features (B, D), labels (B,))`` per stored piece, in the order of the data."""
         return iter(zip(self.features, self.labels))
 
     def gather(self, shards: FitShards) -> None:
         """On several processes: every process's batches, in the order of the data (``shards.batches``)."""
-        self.features = shards.batches(self.features)
-        self.labels = shards.batches(self.labels)
+        features, labels = shards.batches(self.features), shards.batches(self.labels)
+        self.__init__()
+        for batch_features, batch_labels in zip(features, labels):
+            self.update(batch_features, batch_labels)
 
 
 def take_rows(batches: Sequence[torch.Tensor], rows: torch.Tensor) -> Iterator[torch.Tensor]:

@@ -43,9 +43,7 @@ def num_masked(gradient: torch.Tensor, mask_ratio: float, repeats: int = 1) -> t
     """
     numerator, denominator = _as_fraction(float(mask_ratio))
     n = torch.count_nonzero(gradient, dim=1)
-    if repeats != 1:
-        return mask_size(n * repeats, numerator, denominator)
-    return _mask_sizes(gradient.shape[1], numerator, denominator, gradient.device).index_select(0, n)
+    return _mask_sizes(gradient.shape[1], numerator, denominator, repeats, gradient.device).index_select(0, n)
 
 
 def mask_size(n: int | torch.Tensor, numerator: int, denominator: int) -> int | torch.Tensor:
@@ -54,9 +52,16 @@ def mask_size(n: int | torch.Tensor, numerator: int, denominator: int) -> int | 
 
 
 @functools.lru_cache(maxsize=16)
-def _mask_sizes(d: int, numerator: int, denominator: int, device: torch.device) -> torch.Tensor:
-    """:func:`mask_size` for ``n = 0 .. d``, ``(d + 1,)`` int64 (a lookup is one op per batch instead of three)."""
-    return mask_size(torch.arange(d + 1, dtype=torch.int64, device=device), numerator, denominator)
+def _mask_sizes(d: int, numerator: int, denominator: int, repeats: int, device: torch.device) -> torch.Tensor:
+    """:func:`mask_size` of ``n * repeats`` for ``n = 0 .. d``, ``(d + 1,)`` int64 (a lookup is one op per batch
+    instead of four)."""
+    return mask_size(torch.arange(d + 1, dtype=torch.int64, device=device) * repeats, numerator, denominator)
+
+
+@functools.lru_cache(maxsize=16)
+def _rank_starts(d: int, repeats: int, device: torch.device) -> torch.Tensor:
+    """``(d,)`` int64 ``r * repeats`` for ranks ``r = 0 .. d - 1``: the coordinates before rank ``r``."""
+    return torch.arange(d, dtype=torch.int64, device=device) * repeats
 
 
 def num_masked_adaptive(gradient: torch.Tensor, gradient_mass: float, repeats: int = 1) -> torch.Tensor:
@@ -114,13 +119,12 @@ def gradient_mass_for_mean_ratio(gradient: torch.Tensor, mask_ratio: float, iter
 
 
 def top_k_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Mask of the ``k[i]`` highest-priority coordinates per row; ties go to the lower index. The one top-k of GSC.
+    """Mask of the ``k[i]`` highest-priority coordinates per row; ties go to the lower index. The one top-k of GSC:
+    :func:`repeated_top_k` with one position per column.
 
-    Both ways below give this same mask (a stable descending argsort cut at ``k[i]``). GSC uses
-    :func:`top_k_mask_by_sort` on every device: it never reads ``k`` on the host, so a GPU never waits and a compiler
-    takes the step whole (``torch.compile(..., fullgraph=True)``). :func:`top_k_mask_by_topk` reads ``max(k)`` and a
-    tie check on the host; on a CPU core it is faster for long rows (15 ms against 27 ms for a batch of 8 ResNet-50
-    gradients on every coordinate, 1.2% of the forward), a gain that pooled heads, ranked per channel, no longer need.
+    It never reads ``k`` on the host, so a GPU never waits and a compiler takes the step whole
+    (``torch.compile(..., fullgraph=True)``). :func:`top_k_mask_by_topk` gives the same mask from a partial ``topk``,
+    reading ``max(k)`` and a tie check on the host.
 
     Args:
         priority: ``(B, d)`` float; ``-inf`` marks coordinates that must not be chosen (``k[i]`` never exceeds
@@ -129,19 +133,35 @@ def top_k_mask(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     Returns:
         ``(B, d)`` bool with ``k[i]`` coordinates in row ``i``.
     """
-    return top_k_mask_by_sort(priority, k)
+    return repeated_top_k(priority, k)
 
 
-def top_k_mask_by_sort(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """:func:`top_k_mask` as ``rank < k[i]`` from a stable descending argsort: no host round trip, no branch on the
-    data, so a GPU never waits (a partial ``topk`` needs ``max(k)`` on the host, and ties across the cut, which a
-    pooled head always has since its gradient repeats over the positions of a channel, a second pass)."""
-    order = priority.argsort(dim=1, descending=True, stable=True)
-    positions = torch.arange(priority.shape[1], device=priority.device,
-                             dtype=torch.int32 if priority.shape[1] < 2**31 else torch.int64)
-    ranks = torch.empty(order.shape, dtype=positions.dtype, device=priority.device)
-    ranks.scatter_(1, order, positions.expand_as(order))
-    return ranks < k.to(device=priority.device).unsqueeze(1)
+def repeated_top_k(priority: torch.Tensor, k: torch.Tensor, repeats: int = 1,
+                   position_major: bool = False) -> torch.Tensor:
+    """The top ``k[i]`` coordinates of a priority that repeats over ``repeats`` positions per column, ties to the
+    lower flattened index: one stable descending sort of the ``C`` columns, the cut made in rank order and sent back
+    to the columns by one scatter; no host read, no branch on the data.
+
+    With ``repeats == 1`` (a priority per coordinate) this is :func:`top_k_mask`, ``(B, C)`` bool; otherwise
+    :func:`repeated_top_k_counts`, ``(B, C)`` int64 prefix lengths. The column at rank ``r`` has ``r * repeats``
+    coordinates before it when ties are taken column by column (channel-major), so its count is
+    ``clamp(k - r * repeats, 0, repeats)``; position-major ties at the cut share what is left of ``k`` position by
+    position (:func:`_share_tied_cut`).
+    """
+    columns = priority.shape[1]
+    if columns == 0:
+        return torch.zeros_like(priority, dtype=torch.bool if repeats == 1 else torch.int64)
+    values, order = priority.sort(dim=1, descending=True, stable=True)
+    k = k.to(priority.device).unsqueeze(1)
+    starts = _rank_starts(columns, repeats, priority.device)
+    if repeats == 1:
+        in_rank_order = starts < k
+    else:
+        in_rank_order = (k - starts).clamp(0, repeats)
+        if position_major:
+            in_rank_order = _share_tied_cut(values, in_rank_order, k, repeats)
+    # order is a permutation, so every entry is written: the scattered copy starts from any tensor of the shape.
+    return in_rank_order.scatter(1, order, in_rank_order)
 
 
 def top_k_mask_by_topk(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -165,6 +185,21 @@ def top_k_mask_by_topk(priority: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     room = k.unsqueeze(1) - above.sum(dim=1, keepdim=True)
     mask = above | (tied & (tied.cumsum(dim=1) <= room))
     return mask & (k > 0).unsqueeze(1)
+
+
+def _share_tied_cut(values: torch.Tensor, counts: torch.Tensor, k: torch.Tensor, repeats: int) -> torch.Tensor:
+    """Position-major counts in rank order: the columns tied at the value of the ``k``-th coordinate (ranks ``A ..
+    A + T - 1``) take the ``room = k - repeats * A`` coordinates left position by position, the ``j``-th of them
+    ``ceil((room - j) / T)``; columns above and below the cut keep ``counts`` (all or nothing)."""
+    columns = values.shape[1]
+    cut = ((k - 1).clamp(min=0) // repeats).clamp(max=columns - 1)  # rank of the k-th coordinate's column
+    kth = values.gather(1, cut)
+    tied = values == kth
+    above = (values > kth).sum(dim=1, keepdim=True)
+    ties = tied.sum(dim=1, keepdim=True).clamp_min(1)  # >= 1 unless the value is NaN (a row scored NaN anyway)
+    within = _rank_starts(columns, 1, values.device) - above
+    shared = ((k - repeats * above - within + ties - 1) // ties).clamp(0, repeats)
+    return torch.where(tied, shared, counts)
 
 
 def short_circuit_mask(
@@ -205,7 +240,6 @@ def selection_priority(
     """The value :func:`short_circuit_mask` ranks, ``(B, d)``, coordinate by coordinate (see its ``selection``);
     unread coordinates (``g = 0``) get a value below every read one."""
     magnitude = gradient.abs()
-    read = gradient != 0
     if selection == "gradient":
         # Unread coordinates (|g| = 0) already rank after every read one.
         return magnitude
@@ -222,7 +256,7 @@ def selection_priority(
     else:
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     # The lowest finite value: after every read coordinate, before every excluded one (-inf).
-    return torch.where(read, priority, torch.finfo(priority.dtype).min)
+    return torch.where(gradient != 0, priority, torch.finfo(priority.dtype).min)
 
 
 def repeated_top_k_counts(priority: torch.Tensor, k: torch.Tensor, repeats: int, position_major: bool) -> torch.Tensor:
@@ -242,28 +276,13 @@ def repeated_top_k_counts(priority: torch.Tensor, k: torch.Tensor, repeats: int,
         ``(B, C)`` int64 counts in ``[0, repeats]`` summing to ``k`` per row; the mask is
         ``position < counts[:, c]`` (:func:`prefix_mask`).
     """
-    if priority.shape[1] == 0:
-        return torch.zeros_like(priority, dtype=torch.int64)
-    k = k.to(priority.device)
-    ordered = priority.sort(dim=1, descending=True).values
-    kth = ordered.gather(1, ((k - 1).clamp(min=0) // repeats).clamp(max=priority.shape[1] - 1).unsqueeze(1))
-    above = priority > kth
-    tied = priority == kth
-    room = k.unsqueeze(1) - repeats * above.sum(dim=1, keepdim=True)  # >= 1 where k > 0: the k-th is not above
-    rank = tied.cumsum(dim=1) - 1  # among the tied channels, by channel index
-    if position_major:
-        ties = tied.sum(dim=1, keepdim=True)
-        tied_counts = room // ties + (rank < room % ties)
-    else:
-        tied_counts = (room - repeats * rank).clamp(0, repeats)
-    counts = torch.where(above, repeats, torch.where(tied, tied_counts, 0))
-    return counts * (k > 0).unsqueeze(1)
+    counts = repeated_top_k(priority, k, repeats, position_major)
+    return counts.long() if repeats == 1 else counts
 
 
 def prefix_mask(counts: torch.Tensor, repeats: int) -> torch.Tensor:
     """``(B, C)`` counts -> ``(B, C, repeats)`` bool, ``position < counts``."""
-    positions = torch.arange(repeats, device=counts.device)
-    return positions < counts.unsqueeze(-1)
+    return _rank_starts(repeats, 1, counts.device) < counts.unsqueeze(-1)
 
 
 def diagonal_fisher_sum(loss_gradient: torch.Tensor) -> torch.Tensor:
@@ -296,12 +315,14 @@ def short_circuit(
     Args:
         features: ``F``, ``(B, d)``. gradient: ``g``, ``(B, d)``. mask: ``(B, d)`` bool. Any shape ``(B, ...)``
             works the same (sums run over all but the batch dimension), with ``gradient`` broadcast to it: a pooled
-            head's ``F`` as ``(B, C, P)`` with ``g`` as ``(B, C, 1)``.
+            head's ``F`` as ``(B, C, P)`` with ``g`` as ``(B, C)`` or ``(B, C, 1)``.
     Returns:
         ``F'``, the shape of ``features``, same dtype.
     """
     if operation == "zero":
         return features.masked_fill(mask, 0.0)
+    if gradient.dim() < features.dim():  # a pooled head's per-channel g, (B, C), against F as (B, C, P)
+        gradient = gradient.unsqueeze(-1)
     if operation == "perturb":
         return features - alpha * torch.sign(gradient) * mask
     if operation == "project":
@@ -327,6 +348,5 @@ def predicted_logit_update(
     Returns:
         ``(B, K)``.
     """
-    step = (gradient * delta).sum(dim=1)
-    update = torch.zeros_like(logits).scatter(1, predicted_class.unsqueeze(1), step.unsqueeze(1).to(logits.dtype))
-    return logits + update
+    step = (gradient * delta).sum(dim=1, keepdim=True).to(logits.dtype)
+    return logits.scatter_add(1, predicted_class.unsqueeze(1), step)

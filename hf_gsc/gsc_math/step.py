@@ -46,7 +46,7 @@ from .shortcircuit import (
     repeated_top_k_counts,
     selection_priority,
     short_circuit,
-    short_circuit_mask,
+    top_k_mask,
 )
 
 
@@ -131,12 +131,27 @@ def updated_logits(
         head: linearised at ``F``. gradient, features, shorted: ``g``, ``F``, ``F'`` flattened, ``(B, d)``.
         shape: the shape ``head`` takes, ``(B, *shape)`` with ``d`` coordinates per sample.
     """
+    delta = shorted - features
+    return moved_logits(head, approximation, predicted_class, gradient, delta if delta.shape == shape
+                        else delta.view(shape), lambda: shorted if shorted.shape == shape else shorted.view(shape))
+
+
+def moved_logits(
+    head: LinearizedHead,
+    approximation: str,
+    predicted_class: torch.Tensor,
+    gradient: torch.Tensor,
+    delta: torch.Tensor,
+    moved: Callable[[], torch.Tensor],
+) -> torch.Tensor:
+    """:func:`updated_logits` from ``delta = F' - F`` in the shape ``head`` takes (``g`` flattened alike) and
+    ``moved()``, ``F'`` in that shape, computed only for the exact update."""
     if approximation == "first_order":
-        return head.logits + head.jvp((shorted - features).view(shape))
+        return head.logits + head.jvp(delta)
     if approximation == "predicted_logit":
-        return predicted_logit_update(head.logits, predicted_class, gradient, shorted - features)
+        return predicted_logit_update(head.logits, predicted_class, gradient, delta.flatten(1))
     if approximation == "exact":
-        return head.function(shorted.view(shape))
+        return head.function(moved())
     raise ValueError(f"approximation must be first_order, predicted_logit or exact, got {approximation!r}")
 
 
@@ -174,72 +189,79 @@ def _gsc_step(
     layer_sizes: Sequence[int] | None,
     generator: torch.Generator | None,
 ) -> GSCStep:
-    read = head.pooled_read
-    if read is not None and layer_sizes is None:
-        step = _pooled_gsc_step(read, features, settings, fisher_diagonal)
-        if step is not None:
-            return step
+    """One path for both forms: per coordinate (``P = 1`` position per column, the columns being ``F``'s
+    coordinates) and per channel (a head that reads ``F`` through a mean over ``P`` positions, the columns being
+    its channels: :func:`_per_channel`). The columns are ranked once, the mask is a prefix of each column's positions
+    (:func:`hf_gsc.gsc_math.shortcircuit.repeated_top_k`), and the update goes through the head on the columns."""
+    selection = settings.selection
     logits = head.logits
     predicted_class = logits.argmax(dim=-1)
-    gradient = head.class_gradient(predicted_class).flatten(1)
-    ranking = ranking_gradient(gradient, layer_sizes)
-    if settings.mask_size == "adaptive":
-        k = num_masked_adaptive(ranking, settings.gradient_mass)
+    read = _per_channel(head, settings, fisher_diagonal, layer_sizes)
+    if read is not None:
+        pooled_read, fisher_diagonal = read
+        positions, position_major = pooled_read.positions, pooled_read.position_major
+        update_head = pooled_read.head
+        head_gradient = update_head.class_gradient(predicted_class)  # u = d y_c / d pool(F), (B, C)
+        gradient = ranking = pooled_read.coordinate_gradient(head_gradient)  # each coordinate's g, (B, C)
+        values = pooled_read.by_channel(features)  # (B, C, P)
     else:
-        k = num_masked(gradient, settings.mask_ratio)
-    if generator is None and settings.selection == "random":
-        generator = torch.Generator().manual_seed(settings.seed)
-    mask = short_circuit_mask(ranking, k, settings.selection, fisher_diagonal, generator)
-    flat = features.flatten(1)
-    shorted = short_circuit(
-        flat, gradient, mask, settings.operation, settings.alpha, settings.clip_bound, settings.beta
-    )
-    gsc_logits = updated_logits(head, settings.approximation, predicted_class, gradient, flat, shorted, features.shape)
-    return GSCStep(logits, predicted_class, gsc_logits, ood_score(gsc_logits, settings.score, settings.temperature),
-                   lambda: (gradient, mask))
-
-
-def _pooled_gsc_step(
-    read: PooledRead, features: torch.Tensor, settings: StepSettings, fisher_diagonal: torch.Tensor | None
-) -> GSCStep | None:
-    """The step of a head that reads ``F`` through a mean over positions, per channel: the same mask (same tie
-    order) and, up to float rounding, the same logits as the step on every coordinate: the ranking is ``O(B C)``,
-    the short-circuit elementwise and the update one mean over positions. ``None`` where the setting does not reduce
-    to per-channel quantities: ``selection="random"`` (one draw per coordinate) and ``selection="fisher"`` with a
-    diagonal that differs between the positions of a channel."""
-    selection = settings.selection
-    channel_fisher = None
-    if selection == "fisher" and fisher_diagonal is not None:
-        channel_fisher = read.channel_values(fisher_diagonal)
-        if channel_fisher is None:
-            return None
-    elif selection not in ("gradient", "reverse"):
-        return None
-    positions = read.positions
-    pooled_head = read.head
-    logits = pooled_head.logits
-    predicted_class = logits.argmax(dim=-1)
-    pooled_gradient = pooled_head.class_gradient(predicted_class)  # u = d y_c / d pool(F), (B, C)
-    gradient = read.coordinate_gradient(pooled_gradient)  # each coordinate's g, (B, C)
+        positions, position_major, update_head = 1, False, head
+        head_gradient = gradient = head.class_gradient(predicted_class).flatten(1)
+        ranking = ranking_gradient(gradient, layer_sizes)
+        values = features.flatten(1)
     if settings.mask_size == "adaptive":
-        k = num_masked_adaptive(gradient, settings.gradient_mass, repeats=positions)
+        k = num_masked_adaptive(ranking, settings.gradient_mass, repeats=positions)
     else:
         k = num_masked(gradient, settings.mask_ratio, repeats=positions)
-    priority = selection_priority(gradient, selection, channel_fisher)
-    counts = repeated_top_k_counts(priority, k, positions, read.position_major)
-    by_channel = read.by_channel(features)  # (B, C, P)
-    shorted = short_circuit(by_channel, gradient.unsqueeze(-1), prefix_mask(counts, positions), settings.operation,
-                            settings.alpha, settings.clip_bound, settings.beta)
-    # The head sees F' only through its mean over positions, so the update is updated_logits on the pooled head,
-    # with u = d y_c / d pool(F): u . mean(F' - F) = g . (F' - F). Both means use the same arithmetic, so a channel
-    # the short-circuit left alone contributes exactly 0.
-    pooled = by_channel.mean(dim=-1)
-    gsc_logits = updated_logits(pooled_head, settings.approximation, predicted_class, pooled_gradient, pooled,
-                                shorted.mean(dim=-1), pooled.shape)
+    if generator is None and selection == "random":
+        generator = torch.Generator().manual_seed(settings.seed)
+    priority = selection_priority(ranking, selection, fisher_diagonal, generator)
+    if positions == 1:
+        mask = top_k_mask(priority, k)
+    else:
+        counts = repeated_top_k_counts(priority, k, positions, position_major)
+        mask = prefix_mask(counts, positions)
+    shorted = short_circuit(values, gradient, mask, settings.operation, settings.alpha, settings.clip_bound,
+                            settings.beta)
+    if positions == 1:
+        delta = shorted - values
+        if delta.shape != features.shape:
+            delta = delta.view(features.shape)
+        gsc_logits = moved_logits(update_head, settings.approximation, predicted_class, gradient, delta,
+                                  lambda: shorted.view(features.shape))
 
-    def coordinates() -> tuple[torch.Tensor, torch.Tensor]:
-        spread = pool_adjoint(pooled_gradient, read.pool, read.feature_shape).flatten(1)
-        return spread, read.coordinates(prefix_mask(counts, positions))
+        def coordinates() -> tuple[torch.Tensor, torch.Tensor]:
+            return gradient, mask
+    else:
+        # The head sees F' only through its mean over positions: u . mean(F' - F) = g . (F' - F). A channel the
+        # short-circuit left alone contributes exactly 0.
+        gsc_logits = moved_logits(update_head, settings.approximation, predicted_class, head_gradient,
+                                  (shorted - values).mean(dim=-1), lambda: shorted.mean(dim=-1))
+
+        def coordinates() -> tuple[torch.Tensor, torch.Tensor]:
+            spread = pool_adjoint(head_gradient, pooled_read.pool, pooled_read.feature_shape).flatten(1)
+            return spread, pooled_read.coordinates(mask)
 
     return GSCStep(logits, predicted_class, gsc_logits, ood_score(gsc_logits, settings.score, settings.temperature),
                    coordinates)
+
+
+def _per_channel(
+    head: LinearizedHead, settings: StepSettings, fisher_diagonal: torch.Tensor | None,
+    layer_sizes: Sequence[int] | None,
+) -> tuple[PooledRead, torch.Tensor | None] | None:
+    """The pooled read of a head that reads ``F`` through a mean over positions, with the Fisher diagonal per
+    channel, where the setting reduces to per-channel quantities: the ranking is then ``O(B C)``, the short-circuit
+    elementwise and the update one mean over positions, with the same mask (same tie order) and, up to float
+    rounding, the same logits as the step on every coordinate. ``None`` otherwise: no pooled read, several layers,
+    ``selection="random"`` (one draw per coordinate), or ``selection="fisher"`` with a diagonal that differs between
+    the positions of a channel."""
+    read = head.pooled_read
+    if read is None or layer_sizes is not None:
+        return None
+    if settings.selection == "fisher" and fisher_diagonal is not None:
+        channel_fisher = read.channel_values(fisher_diagonal)
+        return None if channel_fisher is None else (read, channel_fisher)
+    if settings.selection not in ("gradient", "reverse"):
+        return None
+    return read, None

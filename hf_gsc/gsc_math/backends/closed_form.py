@@ -10,23 +10,77 @@ from typing import Any
 import torch
 
 from ...classifier.head_jacobians import PoolNormLinearHead, pool, restrict_to_read_part
+from ...classifier.heads import submodule
 from ...classifier.split_points import SplitPoint
 from .base import Backend, Linearization
 
 
 class ClosedFormHead(Backend):
+    def __init__(self, split_point: SplitPoint) -> None:
+        super().__init__(split_point)
+        # (key, folded head): the last fold, reused while the head's parameters are the same tensors, unchanged.
+        self._folded: tuple[tuple[Any, ...], PoolNormLinearHead] | None = None
+
     def linearize_at(
         self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
-        split = self.split_point
-        # Folded with the model's current parameters on every call: a few small ops next to the backbone, and
-        # nothing to invalidate when the weights change.
-        head = in_dtype(split.bound_head(), features.dtype)
-        read = "identity" if whole_feature else split.read_pool
-        if read != "identity":
-            head = restrict_to_read_part(head)
+        read = "identity" if whole_feature else self.split_point.read_pool
+        head = self.folded_head(features.dtype, read != "identity")
         read_part = pool(features, read)
         return Linearization(features, read, read_part, head.linearize(read_part))
+
+    def folded_head(self, dtype: torch.dtype, on_read_part: bool) -> PoolNormLinearHead:
+        """The head with the model's current parameters, its LayerNorm folded into the classifier, in ``dtype``.
+
+        Folding is about twenty small ops (float64 products, casts, transposed copies), as many as the rest of the
+        step; it is redone only when a parameter of the head is replaced (another tensor, or other storage), changed
+        in place (its version counter, which ``load_state_dict`` and every in-place op under ``no_grad`` advance), or
+        moved. The key holds the parameter tensors themselves, so a freed one's address cannot come back as a
+        false match. A change made through ``param.data`` bypasses the version counter and is not seen: assign or
+        copy parameters under ``torch.no_grad()`` instead. Inside ``torch.compile`` the fold is traced (the compiled
+        graph guards on the parameters itself).
+        """
+        split = self.split_point
+        if torch.compiler.is_compiling():
+            return _read_part(in_dtype(split.bound_head(), dtype), on_read_part)
+        key = _parameter_key(split, dtype, on_read_part)
+        cached = self._folded
+        if key is not None and cached is not None and _same_key(cached[0], key):
+            return cached[1]
+        head = _read_part(in_dtype(split.bound_head(), dtype), on_read_part)
+        if key is not None:
+            self._folded = (key, head)  # one assignment: threads calling at once see an old or a new pair
+        return head
+
+
+def _read_part(head: PoolNormLinearHead, on_read_part: bool) -> PoolNormLinearHead:
+    return restrict_to_read_part(head) if on_read_part else head
+
+
+def _parameter_key(split: SplitPoint, dtype: torch.dtype, on_read_part: bool) -> tuple[Any, ...] | None:
+    """What a folded head depends on: each parameter tensor with its storage and version, the LayerNorm's epsilon
+    and the dtype; ``None`` where a version cannot be read (parameters made under ``torch.inference_mode``)."""
+    spec = split.head_spec
+    parameters = spec.parameters(split.model)
+    norm = None if spec.layernorm is None else submodule(split.model, spec.layernorm)
+    try:
+        state = tuple(None if p is None else (p, p.data_ptr(), p._version, p.dtype, p.device, p.shape)
+                      for p in parameters)
+    except RuntimeError:  # an inference tensor has no version counter
+        return None
+    return (state, None if norm is None else norm.eps, dtype, on_read_part)
+
+
+def _same_key(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    (old_state, *old_rest), (new_state, *new_rest) = old, new
+    if old_rest != new_rest or len(old_state) != len(new_state):
+        return False
+    for a, b in zip(old_state, new_state):
+        if (a is None) != (b is None):
+            return False
+        if a is not None and (a[0] is not b[0] or a[1:] != b[1:]):
+            return False
+    return True
 
 
 def in_dtype(head: PoolNormLinearHead, dtype: torch.dtype) -> PoolNormLinearHead:
