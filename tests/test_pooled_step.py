@@ -167,3 +167,21 @@ def test_detector_output_is_the_per_coordinate_step():
     assert torch.equal(out.mask, linearization.spread(reference.mask))
     assert torch.equal(out.gradient, linearization.spread(reference.gradient))
     torch.testing.assert_close(out.ood_score, reference.ood_score, **TOLERANCE)
+
+
+def test_a_one_by_one_map_takes_the_step_on_every_coordinate():
+    """A CNN's final map of 1 x 1 (a small input) has one position per channel: the step runs on the coordinates
+    (the mask then has F's flattened shape), and scores as the step without the pooled form."""
+    model = tiny_model("resnet")
+    detector = GSCForImageClassification(model)
+    pixel_values = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    linearization = detector._linearize(detector.backbone_pass(pixel_values))
+    head, features = linearization.head, linearization.read_part
+    assert features.shape[-2:] == (1, 1) and head.pooled_read is not None and head.pooled_read.positions == 1
+    for variant in VARIANTS:
+        config = GSCConfig(**{"mask_ratio": 0.2, **variant})
+        step = gsc_step(head, features, config)
+        reference = gsc_step(_per_coordinate(head), features, config)
+        assert torch.equal(step.mask, reference.mask), variant
+        torch.testing.assert_close(step.ood_score, reference.ood_score, **TOLERANCE, msg=str(variant))
+    assert torch.isfinite(detector(pixel_values).ood_score).all()

@@ -321,8 +321,8 @@ def short_circuit(
     """
     if operation == "zero":
         return features.masked_fill(mask, 0.0)
-    if gradient.dim() < features.dim():  # a pooled head's per-channel g, (B, C), against F as (B, C, P)
-        gradient = gradient.unsqueeze(-1)
+    if gradient.dim() < features.dim():  # a pooled head's per-channel g, (B, C), against F as (B, C, P) or (B, C, H, W)
+        gradient = gradient.reshape(*gradient.shape, *(1,) * (features.dim() - gradient.dim()))
     if operation == "perturb":
         return features - alpha * torch.sign(gradient) * mask
     if operation == "project":

@@ -257,7 +257,9 @@ def _per_channel(
     ``selection="random"`` (one draw per coordinate), or ``selection="fisher"`` with a diagonal that differs between
     the positions of a channel."""
     read = head.pooled_read
-    if read is None or layer_sizes is not None:
+    # One position per channel (a 1 x 1 map: a small input to a CNN) is the step on every coordinate already; its
+    # mask is then (B, C) where the pooled read holds F as (B, C, 1).
+    if read is None or layer_sizes is not None or read.positions == 1:
         return None
     if settings.selection == "fisher" and fisher_diagonal is not None:
         channel_fisher = read.channel_values(fisher_diagonal)
