@@ -76,9 +76,15 @@ def build_model(name: str) -> tuple[torch.nn.Module, torch.Tensor]:
 def random_state(detector) -> dict[str, torch.Tensor]:
     """Fitted tensors of the shapes ``detector`` expects (an unknown dimension, a bank's rows: 64), positive values."""
     generator = torch.Generator().manual_seed(2)
-    return {name: torch.rand(*[64 if size is None else size for size in shape], generator=generator,
-                             dtype=torch.float64) + 0.5
-            for name, shape in detector.expected_state().items()}
+    state = {name: torch.rand(*[64 if size is None else size for size in shape], generator=generator,
+                              dtype=torch.float64) + 0.5
+             for name, shape in detector.expected_state().items()}
+    # States that record the percentiles they were fitted at (VRA's, BFAct's) are checked against the settings at
+    # load: they hold those settings.
+    for name, keys in {"percentiles": ("percentile_low", "percentile_high"), "percentile": ("percentile",)}.items():
+        if name in state and all(key in detector.hyperparameters for key in keys):
+            state[name] = torch.tensor([float(detector.hyperparameters[key]) for key in keys], dtype=torch.float64)
+    return state
 
 
 def counted(call) -> OpCounter:

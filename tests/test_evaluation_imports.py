@@ -1,5 +1,6 @@
 """The modules of ``hf_gsc.evaluation`` form no import cycle, counting the imports inside functions: each module has one
-job, and a lower one never reaches up to a higher one."""
+job, and a lower one never reaches up to a higher one. Imports under ``if TYPE_CHECKING:`` are left out, as
+``tests/test_layering.py`` leaves them out: they never run (an annotation may name a class of a module above)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,31 @@ import hf_gsc.evaluation
 PACKAGE = Path(hf_gsc.evaluation.__file__).parent
 
 
-def evaluation_imports() -> dict[str, set[str]]:
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those inside the body of an ``if TYPE_CHECKING:`` (its ``else`` runs)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend([node.test, *node.orelse])
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def evaluation_imports(package: Path = PACKAGE) -> dict[str, set[str]]:
     """module -> the modules of ``hf_gsc.evaluation`` it imports anywhere in its file (``from .x import``,
     ``from . import x``, ``from ..evaluation.x import``, ``import hf_gsc.evaluation.x``)."""
     graph: dict[str, set[str]] = {}
-    modules = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    modules = {path.stem for path in package.glob("*.py")} - {"__init__"}
     for module in modules:
         found: set[str] = set()
-        for node in ast.walk(ast.parse((PACKAGE / f"{module}.py").read_text())):
+        for node in _runtime_nodes(ast.parse((package / f"{module}.py").read_text())):
             if isinstance(node, ast.ImportFrom):
                 target = node.module or ""
                 if node.level == 1:
@@ -64,7 +82,12 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_graph_sees_function_level_imports() -> None:
+def test_the_graph_sees_function_level_imports_and_leaves_out_type_checking_ones(tmp_path) -> None:
+    (tmp_path / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n"
+                                   "def f():\n    from .c import C\n")
+    (tmp_path / "b.py").write_text("from .a import f\n")
+    (tmp_path / "c.py").write_text("")
+    assert evaluation_imports(tmp_path) == {"a": {"c"}, "b": {"a"}, "c": set()}
     graph = evaluation_imports()
     assert "fitting" in graph["evaluator"] and "json_files" in graph["report"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
