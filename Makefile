@@ -54,7 +54,7 @@ $(VENV_TIMM)/.installed: pyproject.toml
 
 # ruff and mypy (the test extra) with the settings in pyproject.toml.
 lint: install
-	$(PY) -m ruff check hf_gsc
+	$(PY) -m ruff check hf_gsc tests scripts
 	$(PY) -m mypy
 
 demo: install

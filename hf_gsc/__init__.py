@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .settings.registry import set_method_loader
 from .utils.version import __version__
 
+
 if TYPE_CHECKING:  # the same names for type checkers and the API reference, which read the source, not imports
     from .auto import AutoOODDetector
     from .detectors import DETECTORS, DetectorBundle
@@ -130,9 +131,9 @@ set_method_loader(lambda: importlib.import_module(".detectors", __name__))
 
 #: The names every install has; ``hf_gsc.__all__`` adds every method's config class (:class:`_PublicNames`).
 __all__ = [
+    "DETECTORS",
     "AutoOODDetector",
     "Calibration",
-    "DETECTORS",
     "DetectorBundle",
     "DetectorConfig",
     "EvaluationArguments",

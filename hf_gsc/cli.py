@@ -19,10 +19,11 @@ import argparse
 import importlib
 import inspect
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .utils.docs import DOCS_HELP
 from .utils.version import __version__
+
 
 #: Subcommand -> (the function that runs it, ``module`` or ``module:function``; its line of help). A function takes the
 #: rest of the command line (and ``prog=``, where it accepts it) and returns the exit status.
@@ -116,9 +117,9 @@ def _publish_detector(args: argparse.Namespace) -> str:
     from pathlib import Path
 
     from .auto import AutoOODDetector
+    from .storage.loading import is_detector_dir
     from .storage.repo_ids import is_hub_id
     from .storage.results import RESULT_FILES
-    from .storage.loading import is_detector_dir
 
     folder = Path(args.detector_dir)
     if not folder.is_dir() or not is_detector_dir(folder):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import sys
 
+
 #: Feature width and class count of the model the fitted-state shapes are read on: distinct numbers, so that each
 #: dimension can be named back.
 WIDTH, CLASSES = 24, 7

@@ -23,6 +23,7 @@ from .detectors.interface import OODDetector
 from .utils.image_processors import input_channels
 from .utils.images import load_image, model_mode
 
+
 TASK = "ood-image-classification"
 
 

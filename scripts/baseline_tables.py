@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results" / "baselines"
 PAGE = ROOT / "docs" / "baselines.md"

@@ -33,6 +33,7 @@ import torch
 
 from hf_gsc import AutoOODDetector, __version__
 
+
 MODELS = {
     "resnet-50": ("ResNetConfig", "ResNetForImageClassification"),
     "vit-b16": ("ViTConfig", "ViTForImageClassification"),

@@ -70,6 +70,7 @@ import torch
 
 from hf_gsc.utils.images import decode, to_model_image
 
+
 PHOTO_DIRS = ("/usr/share/doc/opencv-doc/examples/data",)
 PHOTO_NAMES = ("baboon.jpg", "building.jpg", "fruits.jpg", "lena.jpg", "orange.jpg", "butterfly.jpg", "aero1.jpg",
                "board.jpg", "home.jpg", "starry_night.jpg", "apple.jpg", "messi5.jpg", "pic1.png", "pic3.png")

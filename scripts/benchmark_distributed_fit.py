@@ -47,6 +47,7 @@ import torch
 from hf_gsc import __version__
 from hf_gsc.reference_models import reference_model_path
 
+
 REPO = Path(__file__).resolve().parents[1]
 #: Targets of the 2-process run against the 1-process one.
 MAX_FIT_RATIO = 0.65

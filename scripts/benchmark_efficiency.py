@@ -39,16 +39,17 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
+from transformers import AutoModelForImageClassification
 
 from hf_gsc import GSCForImageClassification, __version__
-from hf_gsc.gsc_math.step import gsc_step
 from hf_gsc.detectors import get_detector
+from hf_gsc.gsc_math.step import gsc_step
 from hf_gsc.reference_models import reference_model_path
-from transformers import AutoModelForImageClassification
+
 
 GSC_APPROXIMATIONS = ("exact", "first_order", "predicted_logit")
 

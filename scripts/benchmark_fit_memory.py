@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+
 BATCH = 50
 #: case -> (methods, (small N, large N), growth limit in MiB)
 CASES = {
@@ -73,7 +74,6 @@ def vit_batches(count: int, classes: int):
 
 def fit_features(method: str, count: int, dim: int, classes: int) -> None:
     import torch
-
     from benchmark_scale import feature_model  # scripts/, on the path of a script run from it
 
     from hf_gsc.detectors import get_detector

@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hf_gsc import AutoOODDetector, __version__
 from hf_gsc.detectors import DETECTORS
 
+
 HOST_READS = ("_local_scalar_dense", "equal", "is_nonzero", "nonzero")
 #: name -> (config class, model class, input side in pixels, config overrides)
 MODELS = {

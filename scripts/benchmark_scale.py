@@ -42,8 +42,9 @@ import platform
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ from hf_gsc import __version__
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.backbone_pass import BackbonePass, fit_from_passes
 from hf_gsc.detectors.common import FittedDetector
+
 
 #: The fitted methods that score from the shared pass (``one_pass``): fitted together in one pass by the evaluation.
 METHODS = tuple(sorted(name for name, cls in DETECTORS.items() if cls.one_pass and issubclass(cls, FittedDetector)))

@@ -36,6 +36,7 @@ import torch
 from hf_gsc import __version__
 from hf_gsc.detectors import DETECTORS
 
+
 #: Every registered method that scores from the shared pass alone (``one_pass``): all but those that perturb the
 #: input and run passes of their own (ODIN, AdaSCALE); one that cannot be built on the benchmark's ViT (BATS) is left
 #: out when the run starts (:func:`buildable`), and the JSON says why.
@@ -44,8 +45,8 @@ SHARED_METHODS = tuple(sorted(name for name, cls in DETECTORS.items() if cls.one
 
 #: ``--model`` -> the ViT's widths (224 px, patch 16, 12 layers).
 WIDTHS = {
-    "vit-ti": dict(hidden_size=192, num_attention_heads=3, intermediate_size=768),
-    "vit-b16": dict(hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+    "vit-ti": {"hidden_size": 192, "num_attention_heads": 3, "intermediate_size": 768},
+    "vit-b16": {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
 }
 
 

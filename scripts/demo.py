@@ -23,6 +23,7 @@ import time
 from hf_gsc.evaluation import main
 from hf_gsc.reference_models import reference_model_path
 
+
 #: Samples per split: ID test, ID validation (calibration) and each of the 4 OOD splits.
 DEMO_MAX_SAMPLES = 1000
 #: Samples to fit ReAct's activation percentile (on ID validation).

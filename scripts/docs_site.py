@@ -17,6 +17,7 @@ from typing import Any
 
 import griffe
 
+
 MARKER = "<!-- method configs -->"
 
 

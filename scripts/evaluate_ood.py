@@ -13,5 +13,6 @@ import sys
 
 from hf_gsc.evaluation import main
 
+
 if __name__ == "__main__":
     sys.exit(main(prog="evaluate_ood.py"))

@@ -11,6 +11,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+
 TARGETS = {
     "gsc_time_relative_to_msp_at_most": 1.05,
     "gsc_peak_memory_relative_to_msp_at_most": 1.10,
@@ -149,7 +150,7 @@ def summarize(directory: Path, mode: str, seconds: int) -> dict:
     tests_log = details / "logs" / "device_tests.log"
     if tests_log.exists():
         lines = [line for line in tests_log.read_text().splitlines() if line.strip()]
-        findings["device_tests"] = {"last_line": lines[-1] if lines else "", "skipped": [l for l in lines if "SKIP" in l]}
+        findings["device_tests"] = {"last_line": lines[-1] if lines else "", "skipped": [line for line in lines if "SKIP" in line]}
     runs = {name: evaluation(r) for name in EVALUATIONS if (r := _json(details / name / "results.json"))}
     missing = [name for name in EVALUATIONS if name not in runs]
     findings["evaluation"] = {"runs": runs, "missing": missing}

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+
 FIT_BATCH = 256
 SCORE_BATCH = 250
 

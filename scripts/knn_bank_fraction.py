@@ -17,6 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
+
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = ["--max-samples", "500", "--max-fit-samples", "2000", "--seed", "0", "--no-plots"]
 #: ``bank_fraction=0.064`` keeps 12.8 bank rows per class of the 2,000 fitting images of 10 classes, the rows per class

@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "model_cards"
 METHOD = "gsc"

@@ -10,5 +10,6 @@ import sys
 
 from hf_gsc.cli import publish
 
+
 if __name__ == "__main__":
     sys.exit(publish(prog="publish_to_hub.py"))

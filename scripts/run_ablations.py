@@ -13,5 +13,6 @@ import sys
 
 from hf_gsc.analysis.cli import main
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -40,6 +40,7 @@ from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPi
 
 from hf_gsc.data.benchmarks import GENERATED_BENCHMARKS
 
+
 IMAGE_SIZE = 28
 #: Mean / std of the 55,000 Fashion-MNIST train images in [0, 1] (0.2862 / 0.3531); stored in the
 #: saved image processor so inference uses the same normalisation as training.

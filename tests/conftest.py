@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+
 # Tests never reach a real Hub; fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
@@ -22,6 +23,7 @@ from transformers import (
     ViTForImageClassification,
 )
 
+
 IMAGE_SIZE = 16
 NUM_LABELS = 5
 
@@ -29,7 +31,7 @@ NUM_LABELS = 5
 def make_tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     """A tiny float64 classifier (3 channels, 16x16 images, 5 classes) in eval mode."""
     torch.manual_seed(seed)
-    common = dict(num_channels=3, num_labels=NUM_LABELS)
+    common = {"num_channels": 3, "num_labels": NUM_LABELS}
     if arch == "vit":
         model = ViTForImageClassification(
             ViTConfig(image_size=IMAGE_SIZE, patch_size=4, hidden_size=16, num_hidden_layers=2,

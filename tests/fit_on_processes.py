@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest, when launched as a script
 
 NUM_IMAGES = 27
@@ -50,9 +51,9 @@ def fit_data():
 
 
 def main(out: Path) -> None:
+    from conftest import make_tiny_model
     from safetensors.torch import save_file
 
-    from conftest import make_tiny_model
     from hf_gsc.data.decoding import UndecodableImageError
     from hf_gsc.detectors import get_detector
     from hf_gsc.evaluation.accelerator import make_accelerator

@@ -48,12 +48,14 @@ import sys
 import tempfile
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator
+from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+
 
 DEFAULT_USER = "user"
 DEFAULT_TOKEN = "hf_loopback_user_token"
@@ -233,7 +235,7 @@ class LoopbackHub:
             raise RuntimeError("LoopbackHub was never started")
         return self._url
 
-    def start(self) -> "LoopbackHub":
+    def start(self) -> LoopbackHub:
         if self._server is not None:
             return self
         handler = type("_BoundHandler", (_Handler,), {"hub": self})
@@ -257,7 +259,7 @@ class LoopbackHub:
         if thread is not None:
             thread.join(timeout=5)
 
-    def __enter__(self) -> "LoopbackHub":
+    def __enter__(self) -> LoopbackHub:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -325,8 +327,9 @@ class LoopbackHub:
         ``cache_dir`` becomes the default download cache (``HF_HUB_CACHE``) when given. ``offline=True`` turns
         on huggingface_hub's offline mode (what ``HF_HUB_OFFLINE=1`` does at import time) instead.
         """
-        from huggingface_hub import constants, hf_api
         from urllib.parse import urlsplit as _urlsplit
+
+        from huggingface_hub import constants, hf_api
 
         saved_env = {name: os.environ.get(name) for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE")}
         patches: list[tuple[Any, str, Any]] = [

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 from torch.utils.data import DataLoader
 from transformers import ViTConfig, ViTForImageClassification
 
@@ -27,10 +28,9 @@ from hf_gsc.analysis import (
     variant_grid,
 )
 from hf_gsc.analysis.cli import run_one
-from hf_gsc.gsc_math.shortcircuit import num_masked
 from hf_gsc.classifier.split_points import resolve_split_point
+from hf_gsc.gsc_math.shortcircuit import num_masked
 
-from conftest import IMAGE_SIZE, make_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -163,12 +163,12 @@ def test_iterative_equals_one_shot_for_a_linear_head(pixel_values):
 @pytest.mark.parametrize(
     "settings",
     [
-        dict(),
-        dict(operation="perturb", alpha=0.3),
-        dict(operation="project", mask_ratio=0.1),
-        dict(operation="clip", clip_bound=0.5, approximation="exact"),
-        dict(selection="reverse", approximation="predicted_logit"),
-        dict(operation="scale", beta=0.25, mask_ratio=0.2),
+        {},
+        {"operation": "perturb", "alpha": 0.3},
+        {"operation": "project", "mask_ratio": 0.1},
+        {"operation": "clip", "clip_bound": 0.5, "approximation": "exact"},
+        {"selection": "reverse", "approximation": "predicted_logit"},
+        {"operation": "scale", "beta": 0.25, "mask_ratio": 0.2},
     ],
 )
 def test_head_only_variant_equals_detector(arch, settings, pixel_values):

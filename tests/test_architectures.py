@@ -13,85 +13,90 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hf_gsc.gsc_math.backends import linearize_head
 import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
 
 from hf_gsc import GSCForImageClassification
-from hf_gsc.classifier.architectures import ARCHITECTURES, NOT_APPLICABLE, TIMM_MODEL_TYPES, supported_architectures_table
-from hf_gsc.detectors.ash import default_ash_percentile
+from hf_gsc.classifier.architectures import (
+    ARCHITECTURES,
+    NOT_APPLICABLE,
+    TIMM_MODEL_TYPES,
+    supported_architectures_table,
+)
 from hf_gsc.classifier.heads import HeadSpec, bind_head_paths
 from hf_gsc.classifier.split_points import resolve_split_point
+from hf_gsc.detectors.ash import default_ash_percentile
+from hf_gsc.gsc_math.backends import linearize_head
+
 
 NUM_LABELS = 5
-_VIT = dict(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
-_DINO = dict(image_size=32, patch_size=8, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2)
-_SWIN = dict(image_size=32, patch_size=4, embed_dim=8, depths=[1, 1], num_heads=[1, 2], window_size=4)
-_TEXT = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
-_TWO_STAGE_TOKENS = dict(num_encoder_blocks=2, depths=[1, 1], hidden_sizes=[8, 16], patch_sizes=[7, 3], strides=[4, 2],
-                         num_attention_heads=[1, 2], mlp_ratios=[2, 2])
-_CVT = dict(embed_dim=[8, 16], num_heads=[1, 2], depth=[1, 2], patch_sizes=[7, 3], patch_stride=[4, 2],
-            patch_padding=[2, 1], mlp_ratio=[2.0, 2.0], attention_drop_rate=[0.0, 0.0], drop_rate=[0.0, 0.0],
-            drop_path_rate=[0.0, 0.0], qkv_bias=[True, True], cls_token=[False, True],
-            qkv_projection_method=["dw_bn", "dw_bn"], kernel_qkv=[3, 3], padding_kv=[1, 1], stride_kv=[2, 2],
-            padding_q=[1, 1], stride_q=[1, 1])
+_VIT = {"image_size": 32, "patch_size": 8, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32}
+_DINO = {"image_size": 32, "patch_size": 8, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "mlp_ratio": 2}
+_SWIN = {"image_size": 32, "patch_size": 4, "embed_dim": 8, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4}
+_TEXT = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
+_TWO_STAGE_TOKENS = {"num_encoder_blocks": 2, "depths": [1, 1], "hidden_sizes": [8, 16], "patch_sizes": [7, 3], "strides": [4, 2],
+                         "num_attention_heads": [1, 2], "mlp_ratios": [2, 2]}
+_CVT = {"embed_dim": [8, 16], "num_heads": [1, 2], "depth": [1, 2], "patch_sizes": [7, 3], "patch_stride": [4, 2],
+            "patch_padding": [2, 1], "mlp_ratio": [2.0, 2.0], "attention_drop_rate": [0.0, 0.0], "drop_rate": [0.0, 0.0],
+            "drop_path_rate": [0.0, 0.0], "qkv_bias": [True, True], "cls_token": [False, True],
+            "qkv_projection_method": ["dw_bn", "dw_bn"], "kernel_qkv": [3, 3], "padding_kv": [1, 1], "stride_kv": [2, 2],
+            "padding_q": [1, 1], "stride_q": [1, 1]}
 
 #: Test case -> (model type, tiny configuration, image size). BiT's two layer types give different heads.
 TINY: dict[str, tuple[str, dict, int]] = {
     "beit": ("beit", _VIT, 32),
-    "bit": ("bit", dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_groups=2), 32),
-    "bit(bottleneck)": ("bit", dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_groups=2,
-                                    layer_type="bottleneck"), 32),
-    "clip": ("clip", dict(vision_config=_VIT, text_config=_TEXT), 32),
-    "convnext": ("convnext", dict(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32), 32),
-    "convnextv2": ("convnextv2", dict(num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], image_size=32), 32),
+    "bit": ("bit", {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1], "num_groups": 2}, 32),
+    "bit(bottleneck)": ("bit", {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1], "num_groups": 2,
+                                    "layer_type": "bottleneck"}, 32),
+    "clip": ("clip", {"vision_config": _VIT, "text_config": _TEXT}, 32),
+    "convnext": ("convnext", {"num_stages": 2, "hidden_sizes": [8, 16], "depths": [1, 1], "image_size": 32}, 32),
+    "convnextv2": ("convnextv2", {"num_stages": 2, "hidden_sizes": [8, 16], "depths": [1, 1], "image_size": 32}, 32),
     "cvt": ("cvt", _CVT, 32),
     "data2vec-vision": ("data2vec-vision", _VIT, 32),
     "deit": ("deit", _VIT, 32),
     "dinov2": ("dinov2", _DINO, 32),
     "dinov2_with_registers": ("dinov2_with_registers", dict(_DINO, num_register_tokens=2), 32),
     "donut-swin": ("donut-swin", _SWIN, 32),
-    "efficientnet": ("efficientnet", dict(image_size=32, width_coefficient=0.1, depth_coefficient=0.2, hidden_dim=128,
-                                          kernel_sizes=[3, 3], in_channels=[32, 16], out_channels=[16, 24],
-                                          strides=[1, 2], num_block_repeats=[1, 1], expand_ratios=[1, 6]), 32),
-    "focalnet": ("focalnet", dict(image_size=32, patch_size=4, embed_dim=8, hidden_sizes=[8, 16], depths=[1, 1],
-                                  focal_levels=[2, 2], focal_windows=[3, 3]), 32),
-    "hgnet_v2": ("hgnet_v2", dict(stem_channels=[3, 8, 8], stage_in_channels=[8, 16], stage_mid_channels=[8, 8],
-                                  stage_out_channels=[16, 32], stage_num_blocks=[1, 1], stage_downsample=[False, True],
-                                  stage_light_block=[False, True], stage_kernel_size=[3, 3],
-                                  stage_numb_of_layers=[2, 2], hidden_sizes=[16, 32], depths=[1, 1],
-                                  embedding_size=8), 32),
-    "hiera": ("hiera", dict(image_size=[32, 32], patch_size=[3, 3], patch_stride=[2, 2], patch_padding=[1, 1],
-                            embed_dim=8, depths=[1, 1], num_heads=[1, 2], num_query_pool=1, query_stride=[2, 2],
-                            masked_unit_size=[4, 4], masked_unit_attention=[True, False], decoder_hidden_size=8,
-                            decoder_depth=1, decoder_num_heads=1), 32),
+    "efficientnet": ("efficientnet", {"image_size": 32, "width_coefficient": 0.1, "depth_coefficient": 0.2, "hidden_dim": 128,
+                                          "kernel_sizes": [3, 3], "in_channels": [32, 16], "out_channels": [16, 24],
+                                          "strides": [1, 2], "num_block_repeats": [1, 1], "expand_ratios": [1, 6]}, 32),
+    "focalnet": ("focalnet", {"image_size": 32, "patch_size": 4, "embed_dim": 8, "hidden_sizes": [8, 16], "depths": [1, 1],
+                                  "focal_levels": [2, 2], "focal_windows": [3, 3]}, 32),
+    "hgnet_v2": ("hgnet_v2", {"stem_channels": [3, 8, 8], "stage_in_channels": [8, 16], "stage_mid_channels": [8, 8],
+                                  "stage_out_channels": [16, 32], "stage_num_blocks": [1, 1], "stage_downsample": [False, True],
+                                  "stage_light_block": [False, True], "stage_kernel_size": [3, 3],
+                                  "stage_numb_of_layers": [2, 2], "hidden_sizes": [16, 32], "depths": [1, 1],
+                                  "embedding_size": 8}, 32),
+    "hiera": ("hiera", {"image_size": [32, 32], "patch_size": [3, 3], "patch_stride": [2, 2], "patch_padding": [1, 1],
+                            "embed_dim": 8, "depths": [1, 1], "num_heads": [1, 2], "num_query_pool": 1, "query_stride": [2, 2],
+                            "masked_unit_size": [4, 4], "masked_unit_attention": [True, False], "decoder_hidden_size": 8,
+                            "decoder_depth": 1, "decoder_num_heads": 1}, 32),
     "ijepa": ("ijepa", _VIT, 32),
-    "levit": ("levit", dict(image_size=64, patch_size=16, hidden_sizes=[16, 24], num_attention_heads=[1, 2],
-                            depths=[1, 1], key_dim=[4, 4], down_ops=[["Subsample", 4, 4, 4, 2, 2]]), 64),
-    "metaclip_2": ("metaclip_2", dict(vision_config=_VIT, text_config=_TEXT), 32),
-    "mobilenet_v1": ("mobilenet_v1", dict(image_size=64, depth_multiplier=0.25, min_depth=4), 64),
-    "mobilenet_v2": ("mobilenet_v2", dict(image_size=64, depth_multiplier=0.25, min_depth=4), 64),
-    "mobilevit": ("mobilevit", dict(image_size=64, patch_size=2, hidden_sizes=[16, 16, 16],
-                                    neck_hidden_sizes=[8, 8, 8, 8, 8, 8, 16], num_attention_heads=2), 64),
-    "mobilevitv2": ("mobilevitv2", dict(image_size=64, patch_size=1, width_multiplier=0.25, n_attn_blocks=[1, 1, 1],
-                                        base_attn_unit_dims=[8, 8, 8]), 64),
-    "perceiver": ("perceiver", dict(num_latents=4, d_latents=16, d_model=16, num_blocks=2, num_self_attends_per_block=1,
-                                    num_self_attention_heads=1, num_cross_attention_heads=1, image_size=32), 32),
-    "poolformer": ("poolformer", dict(hidden_sizes=[8, 16], depths=[1, 1], num_encoder_blocks=2, patch_sizes=[7, 3],
-                                      strides=[4, 2], padding=[2, 1]), 32),
+    "levit": ("levit", {"image_size": 64, "patch_size": 16, "hidden_sizes": [16, 24], "num_attention_heads": [1, 2],
+                            "depths": [1, 1], "key_dim": [4, 4], "down_ops": [["Subsample", 4, 4, 4, 2, 2]]}, 64),
+    "metaclip_2": ("metaclip_2", {"vision_config": _VIT, "text_config": _TEXT}, 32),
+    "mobilenet_v1": ("mobilenet_v1", {"image_size": 64, "depth_multiplier": 0.25, "min_depth": 4}, 64),
+    "mobilenet_v2": ("mobilenet_v2", {"image_size": 64, "depth_multiplier": 0.25, "min_depth": 4}, 64),
+    "mobilevit": ("mobilevit", {"image_size": 64, "patch_size": 2, "hidden_sizes": [16, 16, 16],
+                                    "neck_hidden_sizes": [8, 8, 8, 8, 8, 8, 16], "num_attention_heads": 2}, 64),
+    "mobilevitv2": ("mobilevitv2", {"image_size": 64, "patch_size": 1, "width_multiplier": 0.25, "n_attn_blocks": [1, 1, 1],
+                                        "base_attn_unit_dims": [8, 8, 8]}, 64),
+    "perceiver": ("perceiver", {"num_latents": 4, "d_latents": 16, "d_model": 16, "num_blocks": 2, "num_self_attends_per_block": 1,
+                                    "num_self_attention_heads": 1, "num_cross_attention_heads": 1, "image_size": 32}, 32),
+    "poolformer": ("poolformer", {"hidden_sizes": [8, 16], "depths": [1, 1], "num_encoder_blocks": 2, "patch_sizes": [7, 3],
+                                      "strides": [4, 2], "padding": [2, 1]}, 32),
     "pvt": ("pvt", dict(_TWO_STAGE_TOKENS, image_size=32, sequence_reduction_ratios=[2, 1], patch_sizes=[4, 2]), 32),
     "pvt_v2": ("pvt_v2", dict(_TWO_STAGE_TOKENS, image_size=32, sr_ratios=[2, 1]), 32),
-    "regnet": ("regnet", dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=4), 32),
-    "resnet": ("resnet", dict(embedding_size=8, hidden_sizes=[8, 12], depths=[1, 1]), 32),
+    "regnet": ("regnet", {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1], "groups_width": 4}, 32),
+    "resnet": ("resnet", {"embedding_size": 8, "hidden_sizes": [8, 12], "depths": [1, 1]}, 32),
     "segformer": ("segformer", dict(_TWO_STAGE_TOKENS, sr_ratios=[2, 1], decoder_hidden_size=16), 32),
-    "siglip": ("siglip", dict(vision_config=_VIT, text_config=_TEXT), 32),
-    "swiftformer": ("swiftformer", dict(image_size=32, depths=[1, 1], embed_dims=[8, 16], downsamples=[True, True]), 32),
+    "siglip": ("siglip", {"vision_config": _VIT, "text_config": _TEXT}, 32),
+    "swiftformer": ("swiftformer", {"image_size": 32, "depths": [1, 1], "embed_dims": [8, 16], "downsamples": [True, True]}, 32),
     "swin": ("swin", _SWIN, 32),
     "swinv2": ("swinv2", _SWIN, 32),
-    "textnet": ("textnet", dict(image_size=[32, 32], stem_out_channels=8, conv_layer_kernel_sizes=[[[3, 3]], [[3, 3]]],
-                                conv_layer_strides=[[1], [2]], hidden_sizes=[8, 8, 16]), 32),
+    "textnet": ("textnet", {"image_size": [32, 32], "stem_out_channels": 8, "conv_layer_kernel_sizes": [[[3, 3]], [[3, 3]]],
+                                "conv_layer_strides": [[1], [2]], "hidden_sizes": [8, 8, 16]}, 32),
     "vit": ("vit", _VIT, 32),
     "vit_msn": ("vit_msn", _VIT, 32),
 }
@@ -254,7 +259,7 @@ def test_exact_is_the_model_on_the_short_circuited_features(case):
 
 def _first_order_error(model: torch.nn.Module, pixel_values: torch.Tensor, alpha: float) -> float:
     """Largest ``|first_order - exact|`` of GSC's logits for the perturbation ``F - alpha sign(g)`` of the mask."""
-    settings = dict(mask_ratio=0.2, operation="perturb", alpha=alpha)
+    settings = {"mask_ratio": 0.2, "operation": "perturb", "alpha": alpha}
     first = GSCForImageClassification(model, **settings)(pixel_values).gsc_logits
     exact = GSCForImageClassification(model, approximation="exact", **settings)(pixel_values).gsc_logits
     return (first - exact).abs().max().item()

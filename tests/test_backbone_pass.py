@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import evaluate_argv
 from safetensors.torch import load_file
+from test_evaluation import tiny  # noqa: F401  (module fixture: tiny ViT, ID and OOD datasets on disk)
 
 from hf_gsc.evaluation import plan as plan_module
-from test_evaluation import tiny  # noqa: F401  (module fixture: tiny ViT, ID and OOD datasets on disk)
-from conftest import evaluate_argv
+
 
 #: Every method the tiny data can fit (its validation split is too small for Mahalanobis / ViM / GEM's covariance).
 METHODS = "msp,energy,max_logit,react,dice,ash_p,ash_b,ash_s,knn,gradnorm,gsc,gsc_ash,odin"
@@ -71,8 +72,8 @@ def test_a_changed_default_computes_the_scores_again(tiny, tmp_path, monkeypatch
     before = _scores(tmp_path, "react")
     from dataclasses import dataclass
 
-    from hf_gsc.settings.config import number_check, setting
     from hf_gsc.detectors.react import ReActConfig, ReActDetector
+    from hf_gsc.settings.config import number_check, setting
 
     @dataclass
     class ChangedDefault(ReActConfig):  # the same method, its default changed (as a new release might)

@@ -11,6 +11,7 @@ from transformers import ViTConfig, ViTForImageClassification
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.penultimate import PRECISION_RCOND, tied_precision
 
+
 NUM = 192
 
 

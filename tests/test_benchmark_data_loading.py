@@ -9,6 +9,7 @@ import json
 import runpy
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+
 REPO = Path(__file__).resolve().parents[1]
 METHODS = {"msp", "energy", "odin", "gsc_exact", "gsc_first_order", "gsc_predicted_logit"}
 

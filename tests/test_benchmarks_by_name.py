@@ -22,9 +22,9 @@ import datasets
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hub_server import LoopbackHub
 from PIL import Image
 
-from hub_server import LoopbackHub
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

@@ -20,10 +20,10 @@ import datasets
 import numpy as np
 import pytest
 import torch
+from conftest import evaluate_argv
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import evaluate_argv
 
 #: The model's classes, in its id2label order.
 CLASSES = ["cat", "dog", "bird"]

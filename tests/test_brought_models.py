@@ -14,19 +14,18 @@ normalises), ``save_pretrained`` / ``from_pretrained`` (same scores and threshol
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
-
-import json
 
 import numpy as np
 import pytest
 import torch
+from conftest import evaluate_argv
+from timm_families import FAMILIES, import_timm, make_timm_model
 
 from hf_gsc import AutoOODDetector
 
-from conftest import evaluate_argv
-from timm_families import FAMILIES, import_timm, make_timm_model
 
 NUM_CLASSES = 1000
 # ImageNet-1k's names as Hub classifiers' configs carry them ("crane" twice: 134 and 517)
@@ -43,7 +42,7 @@ def _transformers_model(kind: str) -> torch.nn.Module:
     import transformers
 
     # label2id as Hub configs hold it: one "crane" (the last, 517) survives the inversion
-    labels = dict(num_labels=NUM_CLASSES, id2label=ID2LABEL, label2id={v: k for k, v in ID2LABEL.items()})
+    labels = {"num_labels": NUM_CLASSES, "id2label": ID2LABEL, "label2id": {v: k for k, v in ID2LABEL.items()}}
     config = {
         "vit": lambda: transformers.ViTConfig(image_size=32, patch_size=16, hidden_size=16, num_hidden_layers=1,
                                               num_attention_heads=2, intermediate_size=32, **labels),

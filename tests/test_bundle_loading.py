@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 from transformers import AutoModelForImageClassification
 
 from hf_gsc import AutoOODDetector, DetectorBundle
-
-from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ from scipy import stats
 from sklearn.metrics import roc_curve
 
 from hf_gsc.evaluation.calibration import calibration_record, conformal_order, conformal_threshold
-from hf_gsc.utils.calibration import kept_scores, scores_digest
-from hf_gsc.utils.thresholds import threshold_at_tpr
 from hf_gsc.evaluation.metrics import fpr_at_tpr, fpr_at_tpr_ood_positive
 from hf_gsc.evaluation.report import markdown_table, method_results
 from hf_gsc.evaluation.selective import aurc, risk_coverage_curve, selective_accuracy
+from hf_gsc.utils.calibration import kept_scores, scores_digest
+from hf_gsc.utils.thresholds import threshold_at_tpr
 
 
 def _cases():

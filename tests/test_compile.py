@@ -11,14 +11,14 @@ import warnings
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
+from test_detectors import MODEL_SPECIFIC
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS
 from hf_gsc.detectors.compiled import CompiledDetector
 
-from conftest import IMAGE_SIZE, make_tiny_model
-from test_detectors import MODEL_SPECIFIC
 
 #: Every one-pass method that applies to the ViT (a model-specific one, BATS, is on the ResNet list below).
 ONE_PASS = sorted(name for name, cls in DETECTORS.items() if cls.one_pass and "vit" in MODEL_SPECIFIC.get(name, ("vit",)))

@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
+from conftest import make_tiny_model
 
 from hf_gsc import DETECTORS, AutoOODDetector, DetectorConfig, GSCConfig
 from hf_gsc.settings.config import FITTED, PROVENANCE
 
-from conftest import make_tiny_model
 
 COMMON = {"threshold", "calibration", "base_model_name_or_path", "base_model_revision", "hf_gsc_version"}
 

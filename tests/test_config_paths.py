@@ -16,16 +16,16 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 from PIL import Image
+from test_detectors import MODEL_SPECIFIC, Setting
+from test_pipeline import _trainer_predict
 from transformers import ViTImageProcessor
 
 import hf_gsc
 from hf_gsc import DETECTORS, AutoOODDetector, DetectorConfig
 from hf_gsc.detectors import get_detector
 
-from conftest import IMAGE_SIZE, make_tiny_model
-from test_detectors import MODEL_SPECIFIC, Setting
-from test_pipeline import _trainer_predict
 
 ALL_METHODS = sorted(DETECTORS)
 DROPPED = "its threshold was dropped because"
@@ -147,8 +147,8 @@ def test_a_load_of_another_fitted_state_drops_the_threshold(setting, tmp_path):
     detector.save_pretrained(tmp_path)
     refitted = get_detector("knn", setting.model, k=3)
     refitted.fit(setting.batches(limit=64))
-    from hf_gsc.storage.saved_format import save_state
     from hf_gsc.settings.config import STATE_FILE
+    from hf_gsc.storage.saved_format import save_state
 
     save_state(refitted.fitted_state(), tmp_path / STATE_FILE)
     with pytest.warns(UserWarning, match=f"{DROPPED} the fitted state changed since it was calibrated"):

@@ -10,8 +10,7 @@ import torch
 from PIL import Image
 from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil
 
-from hf_gsc.data import BENCHMARKS, collate, load_benchmark, load_split, make_transform, prepare_dataset
-from hf_gsc.data import fashion_mnist
+from hf_gsc.data import BENCHMARKS, collate, fashion_mnist, load_benchmark, load_split, make_transform, prepare_dataset
 from hf_gsc.data.arrays import to_dataset
 from hf_gsc.data.fonts import generate_letters
 from hf_gsc.data.noise import generate_noise

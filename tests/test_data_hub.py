@@ -15,9 +15,9 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+from hub_server import LoopbackHub
 from PIL import Image
 
-from hub_server import LoopbackHub
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HUB_ID = "zalando-datasets/fashion_mnist"

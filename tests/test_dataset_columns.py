@@ -11,14 +11,13 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
+from conftest import evaluate_argv
 from safetensors.torch import load_file
+from test_first_hour import CLASSES, _argv, tiny  # noqa: F401  (a 1-channel ViT of classes cat, dog, bird)
 
 from hf_gsc.data import load_split
 from hf_gsc.evaluation.errors import InputError
 from hf_gsc.utils.dataset_columns import image_column_of, label_column_of
-
-from test_first_hour import CLASSES, _argv, tiny  # noqa: F401  (a 1-channel ViT of classes cat, dog, bird)
-from conftest import evaluate_argv
 
 
 def _renamed(source: str, root: Path, image: str, label: str | None, extra_label: str | None = None) -> str:

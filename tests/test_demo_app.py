@@ -16,6 +16,7 @@ from transformers import ViTImageProcessor
 
 from hf_gsc import AutoOODDetector, GSCForImageClassification
 
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 gradio = pytest.importorskip("gradio", reason="the demo app needs the 'demo' extra (pip install 'hf_gsc[demo]')")
 

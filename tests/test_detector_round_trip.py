@@ -16,17 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS
+from hub_server import LoopbackHub
 from PIL import Image
 from safetensors.torch import load_file, save_file
+from test_detectors import MODEL_SPECIFIC, Setting
 from transformers import ViTImageProcessor
 
 from hf_gsc import AutoOODDetector, DetectorBundle, GSCForImageClassification, OODDetector
-from hf_gsc.settings.config import CONFIG_NAME, STATE_FILE
 from hf_gsc.detectors import DETECTORS, fit_together
+from hf_gsc.settings.config import CONFIG_NAME, STATE_FILE
 
-from conftest import IMAGE_SIZE, NUM_LABELS
-from hub_server import LoopbackHub
-from test_detectors import MODEL_SPECIFIC, Setting
 
 ALL_METHODS = sorted(DETECTORS)
 BASE_REPO = "user/base-vit"
@@ -307,8 +307,7 @@ def test_wrong_shape_fitted_tensor_fails_at_load(world, method, tmp_path):
     assert str(tuple(shape)) in str(caught.value)
 
 
-@pytest.mark.parametrize("method", [m
-                                    for m in sorted(WRONG_SHAPES)])
+@pytest.mark.parametrize("method", sorted(WRONG_SHAPES))
 def test_missing_fitted_tensor_fails_at_load(world, method, tmp_path):
     name, _ = WRONG_SHAPES[method]
     path = _saved(world, method, tmp_path)

@@ -13,17 +13,17 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 from scipy.special import logsumexp
 from sklearn.covariance import EmpiricalCovariance
 from torch import nn
 from transformers.modeling_outputs import ImageClassifierOutput
 
-from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc import AutoOODDetector
+from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.interface import OODDetector as Detector
 from hf_gsc.detectors.penultimate import NotEnoughSamplesError
 
-from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 
 ARCHS = ["vit", "resnet"]
 FITTED = sorted(name for name, cls in DETECTORS.items() if cls.needs_fit is True)  # GSC: per instance
@@ -269,7 +269,8 @@ def test_gem(setting):
 
 @pytest.mark.parametrize("k", [1, 10, 50])
 def test_knn(setting, k):
-    normalise = lambda f: f / (np.linalg.norm(f, axis=-1, keepdims=True) + 1e-10)
+    def normalise(f):
+        return f / (np.linalg.norm(f, axis=-1, keepdims=True) + 1e-10)
     bank, query = normalise(setting.F_fit), normalise(setting.F_test)
     distances = np.sqrt(((query[:, None, :] - bank[None, :, :]) ** 2).sum(-1))
     expected = -np.sort(distances, axis=1)[:, k - 1]
@@ -320,7 +321,8 @@ def test_conjnorm(setting, dual_norm):
     """The ConjNorm authors' ImageNet script (p = 1.5), with a temperature that numpy can exponentiate."""
     p, t = 1.5, 0.05
     q = 1 / (1 - 1 / p)
-    normalizer = lambda x: x / (np.linalg.norm(x, ord=p, axis=-1, keepdims=True) + 1e-10)
+    def normalizer(x):
+        return x / (np.linalg.norm(x, ord=p, axis=-1, keepdims=True) + 1e-10)
 
     def dist(a, b):  # b: (D, K), as in the script
         axis = 0 if dual_norm == "feature" else -1

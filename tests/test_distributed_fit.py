@@ -20,11 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fit_on_processes as script
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import fit_on_processes as script
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 300
@@ -105,6 +105,7 @@ def test_an_unreadable_image_raises_on_every_process(runs):
 def test_a_tuning_grid_fits_without_saving_and_keeps_each_grid_point_apart(tmp_path, monkeypatch):
     """``context.output_dir=None``: nothing written; failures are keyed by grid point, not by method."""
     from conftest import make_tiny_model
+
     from hf_gsc.detectors import get_detector
     from hf_gsc.evaluation.accelerator import make_accelerator
     from hf_gsc.evaluation.context import RunContext

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
+from hub_server import LoopbackHub
 
 from hf_gsc import GSCConfig, GSCForImageClassification
 from hf_gsc.settings.config import CONFIG_NAME, STATE_FILE
 from hf_gsc.storage.saved_format import save_state
-
-from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
-from hub_server import LoopbackHub
 
 
 @pytest.fixture

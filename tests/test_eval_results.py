@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from hub_server import LoopbackHub
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

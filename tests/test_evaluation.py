@@ -20,16 +20,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import evaluate_argv
 from safetensors.torch import load_file
 
 from hf_gsc.data.decoding import UndecodableImageError
 from hf_gsc.evaluation import cli, evaluator, fingerprints, loop, models, options, validation
+from hf_gsc.evaluation.arguments import parse_arguments
 from hf_gsc.evaluation.calibration import true_positive_rate
+from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
 from hf_gsc.evaluation.result import EverythingSkippedError
 from hf_gsc.utils.thresholds import threshold_at_tpr
-from hf_gsc.evaluation.metrics import METRIC_NAMES, threshold_at_tpr
-from conftest import evaluate_argv
-from hf_gsc.evaluation.arguments import parse_arguments
+
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "evaluate_ood.py"
@@ -281,8 +282,9 @@ def test_cache_follows_the_data_content(tiny: dict[str, str], tmp_path: Path, mo
 
 def test_odin_takes_the_image_std_from_the_processor(tiny: dict[str, str], tmp_path: Path) -> None:
     """ODIN's epsilon is in pixel units: the evaluation divides it by the processor's std unless told otherwise."""
-    from hf_gsc.detectors.odin import ODINDetector as ODIN
     from types import SimpleNamespace
+
+    from hf_gsc.detectors.odin import ODINDetector as ODIN
 
     base = ["--model", tiny["model"], "--id-dataset", tiny["id"], "--ood-dataset", tiny["noise"],
             "--methods", "msp,odin", "--no-plots"]

@@ -10,14 +10,13 @@ import typing
 from pathlib import Path
 
 import pytest
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 from transformers import HfArgumentParser
 
 import hf_gsc
 from hf_gsc.evaluation import cli
 from hf_gsc.evaluation.arguments import GSC_FLAGS, EvaluationArgumentParser, GSCArguments
 from hf_gsc.evaluation.errors import InputError
-
-from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 
 def _every_flag(tmp_path: Path) -> list[str]:

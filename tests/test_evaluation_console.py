@@ -8,10 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 from hf_gsc.evaluation import cli
-
-from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 
 def _argv(tiny, output_dir: Path, *extra: str) -> list[str]:  # noqa: F811

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from hub_server import LoopbackHub
 from test_benchmarks_by_name import hub  # noqa: F401  (the fixture: loopback Hub with the stand-in repos)
+
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import hf_gsc.evaluation
 
+
 PACKAGE = Path(hf_gsc.evaluation.__file__).parent
 
 

@@ -11,15 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import evaluate_argv
 from safetensors.torch import load_file
+from test_first_hour import CLASSES, _argv, _id_data, tiny  # noqa: F401  (model classes cat, dog, bird)
 
 from hf_gsc.evaluation import labels
-from hf_gsc.evaluation.score_cache import BASE_MODEL, PREDICTIONS_KEY
 from hf_gsc.evaluation.labels import LabelMismatchWarning
 from hf_gsc.evaluation.options import InputError
-
-from test_first_hour import CLASSES, _id_data, _argv, tiny  # noqa: F401  (model classes cat, dog, bird)
-from conftest import evaluate_argv
+from hf_gsc.evaluation.score_cache import BASE_MODEL, PREDICTIONS_KEY
 
 
 def _labels_of(run: Path) -> torch.Tensor:

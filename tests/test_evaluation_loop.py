@@ -21,6 +21,7 @@ from hf_gsc.data.decoding import UndecodableImageError
 from hf_gsc.evaluation import fitting, loaders, loop, score_cache
 from hf_gsc.evaluation.accelerator import make_accelerator
 
+
 META = torch.device("meta")
 
 

@@ -9,15 +9,14 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import evaluate_argv
+from test_evaluation import _launch_two_processes, tiny, unsupported_model  # noqa: F401  (the tiny model and data fixture)
 
 from hf_gsc.detectors import DETECTORS
 from hf_gsc.evaluation import cli, evaluator, fitting
 from hf_gsc.evaluation.arguments import EvaluationArgumentParser, EvaluationArguments
 from hf_gsc.evaluation.errors import InputError
 from hf_gsc.evaluation.result import EverythingSkippedError
-
-from conftest import evaluate_argv
-from test_evaluation import _launch_two_processes, tiny, unsupported_model  # noqa: F401  (the tiny model and data fixture)
 
 
 def _argv(tiny, output_dir: Path, methods: str, *extra: str) -> list[str]:  # noqa: F811

@@ -10,6 +10,7 @@ from conftest import IMAGE_SIZE, make_tiny_model
 from hf_gsc import GSCForImageClassification
 from hf_gsc.gsc_math.explanation import unravel
 
+
 TOP_K = 7
 
 

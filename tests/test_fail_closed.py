@@ -6,12 +6,11 @@ that hf_gsc refuses it or recomputes, and that nothing outside the folder is rea
 
 from __future__ import annotations
 
-import re
-
 import io
 import json
 import logging
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -19,24 +18,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, evaluate_argv, make_tiny_model
 from PIL import Image, ImageFile
 from safetensors.torch import load_file, save_file
+from test_evaluation import tiny  # noqa: F401  (module fixture: tiny ViT, ID and OOD datasets on disk)
 
 from hf_gsc import GSCForImageClassification
-from hf_gsc.utils import confined_files
 from hf_gsc.cli import publish
 from hf_gsc.data.decoding import UndecodableImageError, decode_image
 from hf_gsc.evaluation import loop, options, score_cache, validation
+from hf_gsc.evaluation.arguments import parse_arguments
 from hf_gsc.evaluation.metrics import NonFiniteScoreError
 from hf_gsc.evaluation.report import method_results, write_report
-from hf_gsc.utils.image_limits import (DEFAULT_MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_ENV, ImageTooLargeError,
-                                       max_image_pixels)
 from hf_gsc.storage.results import read_results
+from hf_gsc.utils import confined_files
+from hf_gsc.utils.image_limits import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    MAX_IMAGE_PIXELS_ENV,
+    ImageTooLargeError,
+    max_image_pixels,
+)
 
-from conftest import IMAGE_SIZE, make_tiny_model
-from test_evaluation import tiny  # noqa: F401  (module fixture: tiny ViT, ID and OOD datasets on disk)
-from conftest import evaluate_argv
-from hf_gsc.evaluation.arguments import parse_arguments
 
 SECRET = "secret outside the folder\n"
 

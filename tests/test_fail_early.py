@@ -4,12 +4,11 @@ it expected."""
 from __future__ import annotations
 
 import pytest
+from conftest import make_tiny_model
+from test_detectors import setting  # noqa: F401
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS
-
-from conftest import make_tiny_model
-from test_detectors import setting  # noqa: F401
 
 
 @pytest.mark.parametrize("method", sorted(m for m, cls in DETECTORS.items() if cls.needs_fit is True))

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 
 from hf_gsc import AutoOODDetector, GSCConfig
-from hf_gsc.utils.feature_shapings import FEATURE_SHAPINGS
 from hf_gsc.detectors.ash import ash_shape, default_ash_percentile
-
-from conftest import IMAGE_SIZE, make_tiny_model
+from hf_gsc.utils.feature_shapings import FEATURE_SHAPINGS
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +53,8 @@ def test_the_shaping_names_live_on_the_ground_floor():
     import inspect
 
     import hf_gsc.utils.feature_shapings as names
-    from hf_gsc.settings import config
     from hf_gsc.detectors import ash, scale
+    from hf_gsc.settings import config
 
     tree = ast.parse(inspect.getsource(names))
     imported = ["." * node.level + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]

@@ -23,13 +23,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import evaluate_argv
 
 from hf_gsc import cli as hf_gsc_cli
-from hf_gsc.evaluation import cli, labels, options, run_info
-from hf_gsc.evaluation.labels import LabelMismatchWarning
-from conftest import evaluate_argv
+from hf_gsc.evaluation import cli, evaluator, labels, options, run_info
 from hf_gsc.evaluation.arguments import parse_arguments
-from hf_gsc.evaluation import evaluator
+from hf_gsc.evaluation.labels import LabelMismatchWarning
+
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ["cat", "dog", "bird"]

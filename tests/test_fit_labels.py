@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS
 from PIL import Image
+from test_detectors import balanced_model
 from transformers import ViTImageProcessor
 
 from hf_gsc.detectors import get_detector
 
-from conftest import IMAGE_SIZE, NUM_LABELS
-from test_detectors import balanced_model
 
 NAMES = ["boot", "coat", "dress", "shirt", "bag"][:NUM_LABELS]
 

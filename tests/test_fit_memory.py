@@ -23,6 +23,7 @@ from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.backbone_pass import fit_together
 from hf_gsc.detectors.penultimate import CHUNK_BYTES, ClassStatistics, chunked_percentile
 
+
 STATISTIC_METHODS = ["mahalanobis", "mahalanobis_pp", "rmds", "rmds_pp", "gem", "dice", "nci", "fdbd", "she", "neco",
                      "ora", "mds_ensemble", "residual", "caref", "cadref"]
 FEATURE_METHODS = ["knn", "vim", "react", "vra", "conjnorm", "nnguide", "relation", "cfood", "bfact", "optfs", "grood"]

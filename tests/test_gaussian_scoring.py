@@ -17,12 +17,18 @@ import torch
 
 from hf_gsc.detectors.gem import gem_score
 from hf_gsc.detectors.mahalanobis import l2_normalised, mahalanobis_score
-from hf_gsc.detectors.penultimate import (ClassStatistics, expanded_distances, mahalanobis_distances, mahalanobis_terms,
-                                         tied_precision)
+from hf_gsc.detectors.penultimate import (
+    ClassStatistics,
+    expanded_distances,
+    mahalanobis_distances,
+    mahalanobis_terms,
+    tied_precision,
+)
+from hf_gsc.detectors.rmds import background_gaussian, rmds_score
+
 
 #: The relative resolution of the float32 scores every detector returns.
 FLOAT32_RESOLUTION = 2.0**-24
-from hf_gsc.detectors.rmds import background_gaussian, rmds_score
 
 
 def reference_distances(features: torch.Tensor, class_means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:

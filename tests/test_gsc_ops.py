@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_gsc import GSCForImageClassification
 
-from conftest import make_tiny_model
 
 #: The step's target over the base forward (the base forward includes the head GSC recomputes from F).
 MAX_ADDED_OPS = 30

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from hf_gsc.gsc_math.backends import linearize_head
-
-from hf_gsc.classifier.head_jacobians import (POOLS, layer_norm_jacobian_product, layer_norm_statistics, pool,
-                                              pool_adjoint)
-from hf_gsc.gsc_math.backends.autograd import linearize_with_autograd
-from hf_gsc.classifier.split_points import HeadSpec, resolve_split_point
-
 from conftest import make_tiny_model
+
+from hf_gsc.classifier.head_jacobians import (
+    POOLS,
+    layer_norm_jacobian_product,
+    layer_norm_statistics,
+    pool,
+    pool_adjoint,
+)
+from hf_gsc.classifier.split_points import HeadSpec, resolve_split_point
+from hf_gsc.gsc_math.backends import linearize_head
+from hf_gsc.gsc_math.backends.autograd import linearize_with_autograd
+
 
 FEATURE_SHAPES = {"first_token": (5, 6), "mean_tokens": (5, 6), "mean_spatial": (6, 3, 2), "identity": (6,)}
 

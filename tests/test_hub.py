@@ -7,7 +7,6 @@ subprocess whose environment (from ``LoopbackHub.client_env``) names the loopbac
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import socket
 import subprocess
@@ -17,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
+from hub_server import LoopbackHub
 from huggingface_hub import ModelCard
 
 from hf_gsc import GSCConfig, GSCForImageClassification
 
-from conftest import IMAGE_SIZE, make_tiny_model
-from hub_server import LoopbackHub
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SUBPROCESS_TIMEOUT = 120

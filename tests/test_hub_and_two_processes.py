@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import NUM_LABELS
 from hub_server import LoopbackHub
+from safetensors.torch import load_file
 from test_first_hour import CLASSES, save_tiny_vit  # CLASSES: the tiny ViT's id2label, cat, dog, bird
 from test_fit_labels import NAMES, _detector, named  # noqa: F401  (a balanced 5-class model named boot, coat, ...)
+
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_NAMES = ["dog", "bird", "cat"]  # the Hub dataset's ClassLabel: the same names in another order

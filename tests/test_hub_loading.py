@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
+from hub_server import LoopbackHub
 from huggingface_hub import HfApi, ModelCard
+from test_hub import write_results
 from transformers import AutoModelForImageClassification
 
 from hf_gsc import GSCConfig, GSCForImageClassification
 from hf_gsc.detectors import DETECTORS
-
-from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
-from hub_server import LoopbackHub
-from test_hub import write_results
 
 
 @pytest.fixture
@@ -129,9 +128,10 @@ def test_results_of_another_evaluation_are_refused(base_dir, tmp_path, mismatch)
 def test_one_saved_format_for_every_reader(base_dir, tmp_path):
     """save_pretrained's folder is read by from_pretrained, AutoOODDetector and the evaluation's --model; the fitted
     tensors come back exactly."""
+    from transformers import ViTImageProcessor
+
     from hf_gsc import AutoOODDetector
     from hf_gsc.evaluation.models import load_model
-    from transformers import ViTImageProcessor
 
     ViTImageProcessor(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(base_dir)
     detector = GSCForImageClassification.from_pretrained(base_dir, selection="fisher", operation="perturb")
@@ -152,8 +152,7 @@ def test_one_saved_format_for_every_reader(base_dir, tmp_path):
 
 def test_one_list_of_fields_drives_cli_cache_card_and_variants():
     from hf_gsc.analysis.ablations import Variant
-    from hf_gsc.evaluation.arguments import EvaluationArgumentParser
-    from hf_gsc.evaluation.arguments import METHOD_FLAGS
+    from hf_gsc.evaluation.arguments import METHOD_FLAGS, EvaluationArgumentParser
 
     settings = GSCConfig.setting_names()
     assert set(METHOD_FLAGS) == {"gsc"}  # gsc_ash, a GSC subclass, is set with --hyperparameter

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hub_server import DEFAULT_TOKEN, DEFAULT_USER, LoopbackHub  # noqa: E402
+
 
 huggingface_hub = pytest.importorskip("huggingface_hub")
 from huggingface_hub import HfApi, hf_hub_download, snapshot_download  # noqa: E402
@@ -30,6 +32,7 @@ from huggingface_hub.errors import (  # noqa: E402
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+
 
 OTHER_TOKEN = "hf_loopback_other_token"
 SUBPROCESS_TIMEOUT = 60

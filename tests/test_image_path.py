@@ -14,16 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from http_files import serve_files
 from PIL import Image
+from test_first_hour import save_tiny_vit
 
 from hf_gsc import AutoOODDetector
 from hf_gsc import cli as hf_gsc_cli
 
-from http_files import serve_files
-from test_first_hour import save_tiny_vit
 
 #: float32 scores of the same pixels through other batchings and normalisation order agree to about 1e-6.
-SCORE_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+SCORE_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 HEIGHT, WIDTH = 20, 28  # not square: a sideways image is resized differently
 
 

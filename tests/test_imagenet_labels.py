@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import evaluate_argv
 from PIL import Image
 
 from hf_gsc.evaluation.errors import InputError
 
-from conftest import evaluate_argv
 
 NAMES = json.loads((Path(__file__).parent / "fixtures" / "imagenet_1k_labels.json").read_text())["names"]
 TENCH, GOLDFISH = NAMES[0], NAMES[1]

@@ -8,12 +8,12 @@ import io
 
 import numpy as np
 import pytest
+from http_files import serve_files
 from PIL import Image
 
 from hf_gsc.utils.image_limits import MAX_IMAGE_PIXELS_ENV, ImageTooLargeError
 from hf_gsc.utils.images import UnreadableImageError, fetch_url, load_image
 
-from http_files import serve_files
 
 GREY = np.array([[0, 1, 127], [128, 254, 255]], np.uint8)
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from hf_gsc.utils.inputs import array_to_image
-
 from conftest import NUM_LABELS
 from test_fit_labels import NAMES, _detector, named  # noqa: F401  (a balanced 5-class model named boot, coat, ...)
+
+from hf_gsc.utils.inputs import array_to_image
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from http_files import serve_files
+from hub_server import LoopbackHub
 from PIL import Image
+from test_first_hour import CLASSES, save_tiny_vit
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.utils.images import UnreadableImageError
-
-from http_files import serve_files
-from hub_server import LoopbackHub
-from test_first_hour import CLASSES, save_tiny_vit
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 from hf_gsc.evaluation import run_info
 
-from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 SIMPLE_LAUNCH = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "ACCELERATE_USE_CPU": "True",
                  "ACCELERATE_MIXED_PRECISION": "no"}

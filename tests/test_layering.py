@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_gsc"
 
 #: The floors, lowest first: a module may import its own floor and those below, never one above. An entry names a

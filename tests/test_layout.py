@@ -11,6 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.actsub import SAMPLE_SEED
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: float64 on both sides (measured: equal here).
 RTOL = 1e-11

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 from scipy.special import logsumexp
+from test_detectors import classifier, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DetectorBundle, fit_together, get_detector
 
-from test_detectors import classifier, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: Settings that matter on 16-wide features: k1 = 50% -> 8 coordinates, k2 = 25% -> 4 (the defaults 5% and 1% of
 #: 16 round down to none), o = 0.1, a wide percentile range.
-SETTINGS = dict(percentile=[60.0, 90.0], k1=50.0, k2=25.0, lmbda=10.0, o=0.1)
+SETTINGS = {"percentile": [60.0, 90.0], "k1": 50.0, "k2": 25.0, "lmbda": 10.0, "o": 0.1}
 
 
 def _net(setting, x):

@@ -7,14 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 from scipy.special import logsumexp, softmax
+from test_detectors import balanced_model, reference_features
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.bats import BATSDetector
-
-from conftest import IMAGE_SIZE, make_tiny_model
-from test_detectors import balanced_model, reference_features
 
 
 @pytest.fixture(scope="module")

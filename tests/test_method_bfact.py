@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: float64 on both sides (measured: equal here).
 RTOL = 1e-12

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS, get_detector
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: float64 on both sides; streamed float64 sums against per-class means (measured: at most 1.8e-15 relative).
 RTOL = 1e-12

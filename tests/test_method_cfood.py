@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_detectors import reference_features, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.cfood import REFERENCE_SEED
-
-from test_detectors import reference_features, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def openood_cfood(feats, test_feats, alpha, k):

@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.fdbd import FDBDDetector, boundary_denominators
-
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def openood_denominator_matrix(W: np.ndarray) -> np.ndarray:

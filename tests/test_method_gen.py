@@ -8,12 +8,11 @@ from decimal import Decimal, localcontext
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.gen import GENDetector, gen_score
-
-from conftest import IMAGE_SIZE, make_tiny_model
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def reference_gen(logits: np.ndarray, gamma: float, top: int) -> np.ndarray:

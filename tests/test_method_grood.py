@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: float64 on both sides; running means and autograd there, sums and the closed-form gradient here (measured: at
 #: most 2.5e-15 relative on these models).

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 from torch import nn
 
 from hf_gsc.detectors import DETECTORS, get_detector
 
-from conftest import IMAGE_SIZE, make_tiny_model
 
 #: float64 on both sides (measured: at most 2.3e-16 relative).
 RTOL = 1e-12

@@ -8,11 +8,10 @@ import pytest
 import scipy.stats
 import torch
 from sklearn.metrics import pairwise_distances_argmin_min
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.klm import KLMDetector, kl_to_templates
-
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

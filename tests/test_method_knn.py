@@ -12,6 +12,7 @@ from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.knn import knn_score
 
+
 WIDTH = 32
 #: Rounding a unit row to float16 moves each element by at most 2**-11 of itself, so the row by at most 2**-11 in L2
 #: and every distance to it (hence the k-th) by at most that; 1e-5 covers float32's own cdist error at distances ~1.

@@ -10,13 +10,19 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import NUM_LABELS
+from safetensors.torch import load_file
 from test_detectors import ToyClassifier
-from test_method_rmds import (ARCHS, FLOAT64_TOLERANCE, authors_scores, check_fit_without_some_class_raises,
-                              check_float32_model_is_fitted_and_scored_in_float64, check_matches_the_authors_code,
-                              data)
+from test_method_rmds import (
+    ARCHS,
+    FLOAT64_TOLERANCE,
+    authors_scores,
+    check_fit_without_some_class_raises,
+    check_float32_model_is_fitted_and_scored_in_float64,
+    check_matches_the_authors_code,
+    data,
+)
+
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.backbone_pass import fit_together

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import sklearn.covariance
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS, get_detector
 
-from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 
 #: float64 on both sides; the expanded distances here and OpenOOD's direct quadratic form differ by rounding
 #: (measured: at most 4e-15 relative on these models).

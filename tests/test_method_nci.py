@@ -5,12 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.nci import NCIDetector, nci_score
 from hf_gsc.detectors.penultimate import LinearHead
-
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def reference_nci(features: np.ndarray, W: np.ndarray, b: np.ndarray, train_mean: np.ndarray, alpha: float

@@ -10,11 +10,11 @@ import torch
 from numpy import linalg as LA
 from sklearn.decomposition import PCA
 from sklearn.preprocessing import StandardScaler
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.neco import NECODetector
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: Against the float64 reference: sklearn's SVD of the centred standardised features and the eigendecomposition of
 #: their streamed covariance here agree to rounding (measured: at most 1.7e-14 relative on these models).
@@ -61,8 +61,8 @@ def test_neco_matches_the_authors_code(setting, architecture_type, neco_dim):  #
     dim = neco_dim or ninety_percent_dim(setting.F_fit)
     assert 1 < dim < setting.F_fit.shape[1]
     expected = authors_neco(setting.F_fit, setting.F_test, logits, arch, dim)
-    switches = {} if architecture_type == "as the model" else dict(max_logit=arch != "resnet",
-                                                                   raw_norm=arch in ("deit", "swin"))
+    switches = {} if architecture_type == "as the model" else {"max_logit": arch != "resnet",
+                                                                   "raw_norm": arch in ("deit", "swin")}
     detector = setting.detector("neco", neco_dim=neco_dim, **switches)
     assert detector.neco_dim == dim and detector.axes.shape == (setting.F_fit.shape[1],) * 2
     np.testing.assert_allclose(detector.score(setting.x_test).double().numpy(), expected, rtol=RTOL)

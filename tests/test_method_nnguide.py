@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 import torch
 from scipy.special import logsumexp
+from test_detectors import NUM_FIT, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 from torch.overrides import TorchFunctionMode
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.nnguide import top_k_mean_similarity
 from hf_gsc.detectors.penultimate import NotEnoughSamplesError
-
-from test_detectors import NUM_FIT, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def normalize(x: np.ndarray) -> np.ndarray:

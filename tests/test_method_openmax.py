@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import scipy.spatial.distance as spd
 import torch
+from conftest import make_tiny_model
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.openmax import OpenMaxDetector, weibull_fit_high
 
-from conftest import make_tiny_model
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 LIBMR_TOL = 1e-6  # weibull.c: ``double tol = 1.000000000000000e-006``
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: float64 on both sides; theta from per-batch sums against per-sample sums then a mean (measured: at most 7e-16
 #: relative on the scores, 1.2e-13 absolute on theta of norm 1000).

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS
 from hf_gsc.detectors.ora import ora_score, relative_angles
 from hf_gsc.detectors.penultimate import LinearHead
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: The code's arccos of a clamped cosine loses about half the digits where an angle is near 0 or pi (an error of
 #: ``eps / sin(angle)``); elsewhere the two agree to rounding. Measured on these models: at most 6.1e-15.

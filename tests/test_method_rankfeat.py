@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 
 from hf_gsc.detectors import DETECTORS, get_detector
 
-from conftest import IMAGE_SIZE, make_tiny_model
 
 #: float64 models; the SVDs and the head run in float64 on both sides (measured: equal to the last bit here).
 RTOL = 1e-12

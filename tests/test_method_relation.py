@@ -8,11 +8,11 @@ from math import ceil
 import numpy as np
 import pytest
 import torch
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS
 from hf_gsc.detectors.relation import relation_score
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: float64 on both sides; sums over the bank in another order (measured: at most 2.3e-16 relative on these models).
 RTOL = 1e-12

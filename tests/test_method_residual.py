@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from numpy.linalg import norm, pinv
 from sklearn.covariance import EmpiricalCovariance
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import DETECTORS, get_detector
 
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 #: Against the float64 reference: the second moment from streamed sums and ``eigh`` here, from the centred features
 #: and ``np.linalg.eig`` there (measured: at most 3e-13 relative on these models).

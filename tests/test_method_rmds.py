@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
-from sklearn.covariance import EmpiricalCovariance
-
 from conftest import IMAGE_SIZE, NUM_LABELS
+from sklearn.covariance import EmpiricalCovariance
 from test_detectors import NUM_FIT, balanced_model, reference_features
+
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.penultimate import PRECISION_RCOND
+
 
 ARCHS = ["resnet", "vit", "vit-affine"]
 
@@ -53,8 +54,9 @@ class Data:
                 norm.bias.copy_(0.5 * torch.randn(norm.bias.shape, generator=generator, dtype=torch.float64))
         self.model = model.to(dtype)
         generator = torch.Generator().manual_seed(0)
-        images = lambda n, scale: (scale * torch.randn(n, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator,
-                                                       dtype=torch.float64)).to(dtype)
+        def images(n, scale):
+            return (scale * torch.randn(n, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator,
+                                                               dtype=torch.float64)).to(dtype)
         self.x_fit, self.x_test = images(NUM_FIT, 1.0), images(10, 1.5)
         self.y_fit = torch.randperm(NUM_FIT, generator=generator) % NUM_LABELS  # every class, in random order
         self.labels = self.y_fit.numpy()
@@ -77,7 +79,7 @@ class Data:
         return self.detector(method).score(self.x_test)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def data(arch: str, dtype: torch.dtype = torch.float64) -> Data:
     """One :class:`Data` per model and dtype for the whole session (the three test files share them)."""
     return Data(arch, dtype)
@@ -152,7 +154,8 @@ def check_float32_model_is_fitted_and_scored_in_float64(method: str, arch: str) 
     if arch == "vit":
         # The setting exercises what the float64 fit and the stated cutoff are for: float32 statistics, and
         # sklearn's pinvh on float32 LayerNorm features (a rounding-noise eigenvalue kept), are both far off.
-        off = lambda scores: np.abs(scores - exact).max() / np.abs(exact).max()
+        def off(scores):
+            return np.abs(scores - exact).max() / np.abs(exact).max()
         assert off(reference(method, d, dtype=np.float32)) > 1e-3
         assert off(reference(method, d)) > 1e-3
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from test_method_mahalanobis_pp import check_zero_feature_is_refused
-from test_method_rmds import (ARCHS, FLOAT64_TOLERANCE, check_fit_without_some_class_raises,
-                              check_float32_model_is_fitted_and_scored_in_float64, check_matches_the_authors_code,
-                              check_no_hyperparameters, data, precision_of)
+from test_method_rmds import (
+    ARCHS,
+    FLOAT64_TOLERANCE,
+    check_fit_without_some_class_raises,
+    check_float32_model_is_fitted_and_scored_in_float64,
+    check_matches_the_authors_code,
+    check_no_hyperparameters,
+    data,
+    precision_of,
+)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -26,7 +32,8 @@ def test_float32_model_is_fitted_and_scored_in_float64(arch):
 def test_background_gaussian_is_of_the_normalised_features(arch):
     """``rmds_pp = mahalanobis_pp + d_0`` with ``d_0`` under the Gaussian of all normalised training features."""
     d = data(arch)
-    normalise = lambda f: f / np.linalg.norm(f, axis=-1, keepdims=True)
+    def normalise(f):
+        return f / np.linalg.norm(f, axis=-1, keepdims=True)
     fit, test = normalise(d.F_fit), normalise(d.F_test)
     whole_mean = fit.mean(0)
     np.testing.assert_allclose(d.detector("rmds_pp").background_mean.numpy(), whole_mean, rtol=0, atol=1e-15)

@@ -8,12 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE
+from test_detectors import balanced_model, energy, reference_gsc_on_shaped, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.scale import scale_factor
-
-from conftest import IMAGE_SIZE
-from test_detectors import balanced_model, energy, reference_gsc_on_shaped, setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def reference_scale(x: np.ndarray, percentile: float) -> np.ndarray:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hf_gsc.detectors import DETECTORS
-from hf_gsc.method_table import method_table
 from hf_gsc.evaluation.arguments import parse_arguments
+from hf_gsc.method_table import method_table
 
 
 def _row(table: str, method: str) -> list[str]:

@@ -8,11 +8,10 @@ import pytest
 import torch
 from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax, softmax
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.temp_scaling import TempScalingDetector
-
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def reference_temperature(logits: np.ndarray, labels: np.ndarray) -> float:

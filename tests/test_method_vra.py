@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy.special import logsumexp
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS, get_detector
-
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 def openood_vra(activation_log, features, W, b, percentile_high, percentile_low):

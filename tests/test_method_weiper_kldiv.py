@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import get_detector
 from hf_gsc.detectors.weiper_kldiv import WeiPerKLDivDetector
-
-from test_detectors import setting  # noqa: F401  (tiny ViT and ResNet with fitting data)
 
 
 # --------------------------------------------------------------------------- the authors' utils.py, in float64

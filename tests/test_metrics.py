@@ -30,6 +30,7 @@ from hf_gsc.evaluation.metrics import (
     threshold_at_tpr,
 )
 
+
 # --------------------------------------------------------------------------- #
 # Reference implementations, written from the definitions and independent of  #
 # hf_gsc.evaluation.metrics.                                                  #
@@ -387,7 +388,7 @@ def test_evaluate_load_needs_no_network(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(socket, "create_connection", refuse)
     by_folder = evaluate.load(str(OOD_METRIC_PATH), keep_in_memory=True)
     by_script = evaluate.load(str(OOD_METRIC_PATH / "ood_detection_metric.py"), keep_in_memory=True)
-    kwargs = dict(predictions=[0.9, 0.4, 0.5, 0.1], references=[1, 1, 0, 0])
+    kwargs = {"predictions": [0.9, 0.4, 0.5, 0.1], "references": [1, 1, 0, 0]}
     expected = _module_metrics([0.9, 0.4], [0.5, 0.1])
     assert expected["fpr95_ood_positive"] == 0.5  # catching both OOD (0.5, 0.1) needs t <= 0.5: ID 0.4 is rejected
     assert by_folder.compute(**kwargs) == by_script.compute(**kwargs) == expected

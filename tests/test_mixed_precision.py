@@ -11,11 +11,11 @@ import copy
 
 import pytest
 import torch
+from conftest import make_tiny_model
 
 from hf_gsc import GSCForImageClassification
 from hf_gsc.gsc_math.step import GSCStep, gsc_step
 
-from conftest import make_tiny_model
 
 #: (architecture, GSC settings): the backends a detector can get.
 CASES = {

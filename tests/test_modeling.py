@@ -6,22 +6,22 @@ and builds every per-sample quantity with ``torch.autograd.functional.jacobian``
 
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 
 from hf_gsc import GSCConfig, GSCForImageClassification
 from hf_gsc.classifier.split_points import resolve_split_point
 
-from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
 
 OPERATIONS = ["zero", "perturb", "project", "clip", "scale"]
 APPROXIMATIONS = ["first_order", "predicted_logit", "exact"]
-SETTINGS = dict(alpha=0.3, clip_bound=0.2, beta=0.25)
+SETTINGS = {"alpha": 0.3, "clip_bound": 0.2, "beta": 0.25}
 
 
 # --------------------------------------------------------------------------- reference
@@ -82,7 +82,7 @@ def reference(model, arch, x, ratio, operation):
         predicted = y.clone()
         predicted[c] += float(g @ delta.numpy())
         exact = head(torch.from_numpy(shorted).reshape(fi.shape))[0].detach()
-        rows.append(dict(y=y, c=c, g=g, mask=mask, first_order=first_order, predicted_logit=predicted, exact=exact))
+        rows.append({"y": y, "c": c, "g": g, "mask": mask, "first_order": first_order, "predicted_logit": predicted, "exact": exact})
     return rows
 
 
@@ -239,7 +239,7 @@ def test_earlier_block_split_points(pixel_values):
         split = resolve_split_point(model, path)
         features = split.features(pixel_values)
         torch.testing.assert_close(split.head(features, pixel_values), model(pixel_values=pixel_values).logits)
-        settings = dict(split_point=path, mask_ratio=0.5, operation="scale", beta=1 - eps)
+        settings = {"split_point": path, "mask_ratio": 0.5, "operation": "scale", "beta": 1 - eps}
         first = GSCForImageClassification(model, **settings)(pixel_values)
         exact = GSCForImageClassification(model, **settings, approximation="exact")(pixel_values)
         moved = (exact.gsc_logits - exact.logits).abs().max()
@@ -468,17 +468,22 @@ def test_multi_layer_short_circuit_matches_reference(arch, earlier, pixel_values
     if arch == "vit":
         hidden = model.vit(pixel_values, output_hidden_states=True).hidden_states
         f1, f2 = hidden[1], hidden[2]
-        blocks = lambda f: model.vit.layers[1](f)
-        head = lambda f: model.classifier(model.vit.layernorm(f)[:, 0])
+        def blocks(f):
+            return model.vit.layers[1](f)
+        def head(f):
+            return model.classifier(model.vit.layernorm(f)[:, 0])
     else:
         hidden = model.resnet(pixel_values, output_hidden_states=True).hidden_states
         f1, f2 = hidden[-2], hidden[-1]
-        blocks = lambda f: model.resnet.encoder.stages[-1](f)
-        head = lambda f: model.classifier[1](f.mean(dim=(2, 3)))
+        def blocks(f):
+            return model.resnet.encoder.stages[-1](f)
+        def head(f):
+            return model.classifier[1](f.mean(dim=(2, 3)))
     d1 = f1[0].numel()
     for i in range(pixel_values.shape[0]):
         x1, x2 = f1[i : i + 1].detach(), f2[i : i + 1].detach()
-        joint = lambda a, b: head(blocks(a) + b - x2)[0]
+        def joint(a, b):
+            return head(blocks(a) + b - x2)[0]
         y = joint(x1, x2).detach()
         c = int(y.argmax())
         j1, j2 = torch.autograd.functional.jacobian(joint, (x1, x2))

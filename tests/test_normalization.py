@@ -12,12 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from hf_gsc.utils.images import decode
 from hf_gsc.data import ImageTransform, PixelNormalization, deferred_normalization, load_image_processor
 from hf_gsc.data.normalization import apply_table, normalization_table, normalize_pixels
 from hf_gsc.evaluation.accelerator import make_accelerator
 from hf_gsc.evaluation.loaders import device_batches, make_dataloader, model_pixel_values
 from hf_gsc.evaluation.loop import score_split
+from hf_gsc.utils.images import decode
+
 
 PIL_PROCESSORS = [("vit", "ViT"), ("convnext", "ConvNext"), ("deit", "DeiT"), ("clip", "CLIP"), ("beit", "Beit"),
                   ("levit", "Levit"), ("mobilenet_v2", "MobileNetV2"), ("poolformer", "PoolFormer"),

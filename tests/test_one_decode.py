@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import evaluate_argv
 from PIL import Image
 from safetensors.torch import load_file
 
-from conftest import evaluate_argv
 
 ORIENTATION = 0x0112
 

@@ -16,6 +16,7 @@ from hf_gsc.utils.calibration import Calibration, kept_scores
 from hf_gsc.utils.conformal import conformal_p_value, p_value_cut
 from hf_gsc.utils.thresholds import threshold_for
 
+
 POOL = 3000  # ID images drawn from one distribution (pixels ~ N(0, 1)), scored once per method
 CALIBRATION = 19  # n + 1 = 20: the p-values are multiples of 0.05, so off-grid levels catch an off-by-one
 
@@ -77,7 +78,7 @@ def test_forward_gives_the_defined_p_value_and_the_threshold_is_its_cut():
     cut = detector.p_value_cut
     assert torch.equal(output.is_ood, output.p_value <= cut)
     # The output's tuple (what Trainer.predict returns): p_value right after is_ood.
-    assert [name for name in output] == ["logits", "ood_score", "is_ood", "p_value"]
+    assert list(output) == ["logits", "ood_score", "is_ood", "p_value"]
     assert threshold == threshold_for(kept, 0.9)
 
 

@@ -14,8 +14,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from hub_server import LoopbackHub
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from test_normalization import PIL_PROCESSORS, photos, pil_processor
 
 from hf_gsc.data import ImageTransform, load_image_processor
 from hf_gsc.data.pil_preparation import PilPreparation, pil_preparation
-from test_normalization import PIL_PROCESSORS, photos, pil_processor
+
 
 #: Processors of PIL_PROCESSORS whose resize / crop / batching steps are PilBackend's own.
 SHORTCUT = {"ViT", "DeiT", "CLIP", "Siglip", "Bit"}

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import transformers
+from conftest import IMAGE_SIZE, make_tiny_model
+from hub_server import LoopbackHub
 from huggingface_hub import HfApi
 from PIL import Image
 from transformers import ViTImageProcessor
@@ -17,8 +19,6 @@ from transformers import ViTImageProcessor
 import hf_gsc  # noqa: F401  (registers the task)
 from hf_gsc import GSCForImageClassification
 
-from conftest import IMAGE_SIZE, make_tiny_model
-from hub_server import LoopbackHub
 
 TASK = "ood-image-classification"
 

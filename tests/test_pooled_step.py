@@ -14,26 +14,25 @@ import itertools
 
 import pytest
 import torch
-
-from hf_gsc import GSCForImageClassification
-from hf_gsc import GSCConfig
-from hf_gsc.gsc_math.step import gsc_step
-from hf_gsc.classifier.head_jacobians import PoolNormLinearHead
-from hf_gsc.gsc_math.shortcircuit import num_masked_adaptive, prefix_mask, repeated_top_k_counts, top_k_mask
-
 from test_architectures import TINY, tiny_model, tiny_pixel_values
 
-TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+from hf_gsc import GSCConfig, GSCForImageClassification
+from hf_gsc.classifier.head_jacobians import PoolNormLinearHead
+from hf_gsc.gsc_math.shortcircuit import num_masked_adaptive, prefix_mask, repeated_top_k_counts, top_k_mask
+from hf_gsc.gsc_math.step import gsc_step
+
+
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 #: The registered architectures whose final_encoder_output head is a mean over positions, then (LayerNorm and) a
 #: linear layer.
 POOLED_CASES = ("convnext", "convnextv2", "donut-swin", "hgnet_v2", "hiera", "mobilenet_v1", "mobilenet_v2",
                 "mobilevit", "mobilevitv2", "regnet", "resnet", "textnet")
 #: Every setting of the step that reduces to per-channel quantities, one at a time around the defaults.
 VARIANTS = (
-    [dict(operation=o) for o in ("zero", "perturb", "project", "clip", "scale")]
-    + [dict(approximation=a) for a in ("predicted_logit", "exact")]
-    + [dict(selection="reverse"), dict(mask_size="adaptive", gradient_mass=0.3), dict(mask_ratio=0.5),
-       dict(mask_ratio=1.0, approximation="exact")]
+    [{"operation": o} for o in ("zero", "perturb", "project", "clip", "scale")]
+    + [{"approximation": a} for a in ("predicted_logit", "exact")]
+    + [{"selection": "reverse"}, {"mask_size": "adaptive", "gradient_mass": 0.3}, {"mask_ratio": 0.5},
+       {"mask_ratio": 1.0, "approximation": "exact"}]
 )
 
 

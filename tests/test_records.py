@@ -11,9 +11,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import make_tiny_model
+
 from hf_gsc.detectors import DETECTORS
+
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,9 +64,9 @@ def test_evaluate_save_detectors_with_a_relative_model_path_stores_where_it_is(t
     import json
 
     import numpy as np
+    from test_first_hour import CLASSES, _id_data, _images, save_tiny_vit
 
     from hf_gsc import cli as hf_gsc_cli
-    from test_first_hour import CLASSES, _id_data, _images, save_tiny_vit
 
     save_tiny_vit(tmp_path / "models" / "vit3")
     rng = np.random.default_rng(0)
@@ -88,7 +89,6 @@ def generic(tmp_path_factory):
     import json
 
     import numpy as np
-
     from test_first_hour import CLASSES, _id_data, _images, save_tiny_vit
 
     root = tmp_path_factory.mktemp("generic")

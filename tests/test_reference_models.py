@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageClassification
 
-from hf_gsc.data import collate, load_image_processor, prepare_dataset, reference_model_path
-from hf_gsc.data import fashion_mnist
+from hf_gsc.data import collate, fashion_mnist, load_image_processor, prepare_dataset, reference_model_path
 from hf_gsc.data.arrays import to_dataset
+
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_reference_models.py"
 #: Test-accuracy targets of issue #3 (full 10,000-image test set, recorded by the script; each

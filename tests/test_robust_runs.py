@@ -8,13 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import evaluate_argv
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 from hf_gsc.detectors import DETECTORS
-from hf_gsc.evaluation.options import InputError, parse_methods
-
-from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
-from conftest import evaluate_argv
 from hf_gsc.evaluation import evaluator
+from hf_gsc.evaluation.options import InputError, parse_methods
 
 
 def _argv(tiny, output_dir: Path, methods: str, *extra: str) -> list[str]:  # noqa: F811

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE
 
 from hf_gsc import AutoOODDetector
 
-from conftest import IMAGE_SIZE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "saved_today"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())["cases"]

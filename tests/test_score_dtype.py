@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, NUM_LABELS
+from test_detectors import balanced_model
 
 from hf_gsc.detectors import DETECTORS, get_detector
 
-from conftest import IMAGE_SIZE, NUM_LABELS
-from test_detectors import balanced_model
 
 NUM = 128
 

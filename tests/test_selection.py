@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import evaluate_argv
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.evaluation.ranking import validation_metrics
 from hf_gsc.evaluation.selection import SELECTION_RULE, VAL_OOD_PREFIX
 from hf_gsc.evaluation.validation_sets import split_halves
 
-from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
-from conftest import evaluate_argv
 
 METHODS = "msp,energy,knn,mahalanobis"
 

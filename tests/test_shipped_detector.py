@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import evaluate_argv
 from safetensors.torch import load_file
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.evaluation.options import InputError
-
-from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
-from conftest import evaluate_argv
 
 
 @pytest.fixture(scope="module")

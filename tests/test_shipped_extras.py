@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hf_gsc.storage.model_card import render_model_card
 
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -38,9 +39,9 @@ def test_method_table_help():
 
 def test_a_detector_names_its_classes_for_the_pipeline(tmp_path):
     import transformers
+    from test_first_hour import CLASSES, save_tiny_vit
 
     from hf_gsc import AutoOODDetector
-    from test_first_hour import CLASSES, save_tiny_vit
 
     save_tiny_vit(tmp_path / "model", num_channels=3)
     detector = AutoOODDetector.from_pretrained(str(tmp_path / "model"), method="energy")

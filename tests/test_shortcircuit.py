@@ -7,6 +7,7 @@ import torch
 
 from hf_gsc.gsc_math.shortcircuit import num_masked, top_k_mask, top_k_mask_by_topk
 
+
 #: Both ways: the stable sort of every column (GSC's, no host read) and the partial top-k (host reads).
 MASKS = pytest.mark.parametrize("mask_of", [top_k_mask, top_k_mask_by_topk], ids=["sort", "topk"])
 

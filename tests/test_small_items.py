@@ -7,13 +7,11 @@ import json
 import warnings
 
 import pytest
+from conftest import evaluate_argv
+from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
 
 from hf_gsc import AutoOODDetector
 from hf_gsc import cli as hf_gsc_cli
-from hf_gsc.evaluation import options
-
-from test_evaluation import tiny  # noqa: F401  (the tiny model and data fixture)
-from conftest import evaluate_argv
 from hf_gsc.evaluation.arguments import EvaluationArgumentParser
 
 

@@ -24,6 +24,7 @@ from transformers import ViTImageProcessor
 
 from hf_gsc import AutoOODDetector, GSCForImageClassification
 
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: The torch that make install puts first (the local CPU wheel), so that no dependency pulls in a CUDA build.
 TORCH = "torch==2.13.0"

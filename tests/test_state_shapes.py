@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE
 from safetensors.torch import load_file, save_file
+from test_detectors import balanced_model
 
 from hf_gsc import AutoOODDetector
-from hf_gsc.settings.config import STATE_FILE
 from hf_gsc.detectors import DETECTORS, get_detector
+from hf_gsc.settings.config import STATE_FILE
 
-from conftest import IMAGE_SIZE, NUM_LABELS
-from test_detectors import balanced_model
 
 NUM = 150  # a tenth (15: the rows of CFOOD and ActSub; 14 CFOOD fractions) is neither the feature width (12) nor K
 FITTED = sorted(method for method, cls in DETECTORS.items() if cls.needs_fit is True)

@@ -12,10 +12,10 @@ import threading
 
 import pytest
 import torch
+from conftest import IMAGE_SIZE, make_tiny_model
 
 from hf_gsc import GSCForImageClassification
 
-from conftest import IMAGE_SIZE, make_tiny_model
 
 THREADS, CALLS = 4, 50
 

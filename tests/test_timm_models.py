@@ -15,17 +15,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_modeling import SETTINGS, reference_score, reference_short_circuit
+from timm_families import FAMILIES, image_size, import_timm, make_timm_model
 
 from hf_gsc import GSCConfig, GSCForImageClassification
 from hf_gsc.classifier.architectures import architecture_for
 from hf_gsc.classifier.heads import HeadSpec
-from hf_gsc.classifier.timm_models import describe_timm_split
 from hf_gsc.classifier.split_points import resolve_split_point
+from hf_gsc.classifier.timm_models import describe_timm_split
 from hf_gsc.detectors import DETECTORS, get_detector
 from hf_gsc.detectors.backbone_pass import fit_together
 
-from test_modeling import SETTINGS, reference_score, reference_short_circuit
-from timm_families import FAMILIES, image_size, import_timm, make_timm_model
 
 import_timm()
 
@@ -57,7 +57,7 @@ def reference(model, x: torch.Tensor, ratio: float, operation: str) -> list[dict
         delta = torch.from_numpy(shorted - flat)
         with torch.no_grad():
             exact = head(torch.from_numpy(shorted).reshape(fi.shape))[0]
-        rows.append(dict(y=y, c=c, g=g, mask=mask, features=flat, first_order=y + jacobian @ delta, exact=exact))
+        rows.append({"y": y, "c": c, "g": g, "mask": mask, "features": flat, "first_order": y + jacobian @ delta, "exact": exact})
     return rows
 
 

@@ -10,13 +10,14 @@ import json
 
 import numpy as np
 import pytest
+from conftest import evaluate_argv
 from PIL import Image
-
-from hf_gsc.evaluation import loaders, options, ranking, tuning, validation_sets
 from test_evaluation import _argv, tiny  # noqa: F401  (the tiny model and data fixture)
 from test_variants import NoTestSplits
-from conftest import evaluate_argv
+
+from hf_gsc.evaluation import loaders, options, ranking, tuning, validation_sets
 from hf_gsc.evaluation.arguments import parse_arguments
+
 
 #: A small grid for the tiny runs, none of whose values is a default, so that "the chosen values are used" can fail.
 TEST_GRIDS = {"msp": {"temperature": (3.0, 7.0)}, "react": {"percentile": (80.0, 97.0)},
@@ -69,7 +70,8 @@ def test_generated_images_jigsaw_and_noise() -> None:
         cropped = array[:16, :16]  # 4x4 patches of 4x4 pixels
         shuffled = np.asarray(image)
         assert shuffled.shape == cropped.shape and not np.array_equal(shuffled, cropped)
-        patches = lambda a: sorted(a[i:i + 4, j:j + 4].tobytes() for i in range(0, 16, 4) for j in range(0, 16, 4))
+        def patches(a):
+            return sorted(a[i:i + 4, j:j + 4].tobytes() for i in range(0, 16, 4) for j in range(0, 16, 4))
         assert patches(shuffled) == patches(cropped)  # the same patches, moved
     # An image depends on its row and the seed only, not on the batch it is read in.
     assert np.array_equal(np.asarray(jigsaw[1]["image"][0]), np.asarray(batch["image"][1]))
@@ -213,7 +215,8 @@ def test_two_processes_choose_as_one(tiny, tmp_path) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     assert two["num_processes"] == 2
-    strip = lambda record: {key: value for key, value in record.items() if key != "seconds"}
+    def strip(record):
+        return {key: value for key, value in record.items() if key != "seconds"}
     _assert_close(strip(two["tuning"]), strip(one["tuning"]))
     for method, entry in two["tuning"]["methods"].items():
         assert {k: two["methods"][method]["hyperparameters"][k] for k in entry["chosen"]} == entry["chosen"]

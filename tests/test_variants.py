@@ -8,8 +8,8 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 import torch
-
 from conftest import IMAGE_SIZE, make_tiny_model
+
 from hf_gsc.analysis import variants as V
 from hf_gsc.data.arrays import to_dataset
 from hf_gsc.data.noise import generate_noise

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.torch import load_file
-
 from hub_server import LoopbackHub
+from safetensors.torch import load_file
 from test_packaging import _run, install_wheel
+
 
 pytestmark = pytest.mark.slow
 
@@ -289,7 +289,7 @@ def test_build_push_then_load_and_serve_in_fresh_processes(walkthrough):
                                    atol=1e-5, err_msg=method)
 
 
-def _score_files(run: Path) -> dict[tuple[str, str], "object"]:
+def _score_files(run: Path) -> dict[tuple[str, str], object]:
     from safetensors.torch import load_file
 
     return {(method, path.stem): load_file(str(path)) for method in METHODS

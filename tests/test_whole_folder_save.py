@@ -15,6 +15,7 @@ from conftest import IMAGE_SIZE, make_tiny_model
 from hf_gsc import AutoOODDetector
 from hf_gsc.utils import whole_folders
 
+
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the kill is simulated in a forked process")
 
 

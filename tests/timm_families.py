@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+
 #: family -> (timm model name, extra ``timm.create_model`` arguments, image size). timm's own ``test_*`` models where
 #: the registry has one; RegNet and Swin at their smallest registered variants, Swin made smaller still.
 FAMILIES: dict[str, tuple[str, dict[str, Any], int]] = {

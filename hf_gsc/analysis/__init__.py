@@ -12,6 +12,7 @@ from .context import HeadContext, gsc_logits, head_context, logits_after
 from .gradient_concentration import curve_summary, plot_curves, top_fraction_ratio, top_k_ratio
 from .iterative import head_gradient, iterative_short_circuit, split_budget
 
+
 __all__ = [
     "HeadContext",
     "Variant",

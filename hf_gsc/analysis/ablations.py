@@ -24,19 +24,21 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
+from ..classifier.architectures import registered_architecture
+from ..classifier.split_points import resolve_split_point
 from ..detectors.gsc import GSCConfig, GSCDetector
 from ..evaluation.metrics import ood_metrics
 from ..evaluation.report import average_over_splits, table_lines
-from ..classifier.architectures import registered_architecture
-from ..classifier.split_points import resolve_split_point
 from .approximation_error import approximation_outputs, summarise_errors
 from .context import HeadContext, gsc_logits, head_context, scores_of
 from .gradient_concentration import DEFAULT_FRACTIONS, TABLE_FRACTIONS, column_of, curve_summary, top_fraction_ratio
+
 
 _GSC_DEFAULTS = GSCConfig()
 DEFAULT_SPLIT = _GSC_DEFAULTS.split_point
@@ -105,12 +107,12 @@ def variant_grid(model: nn.Module) -> dict[str, list[tuple[str, Variant]]]:
         ],
     }
     operations = [
-        ("Zero", dict(operation="zero")),
-        ("Small (perturb, alpha=0.1)", dict(operation="perturb", alpha=0.1)),
-        ("Orth (project)", dict(operation="project")),
-        ("Clip (+-1.0)", dict(operation="clip", clip_bound=1.0)),
-        ("Clip (+-0.5)", dict(operation="clip", clip_bound=0.5)),
-        ("Scale (0.5)", dict(operation="scale", beta=0.5)),
+        ("Zero", {"operation": "zero"}),
+        ("Small (perturb, alpha=0.1)", {"operation": "perturb", "alpha": 0.1}),
+        ("Orth (project)", {"operation": "project"}),
+        ("Clip (+-1.0)", {"operation": "clip", "clip_bound": 1.0}),
+        ("Clip (+-0.5)", {"operation": "clip", "clip_bound": 0.5}),
+        ("Scale (0.5)", {"operation": "scale", "beta": 0.5}),
     ]
     for ratio in (5, 10):
         for label, settings in operations:
@@ -151,8 +153,8 @@ class _Scorer:
         elif variant.kind in ("gsc_ash", "ash_s"):
             from ..detectors import get_detector
 
-            settings = {} if variant.kind == "ash_s" else dict(
-                split_point=variant.split_point, mask_ratio=variant.mask_ratio, approximation=variant.approximation)
+            settings = {} if variant.kind == "ash_s" else {
+                "split_point": variant.split_point, "mask_ratio": variant.mask_ratio, "approximation": variant.approximation}
             self.detector = get_detector(variant.kind, model, **settings)
 
     def __call__(

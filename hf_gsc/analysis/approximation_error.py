@@ -13,13 +13,14 @@ moves only ``y_c``.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from ..detectors.gsc import GSCConfig
 from ..gsc_math.step import gsc_step
 from .context import HeadContext, scores_of
+
 
 APPROXIMATIONS: tuple[str, ...] = ("exact", "first_order", "predicted_logit")
 ERROR_SCORES: tuple[str, ...] = ("energy", "msp")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader
 from ..utils.confined_files import atomic_write_text
 from .ablations import DEFAULT_SPLIT, collect, markdown_tables, model_split_points, summarise, variant_grid
 from .gradient_concentration import plot_curves
+
 
 BENCHMARKS = ("fmnist-ood", "fmnist-openset")
 ID_SPLIT = "id_test"

@@ -6,16 +6,16 @@ detector uses (:mod:`hf_gsc.gsc_math.backends`); every variant is then one :func
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from ..gsc_math.backends import Linearization, split_point_backend
+from ..classifier.split_points import SplitPoint
 from ..detectors.gsc import GSCConfig
+from ..gsc_math.backends import Linearization, split_point_backend
 from ..gsc_math.step import gsc_step, updated_logits
 from ..utils.scores import ood_score
-from ..classifier.split_points import SplitPoint
 from .iterative import iterative_short_circuit
 
 

@@ -9,8 +9,8 @@ Pure functions on ``(B, d)`` gradients (``d`` = flattened feature size); plottin
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch

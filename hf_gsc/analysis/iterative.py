@@ -19,12 +19,13 @@ With ``T = 1`` this is one-shot GSC with ``approximation="exact"``. A coordinate
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from ..gsc_math.backends.autograd import linearize_with_autograd
 from ..gsc_math.shortcircuit import num_masked, short_circuit, short_circuit_mask
+
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 

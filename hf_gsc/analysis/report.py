@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..evaluation.json_files import table_lines
 from .gradient_concentration import TABLE_FRACTIONS, column_of
+
 
 PAPER_TABLES = {
     "baseline": "baselines",

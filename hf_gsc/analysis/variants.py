@@ -43,15 +43,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..evaluation.fingerprints import file_sha256
 from ..evaluation.accelerator import make_accelerator
+from ..evaluation.fingerprints import file_sha256
+from ..evaluation.json_files import jsonable, table_lines
 from ..evaluation.loaders import device_batches, make_dataloader
 from ..evaluation.loop import score_split
 from ..evaluation.plan import subset
-from ..evaluation.json_files import jsonable, table_lines
 from ..evaluation.ranking import VALIDATION_METRICS, rank, validation_metrics
 from ..evaluation.validation_sets import VALIDATION_SEED, GeneratedImages, heldout_classes_validation
 from ..utils.confined_files import atomic_write_text
+
 
 #: Every method compared, in report order.
 VARIANT_NAMES: tuple[str, ...] = ("energy", "gsc", "gsc_adaptive", "gsc_fisher", "gsc_multilayer")

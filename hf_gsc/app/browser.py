@@ -10,6 +10,7 @@ from typing import Any
 
 from .demo import VERDICT_ID
 
+
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 #: Headless, and nothing started that reaches the network on its own (updates, sync, QUIC probes).
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
 PROG = "hf-gsc demo"
 #: The element ids the browser test reads (and a person never sees).
 VERDICT_ID, SUMMARY_ID = "verdict", "summary"

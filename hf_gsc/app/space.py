@@ -27,6 +27,7 @@ from ..utils.confined_files import atomic_write_text
 from ..utils.version import __version__
 from .space_package import write_package
 
+
 PROG = "hf-gsc space"
 #: The Gradio SDK version the Space metadata names when gradio is not installed here (the ``demo`` extra's oldest).
 GRADIO_SDK_VERSION = "5.0.0"

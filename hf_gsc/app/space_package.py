@@ -28,6 +28,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+
 PACKAGE = "hf_gsc"
 #: The extra a Space installs with the package: the Gradio app and its figure.
 EXTRA = "demo"

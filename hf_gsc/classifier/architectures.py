@@ -14,16 +14,15 @@ apply to a model type. ``python -m hf_gsc.classifier.architectures`` prints the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
 from .heads import Head, HeadSpec, ModuleHead, bind_head_paths, first_tensor, normalise_path, reproduces_logits
 from .timm_models import example_pixel_values, features_and_logits, is_timm_model, timm_head
-
-
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
+
 
 Pool = Literal["first_token", "mean_tokens", "mean_spatial", "identity"]
 POOLS: tuple[str, ...] = ("first_token", "mean_tokens", "mean_spatial", "identity")
@@ -53,7 +55,7 @@ class LinearizedHead:
     jvp: Callable[[torch.Tensor], torch.Tensor]
     function: Callable[[torch.Tensor], torch.Tensor]
     class_gradient: Callable[[torch.Tensor], torch.Tensor] | None = None
-    pooled_read: "PooledRead | None" = None
+    pooled_read: PooledRead | None = None
 
     def __post_init__(self) -> None:
         if self.class_gradient is None:
@@ -89,7 +91,7 @@ class PooledRead:
     pool: Pool
     feature_shape: torch.Size
     pooled: torch.Tensor
-    head: "LinearizedHead"
+    head: LinearizedHead
 
     @property
     def positions(self) -> int:
@@ -233,7 +235,7 @@ class PoolNormLinearHead:
         norm_weight: torch.Tensor | None = None,
         norm_bias: torch.Tensor | None = None,
         norm_before_pool: bool = False,
-    ) -> "PoolNormLinearHead":
+    ) -> PoolNormLinearHead:
         """The head of classifier ``(weight, bias)`` after an optional LayerNorm ``(norm_eps, norm_weight,
         norm_bias)``; the LayerNorm's affine part is folded into the classifier (in float64, then cast back)."""
         if pool not in POOLS:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from .head_jacobians import Pool, PoolNormLinearHead, pool
+
 
 def submodule(model: nn.Module, path: str) -> nn.Module:
     """``model.get_submodule(path)`` for a normalised dotted path (names and non-negative indices).

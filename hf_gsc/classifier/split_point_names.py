@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+
 NAMED_SPLIT_POINTS = ("final_encoder_output", "penultimate")
 _PATH_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|-?[0-9]+))*$")
 

@@ -21,18 +21,18 @@ model elsewhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
-from .architectures import ARCHITECTURES, architecture_for, registered_architecture
 from ..utils.feature_capture import capture, install_hooks, with_replaced_output
-from .heads import HeadSpec, bind_head_paths, normalise_path, submodule
-from .timm_models import timm_classifier_path
+from .architectures import ARCHITECTURES, architecture_for, registered_architecture
 from .head_jacobians import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
+from .heads import HeadSpec, bind_head_paths, normalise_path, submodule
 from .split_point_names import validate_split_point_name
+from .timm_models import timm_classifier_path
 
 
 def _call_block(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

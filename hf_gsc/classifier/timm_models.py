@@ -27,6 +27,7 @@ from torch import nn
 
 from .heads import HeadSpec, ModuleHead, reproduces_logits
 
+
 def timm_root(model: nn.Module) -> tuple[str, nn.Module] | None:
     """``(path prefix, module)`` of the timm model inside ``model`` (``"timm_model."`` in a transformers
     ``TimmWrapperForImageClassification``, ``""`` for a model that has ``forward_features`` / ``forward_head``

@@ -18,6 +18,7 @@ from .normalization import PixelNormalization, deferred_normalization
 from .preprocessing import ImageTransform, collate, load_image_processor, make_transform, num_channels, prepare_dataset
 from .splits import GatedDatasetError, load_split
 
+
 __all__ = [
     "BENCHMARKS",
     "HUB_BENCHMARKS",

@@ -26,6 +26,7 @@ from PIL import Image
 from ..utils.image_limits import max_image_pixels
 from ..utils.images import UnreadableImageError, decode, reason
 
+
 #: What to do with an image that cannot be decoded: raise :class:`UndecodableImageError`, or leave it out.
 OnError = Literal["raise", "skip"]
 ON_ERROR_CHOICES: tuple[str, ...] = ("raise", "skip")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 #: Where ``apt-get install dataset-fashion-mnist`` puts the files; overridable for other layouts.
 DEBIAN_DIR = Path(os.environ.get("HF_GSC_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist"))
 HUB_ID = "zalando-datasets/fashion_mnist"

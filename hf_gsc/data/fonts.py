@@ -20,6 +20,7 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from .arrays import to_dataset
 
+
 LETTERS = "ABCDEFGHIJ"
 SIZE = 28
 _DRAW_SIZE = 48

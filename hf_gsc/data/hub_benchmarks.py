@@ -32,6 +32,7 @@ import datasets
 
 from .splits import ScriptDatasetError, image_column_of, load_hub_split, to_benchmark_columns, with_ood_labels
 
+
 #: One train row in this many (by content hash) is held out as the ID ``validation`` split.
 HOLD_OUT_EVERY = 10
 

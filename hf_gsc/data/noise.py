@@ -14,6 +14,7 @@ import numpy as np
 
 from .arrays import to_dataset
 
+
 SIZE = 28
 KINDS: tuple[str, ...] = ("gaussian", "uniform", "blobs")
 

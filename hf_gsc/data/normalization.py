@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+
 __all__ = ["PixelNormalization", "apply_table", "deferred_normalization", "normalization_table", "normalize_pixels"]
 
 Backend = Literal["pil", "torchvision"]

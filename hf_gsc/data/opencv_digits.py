@@ -16,6 +16,7 @@ from PIL import Image
 
 from .arrays import to_dataset
 
+
 DIGITS_PNG = Path(
     os.environ.get("HF_GSC_OPENCV_DIGITS", "/usr/share/doc/opencv-doc/examples/data/digits.png")
 )

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+
 __all__ = ["PilPreparation", "pil_preparation"]
 
 #: (width, height) of the probe images: landscape, portrait, square, odd, larger and smaller than common crops.
@@ -33,8 +34,11 @@ PROBE_SIZES = ((61, 47), (47, 61), (500, 375), (375, 500), (224, 224), (257, 193
 
 def output_size(size: Any, height: int, width: int) -> tuple[int, int]:
     """``(height, width)`` after ``PilBackend.resize`` with the resolved ``size`` (a ``SizeDict``), by its branches."""
-    from transformers.image_processing_backends import (get_image_size_for_max_height_width,
-                                                        get_resize_output_image_size, get_size_with_aspect_ratio)
+    from transformers.image_processing_backends import (
+        get_image_size_for_max_height_width,
+        get_resize_output_image_size,
+        get_size_with_aspect_ratio,
+    )
     from transformers.image_utils import ChannelDimension
 
     if size.shortest_edge and size.longest_edge:

@@ -8,8 +8,6 @@ the processor into the part DataLoader workers run and the rescale + normalize t
 """
 from __future__ import annotations
 
-from ..utils.image_processors import load_image_processor  # noqa: F401  (re-exported)
-
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,9 +17,11 @@ from transformers import PretrainedConfig
 from transformers.image_processing_utils import BaseImageProcessor
 
 from ..utils.dataset_columns import image_column_of, label_column_of
+from ..utils.image_processors import load_image_processor  # noqa: F401  (re-exported)
 from .decoding import ON_ERROR_CHOICES, OnError, decode_image, decode_images, without_decoding
 from .normalization import PixelNormalization, deferred_normalization
 from .pil_preparation import PilPreparation, pil_preparation
+
 
 __all__ = [
     "ROW_COLUMN",

@@ -24,6 +24,7 @@ from PIL import Image
 
 from .arrays import to_dataset
 
+
 SIZE = 28
 OPENCV_DATA = Path(os.environ.get("HF_GSC_OPENCV_DATA", "/usr/share/doc/opencv-doc/examples/data"))
 #: OpenCV samples not used: digits.png is the ``mnist`` OOD split itself and sudoku.png is mostly

@@ -8,8 +8,9 @@ without a list (a method is one file).
 import importlib
 import pkgutil
 
-from .interface import DETECTORS, OODDetector, OODDetectorOutput, detector_class, get_detector, register_detector
 from . import gsc  # noqa: F401  (registers "gsc")
+from .interface import DETECTORS, OODDetector, OODDetectorOutput, detector_class, get_detector, register_detector
+
 
 # Every module of this package registers its method(s) on import: a new method is a new file, nothing else.
 for _module in sorted(_info.name for _info in pkgutil.iter_modules(__path__)):
@@ -17,6 +18,7 @@ for _module in sorted(_info.name for _info in pkgutil.iter_modules(__path__)):
 # After the registration loop, which imports these modules among the others.
 from .backbone_pass import fit_together  # noqa: E402
 from .bundle import BundleOutput, DetectorBundle  # noqa: E402
+
 
 __all__ = [
     "DETECTORS",

@@ -19,6 +19,7 @@ from .penultimate import FeatureStore, linear_head, stored_dtype
 from .rankfeat import pools_spatially
 from .scale import scale_shape
 
+
 #: The authors keep a random tenth of the training embeddings (``torch.randperm(N)[:N // 10]``), drawn here with this
 #: seed (theirs is unseeded).
 SAMPLE_DIVISOR, SAMPLE_SEED = 10, 0

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from .backbone_pass import BackbonePass, FitShards
 from ..settings.config import DetectorConfig, integer_check, number_check, setting
-from .interface import register_detector
 from ..utils.feature_capture import capture
-from .penultimate import LinearHead
 from ..utils.precision import full_precision, parameter_dtype, step_dtype
 from ..utils.scores import energy_score
+from .backbone_pass import BackbonePass, FitShards
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import LinearHead
+
 
 #: OpenOOD adascale_a.yml / adascale_l.yml ``percentile_list``: every pair ``[low, high]`` of 60, 65, ..., 95, 99.
 PERCENTILE_PAIRS: tuple[tuple[float, float], ...] = tuple(

@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..classifier.architectures import registered_architecture
+from ..classifier.split_points import SplitPoint, resolve_split_point
+from ..settings.config import DetectorConfig, number_check, setting, split_point_check
 from ..utils.feature_shapings import FeatureShaping, register_feature_shaping
 from ..utils.precision import full_precision, parameter_dtype, step_dtype
 from ..utils.scores import energy_score
-from ..settings.config import DetectorConfig, number_check, setting, split_point_check
-from ..classifier.split_points import SplitPoint, resolve_split_point
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import BaselineDetector
+from .interface import register_detector
+
 
 ASH_VARIANTS: tuple[str, ...] = ("p", "b", "s")
 

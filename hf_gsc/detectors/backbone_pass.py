@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from ..classifier.split_points import SplitPoint
 from ..utils.feature_capture import Target, capture_many
 from ..utils.inputs import labelled_batches, nonfinite_marks
 from ..utils.label_names import model_label_names
-from ..classifier.split_points import SplitPoint
+
 
 if TYPE_CHECKING:
     from .interface import OODDetector

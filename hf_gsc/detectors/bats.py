@@ -12,8 +12,9 @@ from torch import nn
 from ..settings.config import DetectorConfig, choice_check, number_check, setting
 from ..utils.scores import ood_score
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import PenultimateDetector
+from .interface import register_detector
+
 
 #: The OOD scores BATS boosts without a backward pass (the authors' code also runs ODIN and GradNorm on the truncated
 #: features; those need gradients of their own).

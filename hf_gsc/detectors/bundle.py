@@ -20,13 +20,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from .backbone_pass import BackbonePass
+from .backbone_pass import BackbonePass, run_backbone_for, shared_model
 from .interface import OODDetector, classifier_loss
-from .backbone_pass import run_backbone_for, shared_model
 
 
 @dataclass

@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ def _keeping_calibration_honest(fit_end: Any) -> Any:
     calibrated for another fitted state."""
 
     @functools.wraps(fit_end)
-    def wrapped(self: "Calibrated") -> None:
+    def wrapped(self: Calibrated) -> None:
         outer = not self._ending_fit
         self._ending_fit = True
         try:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Hashable
+from typing import ClassVar
 
 import torch
 
@@ -14,6 +15,7 @@ from .common import FittedDetector
 from .gen import gen_score
 from .interface import register_detector
 from .penultimate import ClassStatistics, LinearHead, StatisticsPass
+
 
 #: The logit scores of the CADRef authors' ``get_logits_score`` (``--logit_method``).
 LOGIT_METHODS = ("energy", "msp", "max_logit", "gen")

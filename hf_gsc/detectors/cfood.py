@@ -16,6 +16,7 @@ from .interface import register_detector
 from .knn import l2_normalise
 from .penultimate import FeatureStore, stored_dtype
 
+
 #: The seed of the reference subsample (OpenOOD draws an unseeded ``torch.randperm``).
 REFERENCE_SEED = 0
 #: Rows of the reference set per step of the fit's self-distances and of the scoring.

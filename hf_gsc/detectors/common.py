@@ -15,20 +15,29 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 import weakref
-from typing import Any, Callable, ClassVar, Hashable, Iterable, Union
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
 
 import torch
 from torch import nn
 
-from .backbone_pass import BackbonePass, FitShards
-from ..settings.config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, number_check, setting
-from .penultimate import (ClassStatistics, FeatureStore, LinearHead, NotEnoughSamplesError, StatisticsPass,
-                          check_fit_samples, linear_head, penultimate_split)
-from ..utils.scores import ood_score
 from ..classifier.split_points import SplitPoint
+from ..settings.config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, number_check, setting
+from ..utils.scores import ood_score
+from .backbone_pass import BackbonePass, FitShards
 from .interface import OODDetector
+from .penultimate import (
+    ClassStatistics,
+    FeatureStore,
+    LinearHead,
+    NotEnoughSamplesError,
+    StatisticsPass,
+    check_fit_samples,
+    linear_head,
+    penultimate_split,
+)
 
 
 def known_sample_count(data: Any) -> int | None:
@@ -134,7 +143,7 @@ FitAccumulator = Union[FeatureStore, StatisticsPass]
 
 #: The accumulators of the detectors fitted together on a process that passed no batch (an uneven share), by the
 #: pass's shards and kind: shared as on the processes with batches, so that every process gathers each one once.
-_UNFED_ACCUMULATORS: "weakref.WeakKeyDictionary[Any, dict[Hashable, Any]]" = weakref.WeakKeyDictionary()
+_UNFED_ACCUMULATORS: weakref.WeakKeyDictionary[Any, dict[Hashable, Any]] = weakref.WeakKeyDictionary()
 
 
 class FittedDetector(PenultimateDetector):
@@ -186,7 +195,7 @@ class FittedDetector(PenultimateDetector):
                 f"{num_samples} from {flag}: give more, or leave {self.method!r} out (refused before reading any image)")
 
     def fit(self, id_train_batches: Iterable[Any], image_column: str | None = None,
-            label_column: str | None = None) -> "FittedDetector":
+            label_column: str | None = None) -> FittedDetector:
         # Refused before the backbone pass where the number of samples is known without reading them.
         count = known_sample_count(id_train_batches)
         if count is not None:

@@ -19,9 +19,11 @@ again (a batch-1 endpoint most of all, where launches dominate); not for one pas
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
+
 
 #: The ``mode`` values of :func:`torch.compile` a served path may ask for.
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")

@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from ..settings.config import DetectorConfig, choice_check, number_check, setting
-from .penultimate import ClassStatistics, FeatureStore
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import ClassStatistics, FeatureStore
+
 
 EPSILON = 1e-10
 

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 from ..settings.config import DetectorConfig, number_check, setting
-from .penultimate import LinearHead, StatisticsPass, percentile
 from ..utils.scores import energy_score
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import LinearHead, StatisticsPass, percentile
 
 
 def dice_mask(weight: torch.Tensor, mean_features: torch.Tensor, sparsity: float) -> torch.Tensor:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .interface import register_detector
 from .common import TemperatureConfig, TemperatureLogitDetector
+from .interface import register_detector
 
 
 @dataclass

@@ -9,9 +9,9 @@ import torch
 
 from ..settings.config import DetectorConfig, bool_check, setting
 from .backbone_pass import BackbonePass
+from .common import FittedDetector
 from .interface import register_detector
 from .penultimate import LinearHead, StatisticsPass
-from .common import FittedDetector
 
 
 def boundary_denominators(weight: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:

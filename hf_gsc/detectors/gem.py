@@ -8,10 +8,10 @@ from typing import ClassVar
 import torch
 
 from ..settings.config import DetectorConfig
-from .penultimate import MahalanobisTerms, mahalanobis_distances
 from .backbone_pass import BackbonePass
 from .interface import register_detector
 from .mahalanobis import TiedGaussianDetector
+from .penultimate import MahalanobisTerms, mahalanobis_distances
 
 
 def gem_score(features: torch.Tensor, terms: MahalanobisTerms) -> torch.Tensor:

@@ -10,8 +10,8 @@ import torch
 
 from ..settings.config import DetectorConfig, integer_check, number_check, setting
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import BaselineDetector
+from .interface import register_detector
 
 
 def gen_score(logits: torch.Tensor, gamma: float, top: int) -> torch.Tensor:

@@ -10,8 +10,8 @@ import torch
 
 from ..settings.config import DetectorConfig, number_check, setting
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import PenultimateDetector
+from .interface import register_detector
 
 
 def gradnorm_score(features: torch.Tensor, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

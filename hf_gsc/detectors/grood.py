@@ -15,6 +15,7 @@ from .common import FittedDetector
 from .interface import register_detector
 from .penultimate import FeatureStore, stored_dtype
 
+
 #: Bank rows per step of the nearest-gradient search.
 CHUNK_ROWS = 65_536
 

@@ -17,24 +17,25 @@ construction); everything after that is :func:`hf_gsc.gsc_math.step.gsc_step`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from .backbone_pass import BackbonePass, FitShards
+from ..classifier.split_points import SplitPoint
 from ..gsc_math.backends import Backend, Linearization, select_backend
 from ..gsc_math.backends.shaped import shaped_backend
 from ..gsc_math.explanation import GSCExplanation, explain_short_circuit
+from ..gsc_math.shortcircuit import diagonal_fisher_sum, gradient_mass_for_mean_ratio
+from ..gsc_math.step import GSCStep, gsc_step, ranking_gradient
+from ..settings.gsc import GSCConfig
 from ..utils.feature_shapings import feature_shaping
 from ..utils.inputs import fail_closed
-from ..settings.gsc import GSCConfig
+from .backbone_pass import BackbonePass, FitShards
 from .interface import OODDetector, OODDetectorOutput, check_state, classifier_loss, register_detector
-from ..gsc_math.step import GSCStep, gsc_step, ranking_gradient
-from ..gsc_math.shortcircuit import diagonal_fisher_sum, gradient_mass_for_mean_ratio
-from ..classifier.split_points import SplitPoint
 
 
 @dataclass
@@ -346,11 +347,11 @@ class GSCDetector(OODDetector):
         linearization, step = self.step(batch)
         extra = {}
         if output_short_circuit:
-            extra = dict(
-                features=linearization.features,
-                gradient=linearization.spread(step.gradient),
-                mask=linearization.spread(step.mask),
-            )
+            extra = {
+                "features": linearization.features,
+                "gradient": linearization.spread(step.gradient),
+                "mask": linearization.spread(step.mask),
+            }
         ood_score = fail_closed(step.ood_score, batch.nonfinite_marks()).to(self.score_dtype)
         return GSCOutput(
             loss=classifier_loss(step.logits, labels),

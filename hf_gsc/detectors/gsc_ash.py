@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..settings.config import feature_shaping_check, setting, split_point_check
-from .interface import register_detector
 from .gsc import GSCConfig, GSCDetector
+from .interface import register_detector
 
 
 @dataclass

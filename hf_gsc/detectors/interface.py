@@ -21,25 +21,27 @@ with ``.to(device)``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from transformers.utils import ModelOutput
 
-from .backbone_pass import BackbonePass, FitShards, run_backbone
+from ..classifier.split_points import SplitPoint
 from ..settings.config import DetectorConfig
-from ..storage.push import HubPush
-from ..utils.image_data import image_rows
-from ..utils.inputs import check_pixel_values, fail_closed
-from .compiled import CompiledDetector, compiled
 from ..settings.registry import DETECTORS, detector_class, get_detector, register_detector, suggest_names
 from ..storage.pretrained import DetectorFiles
-from ..classifier.split_points import SplitPoint
+from ..storage.push import HubPush
 from ..storage.saved_format import check_state
 from ..utils.calibration import changed_settings, fitted_state_digest
+from ..utils.image_data import image_rows
+from ..utils.inputs import check_pixel_values, fail_closed
+from .backbone_pass import BackbonePass, FitShards, run_backbone
 from .calibrated import Calibrated, decide
+from .compiled import CompiledDetector, compiled
+
 
 @dataclass
 class OODDetectorOutput(ModelOutput):
@@ -81,7 +83,7 @@ def _in_score_dtype(score_batch: Any) -> Any:
     rows whose ``pixel_values`` were not finite (:func:`hf_gsc.utils.inputs.fail_closed`)."""
 
     @functools.wraps(score_batch)
-    def wrapped(self: "OODDetector", batch: BackbonePass) -> torch.Tensor:
+    def wrapped(self: OODDetector, batch: BackbonePass) -> torch.Tensor:
         return fail_closed(score_batch(self, batch), batch.nonfinite_marks()).to(self.score_dtype)
 
     wrapped._in_score_dtype = True
@@ -347,7 +349,7 @@ class OODDetector(DetectorFiles, HubPush, Calibrated, nn.Module):
                                   "say how the processes' parts of its fit combine (fit_gather)")
 
     def fit(self, id_train_batches: Iterable[Any], image_column: str | None = None,
-            label_column: str | None = None) -> "OODDetector":
+            label_column: str | None = None) -> OODDetector:
         """Fit on ID data, streamed: batches of ``(pixel_values, labels)`` (or mappings with ``pixel_values`` and
         ``labels``), or images prepared by ``image_processor``: a class-folder tree (labels by folder name through the
         model's ``config.label2id``), a ``datasets.Dataset`` (``image_column``, default ``image``, and
@@ -403,7 +405,7 @@ class OODDetector(DetectorFiles, HubPush, Calibrated, nn.Module):
         """The dtype of the base model's first parameter; ``pixel_values`` are cast to it."""
         return next(self.model.parameters()).dtype
 
-    def train(self, mode: bool = True) -> "OODDetector":
+    def train(self, mode: bool = True) -> OODDetector:
         """The wrapper may be put in train mode; the base model always stays in eval mode."""
         super().train(mode)
         self.model.eval()

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from ..settings.config import DetectorConfig, choice_check, integer_check, number_check, setting
-from .penultimate import FeatureStore, check_fit_samples, stored_dtype, take_rows
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import FeatureStore, check_fit_samples, stored_dtype, take_rows
 
 
 def l2_normalise(features: torch.Tensor) -> torch.Tensor:

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Hashable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..settings.config import DetectorConfig
-from .penultimate import (ClassStatistics, MahalanobisTerms, StatisticsPass, mahalanobis_distances, mahalanobis_terms,
-                          tied_precision, whitening)
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import (
+    ClassStatistics,
+    MahalanobisTerms,
+    StatisticsPass,
+    mahalanobis_distances,
+    mahalanobis_terms,
+    tied_precision,
+    whitening,
+)
 
 
 def l2_normalised(features: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ import torch
 from ..settings.config import DetectorConfig
 from ..utils.scores import max_logit_score
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import BaselineDetector
+from .interface import register_detector
 
 
 @dataclass

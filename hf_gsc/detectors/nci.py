@@ -10,9 +10,9 @@ import torch
 
 from ..settings.config import DetectorConfig, number_check, setting
 from .backbone_pass import BackbonePass
+from .common import FittedDetector
 from .interface import register_detector
 from .penultimate import LinearHead, StatisticsPass
-from .common import FittedDetector
 
 
 def nci_score(features: torch.Tensor, head: LinearHead, train_mean: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Hashable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -13,6 +14,7 @@ from .backbone_pass import BackbonePass
 from .common import FittedDetector
 from .interface import register_detector
 from .penultimate import StatisticsPass
+
 
 #: The share of the standardised features' variance the default ``neco_dim`` explains (the 90% rule of the NECO
 #: postprocessor in github.com/mueller-mp/maha-norm and of ``neco_score`` in the ORA authors' repository).

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as nnf
 
 from ..settings.config import DetectorConfig, integer_check, number_check, setting
-from .backbone_pass import BackbonePass
-from .interface import register_detector
-from .penultimate import FeatureStore, LinearHead, take_rows
 from ..utils.precision import full_precision, step_dtype
 from ..utils.scores import energy_score
+from .backbone_pass import BackbonePass
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import FeatureStore, LinearHead, take_rows
+
 
 #: The seed of the authors' bank subsample: their main.py ``--seed`` default 0 (``set_seed``), then
 #: ``np.random.shuffle`` in ``dataloaders/factory.py`` ``subsample``.

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -13,8 +14,8 @@ from ..utils.image_processors import normalization_std
 from ..utils.precision import full_precision, parameter_dtype, step_dtype
 from ..utils.scores import msp_score
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import BaselineDetector
+from .interface import register_detector
 
 
 def odin_perturb(

@@ -10,10 +10,11 @@ import torch
 from torch import nn
 
 from ..settings.config import DetectorConfig, integer_check, setting
-from .penultimate import FeatureStore, LinearHead
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import FeatureStore, LinearHead
+
 
 #: libMR's ``MR()`` default ``translate_amount``: FitHigh shifts the tail so that its smallest value is this.
 LIBMR_TRANSLATE = 1.0
@@ -127,7 +128,7 @@ def openmax_fit(batches: FeatureStore, head: LinearHead, tail_size: int, method:
         classes.append(labels)
     tails = class_tails(torch.cat(distances), torch.cat(classes), num_classes, tail_size)
     valid = torch.isfinite(tails)
-    flat = ((tails.amax(dim=-1) <= torch.where(valid, tails, torch.inf).amin(dim=-1))).nonzero().flatten().tolist()
+    flat = (tails.amax(dim=-1) <= torch.where(valid, tails, torch.inf).amin(dim=-1)).nonzero().flatten().tolist()
     if flat:
         raise ValueError(f"{method}: the distance tails of classes {flat} hold a single value; the Weibull fit needs "
                          "two distinct distances per class")

@@ -15,6 +15,7 @@ from .common import FittedDetector
 from .interface import register_detector
 from .penultimate import FeatureStore, LinearHead, chunked_quantile
 
+
 #: The share of the ID activations left out below and above the shaped range (``np.quantile(feature, 1e-3)`` and
 #: ``1 - 1e-3``), and the number of intervals it is cut into.
 TAIL, INTERVALS = 1e-3, 100.0

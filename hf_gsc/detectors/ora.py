@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Hashable
+from typing import ClassVar
 
 import torch
 
@@ -14,6 +15,7 @@ from .common import FittedDetector
 from .fdbd import boundary_denominators
 from .interface import register_detector
 from .penultimate import ClassStatistics, LinearHead, StatisticsPass
+
 
 AGGREGATIONS = ("mean", "max", "min")
 

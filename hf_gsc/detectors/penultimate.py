@@ -16,14 +16,16 @@ many class means are Euclidean ones after whitening, expanded (:func:`whitening`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from ..classifier.split_points import SplitPoint, resolve_split_point
+
 
 if TYPE_CHECKING:
     from .backbone_pass import FitShards

@@ -8,11 +8,11 @@ from typing import ClassVar
 import torch
 
 from ..settings.config import DetectorConfig, number_check, setting
-from .penultimate import FeatureStore, LinearHead, chunked_percentile
 from ..utils.scores import energy_score
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import FeatureStore, LinearHead, chunked_percentile
 
 
 def react_logits(features: torch.Tensor, head: LinearHead, clip: float | torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from .common import FittedDetector
 from .interface import register_detector
 from .penultimate import FeatureStore, LinearHead, stored_dtype
 
+
 #: Bank rows per step of the scoring: a ``(B, 65,536)`` kernel block at a time, whatever the bank's size.
 CHUNK_ROWS = 65_536
 

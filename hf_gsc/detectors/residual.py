@@ -3,8 +3,9 @@ runs it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Hashable
+from typing import Any, ClassVar
 
 import torch
 from torch import nn

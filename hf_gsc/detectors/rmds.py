@@ -10,8 +10,8 @@ import torch
 from ..settings.config import DetectorConfig
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .penultimate import ClassStatistics, MahalanobisTerms, tied_precision
 from .mahalanobis import TiedGaussianDetector, mahalanobis_score
+from .penultimate import ClassStatistics, MahalanobisTerms, tied_precision
 
 
 def background_gaussian(statistics: ClassStatistics, method: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,11 +8,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..utils.feature_shapings import FeatureShaping, register_feature_shaping
 from ..settings.config import DetectorConfig, number_check, setting, split_point_check
+from ..utils.feature_shapings import FeatureShaping, register_feature_shaping
+from .ash import ShapedEnergyDetector, ash_keep_count
 from .interface import register_detector
 from .penultimate import linear_head
-from .ash import ShapedEnergyDetector, ash_keep_count
+
 
 #: The authors' ``configs/postprocessors/scale.yml`` ``percentile: 85`` (also OpenOOD's), their ImageNet-1K
 #: ResNet-50 setting.

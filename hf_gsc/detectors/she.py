@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Hashable
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig
-from .penultimate import ClassStatistics, LinearHead, StatisticsPass
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import ClassStatistics, LinearHead, StatisticsPass
 
 
 def she_score(features: torch.Tensor, head: LinearHead, patterns: torch.Tensor) -> torch.Tensor:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Hashable, Sequence
+from typing import ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig
-from .penultimate import FeatureStore, LinearHead, check_labels
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import FeatureStore, LinearHead, check_labels
+
 
 #: The authors' optimiser (OpenOOD ``temp_scaling_postprocessor.py``, as gpleiss/temperature_scaling): the temperature
 #: starts at 1.5 and takes one ``torch.optim.LBFGS(lr=0.01, max_iter=50)`` step on the mean cross-entropy.

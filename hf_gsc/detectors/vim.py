@@ -8,11 +8,11 @@ from typing import ClassVar
 import torch
 
 from ..settings.config import DetectorConfig, integer_check, setting
-from .penultimate import FeatureStore, LinearHead
 from ..utils.scores import energy_score
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import FeatureStore, LinearHead
 
 
 def vim_principal_dim(feature_dim: int) -> int:

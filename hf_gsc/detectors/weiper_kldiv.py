@@ -11,10 +11,11 @@ import torch
 from torch import nn
 
 from ..settings.config import DetectorConfig, integer_check, number_check, setting
-from .penultimate import FeatureStore, LinearHead
 from .backbone_pass import BackbonePass
-from .interface import register_detector
 from .common import FittedDetector
+from .interface import register_detector
+from .penultimate import FeatureStore, LinearHead
+
 
 #: ``eps`` of the authors' ``batch_histogram``: the top bin edge is the training maximum plus this (in the features'
 #: precision, where it vanishes above ~0.1 in float32: the maximum itself then falls above the last bin).

@@ -16,7 +16,8 @@
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
 
 # Imported on first use (PEP 562): a serving install has none of the evaluation extras (datasets, accelerate,
 # scikit-learn) that most of these modules import.
@@ -35,6 +36,29 @@ _EXPORTS = {
 }
 
 
+if TYPE_CHECKING:  # the names for type checkers and linters, as transformers' lazy modules declare them
+    from .arguments import EvaluationArgumentParser, EvaluationArguments
+    from .calibration import calibration_record, conformal_threshold, true_positive_rate
+    from .cli import main
+    from .errors import InputError
+    from .evaluator import OODEvaluator
+    from .loaders import make_dataloader
+    from .loop import score_split
+    from .metrics import (
+        METRIC_NAMES,
+        fpr_at_tpr,
+        fpr_at_tpr_ood_positive,
+        load_ood_metric,
+        ood_metrics,
+        threshold_at_tpr,
+    )
+    from .options import default_methods
+    from .report import markdown_table, method_results, write_report
+    from .result import EvaluationResult
+    from .score_cache import ScoreCache
+    from .selective import aurc, risk_coverage_curve, selective_accuracy
+
+
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -49,21 +73,21 @@ __all__ = [
     "InputError",
     "OODEvaluator",
     "ScoreCache",
+    "aurc",
     "calibration_record",
     "conformal_threshold",
     "default_methods",
-    "fpr_at_tpr_ood_positive",
-    "aurc",
-    "risk_coverage_curve",
-    "selective_accuracy",
     "fpr_at_tpr",
+    "fpr_at_tpr_ood_positive",
     "load_ood_metric",
     "main",
     "make_dataloader",
     "markdown_table",
     "method_results",
     "ood_metrics",
+    "risk_coverage_curve",
     "score_split",
+    "selective_accuracy",
     "threshold_at_tpr",
     "true_positive_rate",
     "write_report",

@@ -20,9 +20,8 @@ def make_accelerator(mixed_precision: str | None = None) -> Any:
     silently report fp32 numbers as fp16.
     """
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
     from accelerate.state import AcceleratorState
+    from accelerate.utils import InitProcessGroupKwargs
 
     flag = "--mixed-precision" if mixed_precision is not None else "ACCELERATE_MIXED_PRECISION (or accelerate config)"
     if mixed_precision is None:  # what accelerate reads itself (`accelerate launch` puts its config there)
@@ -58,4 +57,4 @@ def quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-__all__ = ["quiet_libraries", "make_accelerator"]
+__all__ = ["make_accelerator", "quiet_libraries"]

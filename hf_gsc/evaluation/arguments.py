@@ -32,6 +32,7 @@ from .errors import InputError
 from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, method_lines
 from .setting_flags import setting_flags
 
+
 #: The help's argument groups (the source options come first, in the parser's own group).
 DATA_GROUP, RUN_GROUP, DEVICE_GROUP = "data", "run", "device and throughput"
 #: The method whose settings have their own flags (:class:`GSCArguments`).
@@ -373,6 +374,17 @@ def is_evaluation_arguments(value: Any) -> bool:
     return isinstance(value, EvaluationArguments)
 
 
-__all__ = ["ARGUMENT_GROUPS", "GSC_FLAGS", "DataArguments", "DeviceArguments", "EvaluationArgumentParser",
-           "EvaluationArguments", "GSCArguments", "METHOD_FLAGS", "RunArguments", "SourceArguments", "is_evaluation_arguments",
-           "parse_arguments"]
+__all__ = [
+    "ARGUMENT_GROUPS",
+    "GSC_FLAGS",
+    "METHOD_FLAGS",
+    "DataArguments",
+    "DeviceArguments",
+    "EvaluationArgumentParser",
+    "EvaluationArguments",
+    "GSCArguments",
+    "RunArguments",
+    "SourceArguments",
+    "is_evaluation_arguments",
+    "parse_arguments",
+]

@@ -11,12 +11,12 @@ The split-conformal threshold (``method="conformal"``: TPR >= ``tpr`` on new ID 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from ..utils.calibration import Calibration
-
 from ..utils.thresholds import (  # noqa: F401  (re-exported: the core holds the rules, detectors calibrate with them)
     CalibrationMethod,
     ScoresLike,
@@ -58,5 +58,13 @@ def calibration_of(entry: Mapping[str, Any], id_validation_scores: Any,
     return calibration
 
 
-__all__ = ["CalibrationMethod", "calibration_of", "calibration_record", "conformal_order", "conformal_threshold",
-           "threshold_for", "true_positive_rate", "accepted_fraction"]
+__all__ = [
+    "CalibrationMethod",
+    "accepted_fraction",
+    "calibration_of",
+    "calibration_record",
+    "conformal_order",
+    "conformal_threshold",
+    "threshold_for",
+    "true_positive_rate",
+]

@@ -17,6 +17,7 @@ from pathlib import Path
 from .arguments import EvaluationArgumentParser
 from .errors import DiskFullError, InputError
 
+
 #: The exit status of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
 INTERRUPTED = 130
 

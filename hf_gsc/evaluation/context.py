@@ -18,6 +18,7 @@ import torch
 
 from ..data.decoding import OnError
 
+
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from datasets import Dataset, IterableDataset

@@ -50,6 +50,7 @@ from ..data.decoding import OnError, UndecodableImageError, check_on_error
 from .fingerprints import is_streamed
 from .loaders import model_pixel_values
 
+
 logger = logging.getLogger(__name__)
 
 #: Most bytes one process sends in one gathering: a bank is gathered in chunks, so that it never sits whole on the
@@ -237,4 +238,4 @@ def broadcast(accelerator: Any, value: Any) -> Any:
     return holder[0]
 
 
-__all__ = ["broadcast", "CHUNK_BYTES", "ProcessShards", "shard_loader"]
+__all__ = ["CHUNK_BYTES", "ProcessShards", "broadcast", "shard_loader"]

@@ -46,11 +46,12 @@ from typing import Any
 
 import torch
 
-from ..utils.version import __version__
 from ..data.decoding import UndecodableImageError
 from ..settings.registry import detector_class
+from ..utils.version import __version__
 from .accelerator import make_accelerator, quiet_libraries
 from .arguments import is_evaluation_arguments
+from .calibration import calibration_of
 from .context import EvaluationState, RunContext
 from .distributed import broadcast
 from .errors import DiskFullError, InputError
@@ -58,8 +59,15 @@ from .fitting import fit_detectors, fit_dir, fit_record
 from .json_files import jsonable, write_json
 from .labels import LabelMismatchWarning, check_labels, label_warning, labels_note, mapping_line
 from .loaders import default_num_workers
-from .models import (build_detectors, check_shipped, effective_hyperparameters, image_transform,
-                     load_model, load_shipped, processor_of)
+from .models import (
+    build_detectors,
+    check_shipped,
+    effective_hyperparameters,
+    image_transform,
+    load_model,
+    load_shipped,
+    processor_of,
+)
 from .plan import (
     BASE_MODEL,
     ID_TEST,
@@ -78,7 +86,6 @@ from .plan import (
     subset,
     warn_small_calibration,
 )
-from .calibration import calibration_of
 from .report import RESULTS_JSON, method_results, write_report
 from .result import EvaluationResult, EverythingSkippedError, at_shipped_threshold, ood_groups_of, run_details
 from .run_folder import (
@@ -96,6 +103,7 @@ from .run_info import check_process_count, evaluation_header, validation_source
 from .score_cache import PREDICTIONS_KEY, SCORE_KEY, ScoreCache
 from .scoring import score_missing
 from .validation import SOURCE_CHOICE, check_output_dir
+
 
 #: The ``--tune`` search's record in the output folder, reused by a rerun with the same inputs.
 TUNING_RECORD = "tuning.json"

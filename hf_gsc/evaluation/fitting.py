@@ -17,19 +17,20 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..settings.config import STATE_FILE
-from ..utils.confined_files import atomic_write_text, make_dirs
 from ..storage.saved_format import read_state, save_state
+from ..utils.confined_files import atomic_write_text, make_dirs
 from .context import RunContext
 from .loaders import make_dataloader
 from .score_cache import NUM_SKIPPED_KEY
+
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
@@ -248,5 +249,17 @@ def fit_record(output_dir: Path, method: str, dataset: Any) -> dict[str, Any]:
             NUM_SKIPPED_KEY: num_skipped}
 
 
-__all__ = ["fit_record", "DETECTORS_DIR", "FITTED_TOGETHER", "FitOutcome", "IMAGES_PER_PROCESS", "PEAK_MEMORY_PER_PROCESS",
-           "fit_detectors", "fit_dir", "fit_groups", "read_fit_info", "refuse_too_small", "saved_fit_info"]
+__all__ = [
+    "DETECTORS_DIR",
+    "FITTED_TOGETHER",
+    "IMAGES_PER_PROCESS",
+    "PEAK_MEMORY_PER_PROCESS",
+    "FitOutcome",
+    "fit_detectors",
+    "fit_dir",
+    "fit_groups",
+    "fit_record",
+    "read_fit_info",
+    "refuse_too_small",
+    "saved_fit_info",
+]

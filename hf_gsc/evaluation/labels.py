@@ -27,9 +27,19 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..utils.label_names import (SHOWN, ambiguous_names, ambiguous_names_error, generic_labels, generic_labels_error,
-                                 label_mapping, listed, model_label_names, name_key)
+from ..utils.label_names import (
+    SHOWN,
+    ambiguous_names,
+    ambiguous_names_error,
+    generic_labels,
+    generic_labels_error,
+    label_mapping,
+    listed,
+    model_label_names,
+    name_key,
+)
 from .errors import InputError
+
 
 #: ``label_check.status`` values: names and order agree / same names, other order / other names / not checkable.
 MATCH, ORDER_DIFFERS, NAMES_DIFFER, UNCHECKED = "match", "order_differs", "names_differ", "unchecked"
@@ -250,12 +260,12 @@ __all__ = [
     "check_labels",
     "class_names_of",
     "compare_labels",
-    "label_warning",
     "label_mapping",
+    "label_warning",
     "labels_note",
     "map_labels",
     "mapping_line",
     "mapping_record",
-    "parse_label_map",
     "model_class_names",
+    "parse_label_map",
 ]

@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 from ..data.decoding import OnError, UndecodableImageError, check_on_error, decode_images, without_decoding
 from .fingerprints import is_streamed
 
+
 logger = logging.getLogger(__name__)
 
 #: Size of the blank image standing in for an unreadable one when no image of its batch could be decoded.
@@ -215,8 +216,8 @@ __all__ = [
     "CUDA_PREFETCH_FACTOR",
     "IndexedImages",
     "StreamedImages",
-    "decode_batch",
     "available_cpus",
+    "decode_batch",
     "default_num_workers",
     "device_batches",
     "handle_unreadable",

@@ -28,6 +28,7 @@ from .fingerprints import is_streamed
 from .loaders import handle_unreadable, model_pixel_values
 from .score_cache import NUM_SKIPPED_KEY
 
+
 logger = logging.getLogger(__name__)
 
 

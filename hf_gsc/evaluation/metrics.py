@@ -71,7 +71,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..utils.thresholds import ScoresLike, as_scores as _as_scores, threshold_at_tpr
+from ..utils.thresholds import ScoresLike, threshold_at_tpr
+from ..utils.thresholds import as_scores as _as_scores
+
 
 if TYPE_CHECKING:  # imported for annotations only: evaluate is slow to import
     import evaluate
@@ -213,7 +215,7 @@ def ood_metrics(id_scores: ScoresLike, ood_scores: ScoresLike) -> dict[str, floa
     }
 
 
-def load_ood_metric(**load_kwargs: Any) -> "evaluate.EvaluationModule":
+def load_ood_metric(**load_kwargs: Any) -> evaluate.EvaluationModule:
     """Load the shipped ``evaluate`` metric module from its local path (no Hub access).
 
     ``evaluate.load`` treats an existing folder that contains a script of the

@@ -14,7 +14,6 @@ import torch
 from .errors import InputError
 
 
-
 def load_model(
     model_id: str, revision: str | None = None, image_backend: str = "auto"
 ) -> tuple[torch.nn.Module, Any, dict[str, Any], str]:
@@ -159,12 +158,14 @@ def check_shipped(detector: Any, processor: Any) -> tuple[Any, Any]:
     return detector, processor
 
 
-__all__ = ["processor_of", "check_shipped",
+__all__ = [
     "FALLBACK_SPLIT_POINT",
     "build_detectors",
-    "fixing_flag",
+    "check_shipped",
     "effective_hyperparameters",
+    "fixing_flag",
     "image_backend_of",
     "image_transform",
     "load_model",
+    "processor_of",
 ]

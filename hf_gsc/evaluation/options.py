@@ -12,6 +12,7 @@ from typing import Any
 
 from .errors import InputError
 
+
 #: ``--tpr``'s default: the ID TPR thresholds are calibrated to (FPR@95's operating point).
 DEFAULT_TPR = 0.95
 #: ``--mixed-precision`` values (accelerate's names); unset = accelerate's config / ``ACCELERATE_MIXED_PRECISION``.

@@ -20,10 +20,11 @@ import torch
 
 from ..utils.version import __version__
 from .context import RunContext
-from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
-from .score_cache import BASE_MODEL, ScoreCache
-from .models import effective_hyperparameters
 from .errors import InputError
+from .fingerprints import dataset_fingerprint, fingerprint, is_streamed, model_fingerprint
+from .models import effective_hyperparameters
+from .score_cache import BASE_MODEL, ScoreCache
+
 
 #: Name of the ID test split and the ID validation split in the score cache.
 ID_TEST, ID_VALIDATION = "id_test", "id_validation"
@@ -324,16 +325,18 @@ def warn_small_calibration(args: Any, num_validation: int | None) -> None:
                   f"{TOO_FEW_FOR_A_THRESHOLD}", UserWarning, stacklevel=2)
 
 
-__all__ = ["check_conformal_size", "warn_small_calibration",
+__all__ = [
     "BASE_MODEL",
     "ID_TEST",
     "ID_VALIDATION",
     "OOD_PREFIX",
     "EvaluationPlan",
+    "check_conformal_size",
     "load_data",
     "make_plan",
     "missing_scores",
     "needed_id_splits",
     "num_rows",
     "subset",
+    "warn_small_calibration",
 ]

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..utils.confined_files import atomic_open, make_dirs
 
+
 PLOTS_DIR = "plots"
 #: The colour of the ID scores in the density figure; no OOD split or method is drawn in it.
 ID_COLOR = "tab:blue"

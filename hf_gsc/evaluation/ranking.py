@@ -17,6 +17,7 @@ import torch
 
 from .metrics import auroc, fpr_at_tpr, fpr_at_tpr_ood_positive
 
+
 RANKING_RULE = ("the highest mean AUROC over the OOD validation sets (ID = positive), ties broken by the lower mean "
                 "FPR95 (ID+), then by the candidates' order")
 #: The metrics of each OOD validation set, and of their mean.

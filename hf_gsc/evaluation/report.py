@@ -23,13 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ..utils.confined_files import atomic_write_text
-from .json_files import jsonable, table_lines, write_json
 from ..utils.calibration import Calibration
+from ..utils.confined_files import atomic_write_text
 from .calibration import true_positive_rate
+from .json_files import jsonable, table_lines, write_json
 from .labels import label_warning, labels_note, mapping_line
 from .metrics import METRIC_NAMES, check_finite_scores, fpr_at_tpr_ood_positive, ood_metrics
 from .selective import aurc, selective_accuracy
+
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"

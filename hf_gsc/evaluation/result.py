@@ -19,6 +19,7 @@ from .plan import ID_TEST, ID_VALIDATION, OOD_PREFIX
 from .score_cache import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY
 from .timings import split_timings, update_timings
 
+
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
     from .arguments import EvaluationArguments

@@ -18,6 +18,7 @@ from .fitting import DETECTORS_DIR, FIT_INFO, fit_dir, read_fit_info
 from .report import RESULTS_JSON, RESULTS_MD
 from .score_cache import SCORES_DIR
 
+
 #: The folder (under ``OUTPUT/detectors/``) of the detector the selection chose.
 SELECTED = "selected"
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import InputError
 from .plan import ID_TEST, ID_VALIDATION, OOD_PREFIX, VAL_OOD_PREFIX, num_rows
 
+
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
@@ -141,4 +142,4 @@ def evaluation_header(args: EvaluationArguments, state: EvaluationState, context
     })
 
 
-__all__ = ["evaluation_header", "split_label", "check_process_count", "data_description", "run_header"]
+__all__ = ["check_process_count", "data_description", "evaluation_header", "run_header", "split_label"]

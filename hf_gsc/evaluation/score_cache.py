@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from ..utils.confined_files import save_file
 from ..utils.calibration import kept_scores
+from ..utils.confined_files import save_file
 from ..utils.conformal import conformal_p_value
+
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +132,8 @@ __all__ = [
     "BASE_MODEL",
     "FINGERPRINT_KEY",
     "NUM_SKIPPED_KEY",
-    "P_VALUES_DIR",
     "PREDICTIONS_KEY",
+    "P_VALUES_DIR",
     "SCORES_DIR",
     "SCORE_KEY",
     "ScoreCache",

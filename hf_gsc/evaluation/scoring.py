@@ -17,9 +17,9 @@ import torch
 from . import loop
 from .context import RunContext
 from .loaders import make_dataloader
-from .score_cache import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY, ScoreCache
 from .metrics import NonFiniteScoreError, check_finite_scores
 from .plan import BASE_MODEL, EvaluationPlan, num_rows
+from .score_cache import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY, ScoreCache
 
 
 def score_missing(
@@ -80,7 +80,7 @@ def score_missing(
                                          NUM_SKIPPED_KEY: outputs[NUM_SKIPPED_KEY]},
                            plan.score_fingerprints[(name, split)])
         accelerator.wait_for_everyone()
-    return {name: times for name, times in seconds.items()}, throughput
+    return dict(seconds.items()), throughput
 
 
 #: Name of the one scorer :func:`batch_scorer` makes (its outputs are ``(SHARED, method)``).

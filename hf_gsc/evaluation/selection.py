@@ -30,6 +30,7 @@ from ..storage.model_card import SELECTION_SENTENCE_START, VALIDATION_RANKING_ST
 from .plan import VAL_OOD_PREFIX
 from .ranking import RANKING_RULE, rank, validation_metrics
 
+
 SELECTION_RULE = f"{RANKING_RULE} (by method name)"
 
 
@@ -142,5 +143,13 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
             *table_lines(["Method", *sets, "mean"], rows)]
 
 
-__all__ = ["SELECTION_RULE", "SelectionData", "VAL_OOD_PREFIX", "markdown_lines", "read_clause", "selection_record", "selection_sets",
-           "sentence"]
+__all__ = [
+    "SELECTION_RULE",
+    "VAL_OOD_PREFIX",
+    "SelectionData",
+    "markdown_lines",
+    "read_clause",
+    "selection_record",
+    "selection_sets",
+    "sentence",
+]

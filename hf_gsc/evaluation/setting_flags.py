@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Optional, Union, get_args, get_origin, get_t
 from ..settings.config import DetectorConfig
 from .options import plain_text
 
+
 #: The types a flag can parse (``HfArgumentParser``'s scalars).
 _FLAG_TYPES = (str, int, float, bool)
 

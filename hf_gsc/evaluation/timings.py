@@ -16,6 +16,7 @@ from typing import Any
 
 from .json_files import write_json
 
+
 #: The timing records' file, inside the score cache folder (``scores/``).
 TIMINGS_FILE = "timings.json"
 

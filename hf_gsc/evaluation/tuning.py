@@ -36,9 +36,9 @@ train, and ``tune_fit``). Its wall time is recorded as ``tuning.seconds`` in ``r
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,6 +46,7 @@ import torch
 from .context import RunContext
 from .ranking import RANKING_RULE, best_index, validation_metrics
 from .validation_sets import VALIDATION_SEED, split_halves, validation_ood_sets
+
 
 #: The folder (under the output folder) of the grid points' fits, one per point (``detectors/knn[0]/``, ...).
 TUNING_FITS = "tuning"
@@ -100,8 +101,8 @@ def tune_hyperparameters(
     (:data:`TUNING_FITS` in ``context.output_dir``); ``hyperparameters`` are each method's settings, which every
     grid point starts from; ``fixed`` names the settings not to search.
     """
-    from ..utils.version import __version__
     from ..detectors import get_detector
+    from ..utils.version import __version__
     from .fingerprints import dataset_fingerprint, fingerprint, model_fingerprint
     from .fitting import fit_detectors, refuse_too_small
     from .json_files import jsonable
@@ -236,11 +237,11 @@ def markdown_lines(record: Mapping[str, Any]) -> list[str]:
 
 
 __all__ = [
-    "not_tuned_reason",
-    "search_spaces",
     "SELECTION_RULE",
     "chosen_hyperparameters",
     "grid_points",
     "markdown_lines",
+    "not_tuned_reason",
+    "search_spaces",
     "tune_hyperparameters",
 ]

@@ -16,6 +16,7 @@ from ..utils.image_limits import max_image_pixels
 from .errors import InputError
 from .options import DEFAULT_TPR, IMAGE_BACKENDS, PRECISIONS, parse_hyperparameters, parse_methods, registered_methods
 
+
 #: The error when the evaluated model is not given exactly once.
 SOURCE_CHOICE = ("give exactly one of --model (an image classifier: fit, calibrate and evaluate methods on it) and "
                  "--detector (a saved detector, evaluated as it is)")

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..data.decoding import decode_image, without_decoding
 
+
 #: Seed of everything generated for the OOD validation sets (the generated test OOD splits use seed 0).
 VALIDATION_SEED = 1001
 #: Patches per side of the jigsaw OOD validation set.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+
 Operation = Literal["zero", "perturb", "project", "clip", "scale"]
 Selection = Literal["gradient", "random", "reverse", "fisher"]
 MaskSize = Literal["fixed", "adaptive"]

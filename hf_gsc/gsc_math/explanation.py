@@ -26,6 +26,7 @@ import torch
 from ..utils.scores import ood_score
 from .shortcircuit import short_circuit
 
+
 #: How the head reads ``F``, as the explanation reports it, and whether a map over positions exists.
 READS = {
     "mean_spatial": "a mean over the positions of a convolutional map: one map value per position",

@@ -30,8 +30,9 @@ The backends hand over ``F`` and the linearised head in that precision (:meth:`h
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+
 ARCHS: tuple[str, ...] = ("vit", "swin", "resnet")
 _ROOT = Path(__file__).resolve().parent
 _SUFFIX = {"fmnist-ood": "", "fmnist-openset": "-openset"}

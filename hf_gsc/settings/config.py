@@ -27,18 +27,19 @@ path from keyword arguments to a config (every detector's constructor and ``from
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import warnings
-from collections.abc import Mapping, Sequence
-import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
-from ..utils.version import __version__
-from ..utils.feature_shapings import feature_shaping
 from ..classifier.split_point_names import validate_split_point_name
+from ..utils.feature_shapings import feature_shaping
+from ..utils.version import __version__
+
 
 #: The saved detector's settings, for every method (its ``method`` field says which); see :mod:`hf_gsc.storage.saved_format`.
 CONFIG_NAME = "detector_config.json"
@@ -245,7 +246,7 @@ class DetectorConfig:
         self.__dict__["assignments"] = self.assignments + 1
 
     @property
-    def hyperparameters(self) -> "ReadOnlyDict":
+    def hyperparameters(self) -> ReadOnlyDict:
         """The settings, ``{name: value}`` (read-only): what the saved format, the card and results.json call
         the method's hyperparameters."""
         return ReadOnlyDict({name: getattr(self, name) for name in self.setting_names()})
@@ -286,7 +287,7 @@ class DetectorConfig:
         return tuple(name for name in cls.names(SETTING, FITTED, PROVENANCE) if name != "hf_gsc_version")
 
     @classmethod
-    def from_kwargs(cls, config: "DetectorConfig | None" = None, **kwargs: Any) -> "DetectorConfig":
+    def from_kwargs(cls, config: DetectorConfig | None = None, **kwargs: Any) -> DetectorConfig:
         """The one path from keyword arguments to a config: a copy of ``config`` (defaults when ``None``) with
         ``kwargs`` replacing its fields. Every detector's constructor and ``from_pretrained`` build their config
         here, so the same mistakes raise the same exceptions for every method.
@@ -320,7 +321,7 @@ class DetectorConfig:
         the common fitted and provenance fields of :class:`DetectorConfig`."""
         return ("method", "hyperparameters", *DetectorConfig.names(FITTED, PROVENANCE))
 
-    def to_dict(self, base: "tuple[str | None, str | None] | None" = None) -> dict[str, Any]:
+    def to_dict(self, base: tuple[str | None, str | None] | None = None) -> dict[str, Any]:
         """The saved form, ``detector_config.json`` (PEFT's ``to_dict``): ``method``, ``hyperparameters`` (every
         setting), ``threshold``, ``calibration``, the base-model reference (``base``, ``(name_or_path, revision)``,
         replaces the config's: the repo itself when the base weights are pushed with it) and this hf_gsc's version
@@ -332,7 +333,7 @@ class DetectorConfig:
                 "base_model_name_or_path": name, "base_model_revision": revision, "hf_gsc_version": __version__}
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], source: str | None = None) -> "DetectorConfig":
+    def from_dict(cls, values: Mapping[str, Any], source: str | None = None) -> DetectorConfig:
         """The config a saved form (:meth:`to_dict`) describes, of the class its ``method`` names (on
         :class:`DetectorConfig`, any registered method; on a method's class, that method only). Keys unknown to this
         version are an error, unless a newer hf_gsc wrote them: then they are dropped with a warning naming both
@@ -364,7 +365,7 @@ class DetectorConfig:
             raise ValueError(f"{source}: {error}") from None
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> "DetectorConfig":
+    def from_json_file(cls, path: str | os.PathLike) -> DetectorConfig:
         """A config saved as a flat JSON object of fields (GSC's ``gsc_config.json``, the format before every
         method shared ``detector_config.json``); still read."""
         values = read_json_object(path, f"{cls.__name__} fields")

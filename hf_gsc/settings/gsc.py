@@ -12,8 +12,16 @@ from typing import Any, ClassVar
 
 from ..gsc_math.choices import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
 from ..utils.score_names import SCORES
-from .config import (MIN_TEMPERATURE, DetectorConfig, choice_check, feature_shaping_check, fitted, number_check,
-                     setting, split_point_check)
+from .config import (
+    MIN_TEMPERATURE,
+    DetectorConfig,
+    choice_check,
+    feature_shaping_check,
+    fitted,
+    number_check,
+    setting,
+    split_point_check,
+)
 
 
 def _seed(name: str, value: Any) -> Any:

@@ -11,12 +11,13 @@ import difflib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+
 if TYPE_CHECKING:
     from torch import nn
 
     from ..detectors.interface import OODDetector
 
-DETECTORS: dict[str, type["OODDetector"]] = {}
+DETECTORS: dict[str, type[OODDetector]] = {}
 #: What imports every method's module, set by the package's front door (``hf_gsc/__init__.py``, which imports
 #: nothing heavy itself): run once before the first lookup, so that a registry reached through a lower floor alone
 #: (``hf_gsc.storage``) is complete, while this floor never imports the detectors' floor.
@@ -38,7 +39,7 @@ def load_methods() -> None:
         loader()
 
 
-def register_detector(cls: type["OODDetector"]) -> type["OODDetector"]:
+def register_detector(cls: type[OODDetector]) -> type[OODDetector]:
     """Class decorator: make ``cls`` available by ``cls.method`` (the name used by the CLI, JSON and the Hub).
 
     ``cls.config_class`` must be the method's own config class (a ``DetectorConfig`` subclass whose ``method`` is
@@ -83,7 +84,7 @@ def default_methods() -> list[str]:
     return sorted(names, key=lambda name: (name != "gsc", name))
 
 
-def detector_class(method: str) -> type["OODDetector"]:
+def detector_class(method: str) -> type[OODDetector]:
     """The registered class of ``method``; the error lists the registered methods and the nearest one."""
     load_methods()
     try:
@@ -95,7 +96,7 @@ def detector_class(method: str) -> type["OODDetector"]:
         ) from None
 
 
-def get_detector(method: str, model: nn.Module, **hyperparameters: Any) -> "OODDetector":
+def get_detector(method: str, model: nn.Module, **hyperparameters: Any) -> OODDetector:
     """A new detector of the registered ``method`` on ``model``."""
     return detector_class(method)(model, **hyperparameters)
 

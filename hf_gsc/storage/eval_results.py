@@ -17,10 +17,12 @@ files) and local folders have none, so no file is written for them (:func:`bench
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .repo_ids import is_hub_id
+
 
 #: The folder the Hub reads, at the repo's root.
 EVAL_RESULTS_DIR = ".eval_results"

@@ -5,15 +5,17 @@ its base model, saved or given."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig
+from ..utils.calibration import UnboundCalibration
 from ..utils.image_processors import converting_to_rgb, load_image_processor
 from .repo_ids import is_hub_id, looks_local, stored_reference
-from ..utils.calibration import UnboundCalibration
 from .saved_format import read_calibration, read_config, read_state_and_scores
+
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
@@ -132,7 +134,7 @@ def load_detector(
     config: DetectorConfig | None = None,
     model: torch.nn.Module | None = None,
     **kwargs: Any,
-) -> "OODDetector":
+) -> OODDetector:
     """``AutoOODDetector.from_pretrained`` and every detector class's ``from_pretrained``.
 
     Args:
@@ -218,7 +220,7 @@ def load_detector(
     return detector
 
 
-def _load_calibration(detector: "OODDetector", directory: str, saved: DetectorConfig, scores: torch.Tensor | None,
+def _load_calibration(detector: OODDetector, directory: str, saved: DetectorConfig, scores: torch.Tensor | None,
                       overrides: Mapping[str, Any]) -> None:
     """Put the saved calibration in place, checked as one unit (scores that do not belong to the threshold and
     record drop it, with one warning naming what disagrees), and only for the settings and fitted state it was
@@ -238,7 +240,7 @@ def _load_calibration(detector: "OODDetector", directory: str, saved: DetectorCo
 
 
 def _build(cls: type, model: torch.nn.Module, config: Any, overrides: dict[str, Any], classifier_path: str | None,
-           hub: Mapping[str, Any]) -> "OODDetector":
+           hub: Mapping[str, Any]) -> OODDetector:
     """The detector, built as its constructor builds it (:meth:`hf_gsc.DetectorConfig.from_kwargs`)."""
     if classifier_path is not None:
         overrides.setdefault("base_model_name_or_path", classifier_path)

@@ -8,7 +8,8 @@ Part of the saved format, so :mod:`hf_gsc.storage.saving` writes it without any 
 from __future__ import annotations
 
 import importlib.resources
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 

@@ -10,6 +10,7 @@ from .loading import load_detector
 from .repo_ids import check_source
 from .saving import save_detector
 
+
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
 
@@ -18,7 +19,7 @@ class DetectorFiles:
     """``from_pretrained`` / ``save_pretrained`` of every detector (mixed into :class:`hf_gsc.OODDetector`)."""
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: Any, **kwargs: Any) -> "OODDetector":
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, **kwargs: Any) -> OODDetector:
         """Load a saved detector of this class's method, or build one on an image classifier (Hub id, path or loaded
         model); see :meth:`hf_gsc.AutoOODDetector.from_pretrained` for the arguments."""
         method = cls.__dict__.get("method")

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
+from ..settings.config import parse_json_object
 from ..utils import confined_files
 from .repo_ids import is_hub_id
-from ..settings.config import parse_json_object
 from .saved_format import read_config
+
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
@@ -77,7 +79,7 @@ def public_results(results: Mapping[str, Any], table: str | None) -> tuple[dict[
     return json.loads(public(json.dumps(results))), None if table is None else public(table)
 
 
-def check_results_match(results: Mapping[str, Any], detector: "OODDetector", results_dir: str | os.PathLike) -> None:
+def check_results_match(results: Mapping[str, Any], detector: OODDetector, results_dir: str | os.PathLike) -> None:
     """Refuse results that another model or other settings produced: the card would claim them.
 
     The fingerprint compared is the evaluated model and every hyperparameter that changes ``ood_score``, as recorded

@@ -28,13 +28,14 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-from ..utils import confined_files
 from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE, DetectorConfig, read_json_object
+from ..utils import confined_files
 from ..utils.calibration import MAX_KEPT_SCORES, Calibration
 
 

@@ -9,18 +9,19 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..utils import confined_files, whole_folders
 from ..settings.config import CONFIG_NAME, LEGACY_GSC_CONFIG_NAME, STATE_FILE
-from .results import RESULT_FILES, check_results_match, copy_results, public_results, read_results
+from ..utils import confined_files, whole_folders
 from .repo_ids import is_hub_id, stored_reference
+from .results import RESULT_FILES, check_results_match, copy_results, public_results, read_results
 from .saved_format import CALIBRATION_SCORES_KEY, public_config, save_state, write_config
+
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
 
 
 def saved_base_reference(
-    detector: "OODDetector", save_base_model: bool, repo_id: str | None
+    detector: OODDetector, save_base_model: bool, repo_id: str | None
 ) -> tuple[str | None, str | None]:
     """The base-model reference written to a saved detector. A detector saved with its base weights refers to itself
     when pushed (``repo_id``); saved locally with its weights it keeps a Hub id but never a local path (the folder is
@@ -36,7 +37,7 @@ def saved_base_reference(
     return None, None
 
 
-def check_savable(detector: "OODDetector", results_dir: str | os.PathLike | None = None) -> None:
+def check_savable(detector: OODDetector, results_dir: str | os.PathLike | None = None) -> None:
     """Refuse to save (or push) a detector that needs a fit and has none (it would be saved without its state and
     fail only when loaded), or with a ``results_dir`` that is not this detector's or links outside itself: the local
     checks a push makes before it reaches the Hub. First the detector is brought in line with its config
@@ -50,7 +51,7 @@ def check_savable(detector: "OODDetector", results_dir: str | os.PathLike | None
 
 
 def save_detector(
-    detector: "OODDetector",
+    detector: OODDetector,
     directory: str | os.PathLike,
     save_base_model: bool = False,
     results_dir: str | os.PathLike | None = None,

@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from .conformal import conformal_p_value, p_value_cut
 from .thresholds import as_scores, calibration_record, check_tpr, threshold_for
+
 
 #: The most ID calibration scores a calibration keeps (a sorted sample beyond; see the module docstring).
 MAX_KEPT_SCORES = 100_000
@@ -114,7 +116,7 @@ class Calibration:
     @classmethod
     def from_scores(cls, scores: Any, tpr: float = 0.95, delta: float | None = None, split: str | None = None,
                     source: str | None = None, depends_on: Mapping[str, Any] | None = None,
-                    limit: int = MAX_KEPT_SCORES) -> "Calibration":
+                    limit: int = MAX_KEPT_SCORES) -> Calibration:
         """The calibration of ID validation ``scores`` at ``tpr`` (``delta``: the split-conformal threshold,
         :func:`hf_gsc.utils.thresholds.threshold_for`), keeping at most ``limit`` of them; ``split``, ``source`` and
         ``depends_on`` (``settings``, ``fitted_state``) go into the record."""
@@ -128,12 +130,12 @@ class Calibration:
 
     @classmethod
     def by_hand(cls, threshold: float, record: Mapping[str, Any] | None = None,
-                why: str = "the threshold was set by hand, without ID calibration scores") -> "Calibration":
+                why: str = "the threshold was set by hand, without ID calibration scores") -> Calibration:
         """A threshold without kept scores: p-values are unavailable, ``why`` says why."""
         return cls(float(threshold), _plain(record), None,
                    f"{why}; call .calibrate(id_validation_data) to keep the ID calibration scores")
 
-    def with_tpr(self, tpr: float, delta: float | None = None) -> "Calibration":
+    def with_tpr(self, tpr: float, delta: float | None = None) -> Calibration:
         """This calibration moved to keep a fraction ``tpr`` of ID data (no new forward): the threshold
         :meth:`from_scores` gives on the same scores at ``tpr`` / ``delta``; the record says the new ``tpr``."""
         tpr = check_tpr(tpr)
@@ -201,7 +203,7 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], scores: torch.Tensor | None = None,
-                  source: str = "the saved calibration", missing_scores: str | None = None) -> "Calibration | None":
+                  source: str = "the saved calibration", missing_scores: str | None = None) -> Calibration | None:
         """The calibration saved as ``values`` (:meth:`to_dict`) with its kept ``scores``; ``None`` without a
         threshold.
 

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, Union
 
+
 PathLike = Union[str, os.PathLike]
 
 

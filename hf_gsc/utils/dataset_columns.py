@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+
 #: Usual names of an image column that is not of the ``datasets.Image`` type (a column of file paths).
 IMAGE_NAMES = ("image", "img", "images", "picture")
 #: Names of a label column that is not a ``datasets.ClassLabel`` (integers, or class-name strings).

@@ -18,8 +18,9 @@ import inspect
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+
 
 #: The documentation's folder inside the installed package (and at the top of a checkout): the one place it is named.
 DOCS_FOLDER = "docs"

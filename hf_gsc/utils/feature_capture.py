@@ -13,13 +13,13 @@ for is captured, unless the caller also wants the logits at the end.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
-
 
 
 class _ThreadRequests(threading.local):

@@ -8,8 +8,10 @@ backends read the names without depending on the methods.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+
 
 if TYPE_CHECKING:
     import torch
@@ -20,8 +22,8 @@ if TYPE_CHECKING:
 class FeatureShaping:
     """``shape(features (B, n), percentile) -> (B, n)`` and the authors' percentile for a model."""
 
-    shape: Callable[["torch.Tensor", float], "torch.Tensor"]
-    default_percentile: Callable[["nn.Module"], float]
+    shape: Callable[[torch.Tensor, float], torch.Tensor]
+    default_percentile: Callable[[nn.Module], float]
 
 
 #: name -> :class:`FeatureShaping`; filled by the methods that define a shaping.

@@ -24,9 +24,16 @@ from typing import Any, NamedTuple
 
 from .dataset_columns import image_column_of, label_column_of
 from .images import describe
-from .label_names import (ambiguous_names, ambiguous_names_error, generic_labels, generic_labels_error, label_mapping,
-                          name_key)
+from .label_names import (
+    ambiguous_names,
+    ambiguous_names_error,
+    generic_labels,
+    generic_labels_error,
+    label_mapping,
+    name_key,
+)
 from .progress import datasets_progress_bars_off
+
 
 logger = logging.getLogger(__name__)
 

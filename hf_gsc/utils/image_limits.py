@@ -15,7 +15,9 @@ PIL's warning threshold. Images above twice ``PIL.Image.MAX_IMAGE_PIXELS`` are s
 from __future__ import annotations
 
 import os
+
 from PIL import Image
+
 
 #: Environment variable holding the limit, in pixels (width x height).
 MAX_IMAGE_PIXELS_ENV = "HF_GSC_MAX_IMAGE_PIXELS"

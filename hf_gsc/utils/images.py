@@ -39,6 +39,7 @@ from PIL import Image, ImageOps
 
 from .image_limits import ImageTooLargeError, check_image_size, max_image_pixels
 
+
 #: Seconds to wait for a URL's server (connecting, and between bytes) when the caller gives no timeout.
 DEFAULT_TIMEOUT = 10.0
 #: The most bytes read from one URL: an image file larger than this is refused before it is read to the end.
@@ -275,6 +276,16 @@ def reason(error: BaseException) -> str:
     return str(error).splitlines()[0] if str(error) else type(error).__name__
 
 
-__all__ = ["DEFAULT_TIMEOUT", "MAX_URL_BYTES", "UnreadableImageError", "array_to_image", "describe", "decode",
-           "fetch_url",
-           "load_image", "model_mode", "reason", "to_model_image"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "MAX_URL_BYTES",
+    "UnreadableImageError",
+    "array_to_image",
+    "decode",
+    "describe",
+    "fetch_url",
+    "load_image",
+    "model_mode",
+    "reason",
+    "to_model_image",
+]

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -132,4 +133,4 @@ def labelled_batches(
         yield pixel_values, chunk_labels
 
 
-__all__ = ["array_to_image", "batches", "check_pixel_values", "fail_closed", "nonfinite_marks", "labelled_batches"]
+__all__ = ["array_to_image", "batches", "check_pixel_values", "fail_closed", "labelled_batches", "nonfinite_marks"]

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+
 #: How many names a message lists.
 SHOWN = 5
 #: transformers' placeholder class names (``id2label`` of a model trained without names): ``LABEL_0``, ``LABEL_1``, ...

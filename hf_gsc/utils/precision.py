@@ -10,7 +10,7 @@ works on small differences that bf16's 8-bit mantissa rounds away. Those parts r
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+
 #: A quiet read that lasts longer than this says that it is still reading (and, when done, how long it took).
 NOTE_AFTER_SECONDS = 3.0
 #: The line it prints (``{what}``: what is being read).

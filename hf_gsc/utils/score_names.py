@@ -5,5 +5,6 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+
 Score = Literal["energy", "msp", "max_logit"]
 SCORES: tuple[str, ...] = get_args(Score)

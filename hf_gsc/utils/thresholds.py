@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import numpy as np
 
+
 if TYPE_CHECKING:
     import torch
 

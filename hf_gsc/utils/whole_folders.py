@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .confined_files import PathLike
 
+
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 

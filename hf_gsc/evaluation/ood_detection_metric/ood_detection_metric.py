@@ -18,6 +18,7 @@ import numpy as np
 
 from hf_gsc.evaluation.metrics import fpr_at_tpr_ood_positive, ood_metrics
 
+
 _DESCRIPTION = """
 Out-of-distribution (OOD) detection metrics with in-distribution (ID) as the positive class.
 `predictions` are OOD scores where HIGHER means MORE in-distribution; `references` are 1 for

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from ...classifier.head_jacobians import LinearizedHead
-
 from ...classifier.split_points import SplitPoint, resolve_split_point
 from . import autograd, closed_form, multi_layer
 from .base import Backend, Linearization
+
 
 DISPATCHERS = (multi_layer.dispatch, closed_form.dispatch, autograd.dispatch)
 
@@ -54,4 +54,4 @@ def linearize_head(
                                                          keep_graph=keep_graph).head
 
 
-__all__ = ["Backend", "DISPATCHERS", "Linearization", "linearize_head", "select_backend", "split_point_backend"]
+__all__ = ["DISPATCHERS", "Backend", "Linearization", "linearize_head", "select_backend", "split_point_backend"]

@@ -3,13 +3,14 @@ the model's own modules; the head's graph is built once per batch and serves ``g
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ...utils.precision import parameter_dtype, step_dtype
 from ...classifier.head_jacobians import LinearizedHead
 from ...classifier.split_points import SplitPoint
+from ...utils.precision import parameter_dtype, step_dtype
 from .base import Backend, Linearization
 
 

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...utils.precision import full_precision, step_dtype
 from ...classifier.head_jacobians import LinearizedHead, Pool, pool, pool_adjoint
 from ...classifier.split_points import SplitPoint
+from ...utils.precision import full_precision, step_dtype
+
 
 if TYPE_CHECKING:
     from ...detectors.backbone_pass import BackbonePass
@@ -63,7 +64,7 @@ class Backend(ABC):
         """``F``, ``(B, *feature_shape)``: the backbone run without gradient up to the split point."""
         return self.feature_split.features(pixel_values)
 
-    def features_of(self, batch: "BackbonePass") -> torch.Tensor:
+    def features_of(self, batch: BackbonePass) -> torch.Tensor:
         """``F`` from a shared backbone pass that captured :attr:`feature_split`."""
         return batch.features(self.feature_split)
 

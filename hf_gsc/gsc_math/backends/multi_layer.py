@@ -3,7 +3,8 @@ encoder output, under one shared mask budget; autograd through the blocks betwee
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -4,15 +4,17 @@ apply (GSC's ``feature_shaping`` setting names one of :data:`hf_gsc.utils.featur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+from ...classifier.split_points import SplitPoint
 from ...utils.feature_shapings import feature_shaping
 from ...utils.precision import full_precision, step_dtype
-from ...classifier.split_points import SplitPoint
 from .base import Backend, Linearization
+
 
 if TYPE_CHECKING:
     from ...detectors.backbone_pass import BackbonePass
@@ -32,7 +34,7 @@ class ShapedFeatures(Backend):
     def features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.shaped(self.inner.features(pixel_values))
 
-    def features_of(self, batch: "BackbonePass") -> torch.Tensor:
+    def features_of(self, batch: BackbonePass) -> torch.Tensor:
         return self.shaped(self.inner.features_of(batch))
 
     def shaped(self, features: torch.Tensor) -> torch.Tensor:
