@@ -9,7 +9,7 @@ DATA_PACKAGES := dataset-fashion-mnist opencv-doc fonts-dejavu-core fonts-libera
 VENV_TIMM ?= .venv-timm
 PY_TIMM := $(VENV_TIMM)/bin/python
 
-.PHONY: install install-data test test-space test-timm lint demo docs
+.PHONY: install install-data test test-memory test-space test-timm lint demo docs
 install: install-data $(VENV)/.installed
 
 # Idempotent: installs the Debian data packages only when one is missing (needs root or sudo).
@@ -28,9 +28,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[all,test]'
 	touch $@
 
-# Everything but the Space test, which installs a Space's requirements from the package index (make test-space).
+# Everything but the Space test, which installs a Space's requirements from the package index (make test-space), and
+# the per-family peak-memory processes (make test-memory).
 test: install
-	$(PY) -m pytest -q -m 'not space' tests
+	$(PY) -m pytest -q -m 'not space and not memory' tests
+
+# tests/test_fit_peak_memory.py's per-family measurements: ten fresh processes fitting one method each at two sizes.
+test-memory: install
+	$(PY) -m pytest -q -m memory tests
 
 # tests/test_space.py's install: a Space folder's requirements.txt into a fresh environment, then its app.py, asked
 # by gradio_client (measured on 2 cores: 264 s with pip's cache cold, 76 s warm; most of it pip installing Gradio and
