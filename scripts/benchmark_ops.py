@@ -102,9 +102,13 @@ def measure(name: str) -> dict:
     rows = {"base_model": {"ops": base.total, "host_reads": base.host_reads}}
     methods = {m: {} for m in sorted(DETECTORS) if DETECTORS[m].one_pass and m != "gsc"} | GSC_VARIANTS
     for method, settings in sorted(methods.items()):
-        try:  # built inside: a method that does not apply to this model (BATS without a BatchNorm) is recorded too
+        try:  # a method that does not apply to this model (BATS without a BatchNorm) is refused when built: recorded
             detector = AutoOODDetector.from_pretrained(model, method=method.split("_")[0] if method.startswith("gsc_")
                                                        and method != "gsc_ash" else method, **settings)
+        except ValueError as refusal:
+            rows[method] = {"refused": str(refusal)}
+            continue
+        try:
             if detector.needs_fit:
                 detector.load_fitted_state(random_state(detector), "random state")
             detector.config.threshold = 0.0
@@ -131,8 +135,8 @@ def table(results: dict) -> str:
         cells, reads = [], set()
         for model in models:
             row = results["models"][model]["methods"].get(method, {})
-            if "error" in row:
-                cells.append("error")
+            if "error" in row or "refused" in row:
+                cells.append("error" if "error" in row else "refused: does not apply")
                 continue
             cells.append(str(row["ops"]) if method == "base_model" else f"{row['ops']} (+{row['added_ops']})")
             reads.add(sum(row["host_reads"].values()))
