@@ -325,7 +325,7 @@ def timm_architecture(model: nn.Module) -> ArchitectureSpec:
     return ArchitectureSpec(final, timm_head(model, features, logits), final=final)
 
 
-def encoder_blocks(model: nn.Module, reader: str) -> nn.Module:
+def encoder_blocks(model: nn.Module, reader: str) -> nn.ModuleList | nn.Sequential:
     """The list of encoder blocks (or stages) of ``model``, for a method that reads them (``reader`` names it).
 
     Raises:

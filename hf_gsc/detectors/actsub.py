@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,7 +49,7 @@ def decisive_count(weight: torch.Tensor, samples: torch.Tensor) -> int:
     return int(ratios.argmin())
 
 
-def decisive_energy(features: torch.Tensor, transform: torch.Tensor, head: nn.Module, shaping: str,
+def decisive_energy(features: torch.Tensor, transform: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor], shaping: str,
                     percentile: float) -> torch.Tensor:
     """Equation 9: the energy of the head at the decisive component ``z P_dec^T`` shaped by SCALE or ASH-S."""
     component = features @ transform.T

@@ -165,7 +165,7 @@ class AdaSCALEDetector(FittedDetector):
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
-        self._fit_statistics: list[torch.Tensor] | None = None
+        self._fit_statistics: list[torch.Tensor] = []
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         return {"reference_statistic": (None,)}
@@ -179,6 +179,8 @@ class AdaSCALEDetector(FittedDetector):
         """``z`` of ``pixel_values`` with its graph to the input (the base model's own forward, fed in its dtype)."""
         features = capture(lambda: self.model(pixel_values=pixel_values.to(parameter_dtype(self.model))),
                            self.model.get_submodule(self.split.module_path), module_input=True)
+        if features is None:
+            raise RuntimeError(f"the forward pass never reached the split point {self.split.module_path!r}")
         return features.flatten(1).to(pixel_values.dtype)
 
     def _perturbed_pair(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,7 +228,7 @@ class AdaSCALEDetector(FittedDetector):
         self._fit_statistics = shards.batches(self._fit_statistics or [])
 
     def fit_end(self) -> None:
-        statistics, self._fit_statistics = torch.cat(self._fit_statistics or [torch.empty(0)]), None
+        statistics, self._fit_statistics = torch.cat(self._fit_statistics or [torch.empty(0)]), []
         self.check_fit_count(statistics.numel())
         if statistics.numel() > self.hyperparameters["num_samples"]:
             order = torch.randperm(statistics.numel(), generator=torch.Generator().manual_seed(0))

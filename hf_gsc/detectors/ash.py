@@ -190,8 +190,18 @@ class ASHSDetector(ASHDetector):
     variant = "s"
 
 
+def _ash_feature_shaping(variant: str) -> FeatureShaping:
+    """ASH-``variant``'s shaping and its authors' percentile, as GSC's ``feature_shaping="ash_<variant>"``."""
+
+    def shape(features: torch.Tensor, percentile: float) -> torch.Tensor:
+        return ash_shape(features, variant, percentile)
+
+    def default_percentile(model: nn.Module) -> float:
+        return default_ash_percentile(model, variant)
+
+    return FeatureShaping(shape=shape, default_percentile=default_percentile)
+
+
 # GSC's feature_shaping="ash_p" / "ash_b" / "ash_s" (and the "gsc_ash" method) shape F with ASH's own math.
 for _variant in ASH_VARIANTS:
-    register_feature_shaping(f"ash_{_variant}", FeatureShaping(
-        shape=lambda features, percentile, variant=_variant: ash_shape(features, variant, percentile),
-        default_percentile=lambda model, variant=_variant: default_ash_percentile(model, variant)))
+    register_feature_shaping(f"ash_{_variant}", _ash_feature_shaping(_variant))

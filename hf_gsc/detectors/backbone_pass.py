@@ -28,6 +28,7 @@ from torch import nn
 
 from ..classifier.split_points import SplitPoint
 from ..utils.feature_capture import Target, capture_many
+from ..utils.image_data import ImageRows
 from ..utils.inputs import labelled_batches, nonfinite_marks
 from ..utils.label_names import model_label_names
 
@@ -172,7 +173,7 @@ def run_backbone_for(
 
 
 def fit_together(
-    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str = "id_train_batches",
+    detectors: Sequence[OODDetector], id_batches: Iterable[Any] | ImageRows, name: str = "id_train_batches",
     errors: dict[str, str] | None = None, shards: FitShards | None = None, names: Sequence[str] | None = None,
 ) -> list[OODDetector]:
     """Fit every detector of ``detectors`` that needs it from one backbone pass per batch of ``id_batches``
@@ -207,7 +208,7 @@ def _names(detectors: Sequence[OODDetector], names: Sequence[str] | None) -> dic
 
 
 def fit_from_passes(
-    detectors: Sequence[OODDetector], id_batches: Iterable[Any], name: str, allow_empty: bool = False,
+    detectors: Sequence[OODDetector], id_batches: Iterable[Any] | ImageRows, name: str, allow_empty: bool = False,
     errors: dict[str, str] | None = None, shards: FitShards | None = None, names: Sequence[str] | None = None,
 ) -> None:
     """``fit_begin`` / ``fit_update`` with one shared backbone pass per batch / ``fit_end`` for every detector of
@@ -231,7 +232,7 @@ def fit_from_passes(
                 errors[key[id(detector)]] = f"fit failed: {type(error).__name__}: {error}"
                 live.remove(detector)
 
-    def agree() -> None:
+    def agree(shards: FitShards) -> None:
         """Drop from ``live`` the detectors that failed on any process: every process goes on with the same ones,
         in the same order (the gathering that follows is a collective per detector)."""
         failed = shards.agree({} if errors is None else errors)
@@ -253,7 +254,7 @@ def fit_from_passes(
         labels = None if labels is None else torch.as_tensor(labels).reshape(-1).long().cpu()
         each(lambda detector: detector.fit_update(batch, labels))
     if shards is not None:
-        agree()
+        agree(shards)
         if shards.num_processes > 1:
             # Not caught per detector: fit_gather is a collective, and a process that left it would leave the
             # others waiting.
@@ -261,7 +262,7 @@ def fit_from_passes(
                 detector.fit_gather(shards)
     each(lambda detector: detector.fit_end())
     if shards is not None:
-        agree()
+        agree(shards)
 
 
 __all__ = ["BackbonePass", "FitShards", "fit_from_passes", "fit_together", "run_backbone", "run_backbone_for", "shared_model",

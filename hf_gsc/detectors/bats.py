@@ -73,6 +73,9 @@ class BATSDetector(PenultimateDetector):
     """
 
     config_class = BATSConfig
+    # The model's last BatchNorm's beta and gamma, as buffers (registered in __init__).
+    batchnorm_mean: torch.Tensor
+    batchnorm_std: torch.Tensor
     search_space_source = "the authors' code fixes lam per benchmark (ImageNet 1.05, CIFAR-10 3.25): no sweep"
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -68,36 +69,43 @@ class DetectorBundle(nn.Module):
         shared_model(list(detectors.values()))
         self.detectors = nn.ModuleDict(dict(detectors))
 
+    def _members(self) -> dict[str, OODDetector]:
+        """name -> detector, in order (:attr:`detectors` as the detectors they are)."""
+        # cast: nn.ModuleDict is not generic (its values are typed nn.Module); __init__ put detectors in it.
+        return cast("dict[str, OODDetector]", dict(self.detectors.items()))
+
     @property
     def model(self) -> nn.Module:
-        return next(iter(self.detectors.values())).model
+        return next(iter(self._members().values())).model
 
     def backbone_pass(self, pixel_values: torch.Tensor, logits: bool = True) -> BackbonePass:
-        return run_backbone_for(list(self.detectors.values()), pixel_values, logits)
+        return run_backbone_for(list(self._members().values()), pixel_values, logits)
 
     def score_batch(self, batch: BackbonePass) -> dict[str, torch.Tensor]:
         """name -> ``(B,)`` ``ood_score`` of every detector from one pass."""
         return {name: detector.score_batch(batch).to(batch.pixel_values.device)
-                for name, detector in self.detectors.items()}
+                for name, detector in self._members().items()}
 
     def scores(self, pixel_values: torch.Tensor) -> dict[str, torch.Tensor]:
         """name -> ``(B,)`` ``ood_score``, from one backbone pass."""
-        for detector in self.detectors.values():
+        members = self._members()
+        for detector in members.values():
             detector.check_ready()
-        first = next(iter(self.detectors.values()))
+        first = next(iter(members.values()))
         return self.score_batch(self.backbone_pass(first._check_pixel_values(pixel_values), logits=False))
 
     def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor | None = None) -> BundleOutput:
-        for detector in self.detectors.values():
+        members = self._members()
+        for detector in members.values():
             detector.check_ready()
-        first = next(iter(self.detectors.values()))
+        first = next(iter(members.values()))
         batch = self.backbone_pass(first._check_pixel_values(pixel_values), logits=True)
         scores = self.score_batch(batch)
         return BundleOutput(
             loss=classifier_loss(batch.logits, labels),
             logits=batch.model_logits(),
             ood_score=scores,
-            is_ood={name: self.detectors[name].decide(score) for name, score in scores.items()},
+            is_ood={name: members[name].decide(score) for name, score in scores.items()},
         )
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 import json
 import warnings
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -35,7 +36,11 @@ def decide(ood_score: torch.Tensor, threshold: float | None) -> torch.Tensor | N
     return ~(ood_score >= threshold)
 
 
-def _keeping_calibration_honest(fit_end: Any) -> Any:
+#: The ``fit_end`` functions :func:`_keeping_calibration_honest` made, so that a class reusing one is not wrapped twice.
+_CALIBRATION_KEEPERS: weakref.WeakSet[Callable[[Calibrated], None]] = weakref.WeakSet()
+
+
+def _keeping_calibration_honest(fit_end: Callable[[Calibrated], None]) -> Callable[[Calibrated], None]:
     """``fit_end`` followed, once per fit (not again in a subclass's ``super().fit_end()``), by dropping a threshold
     calibrated for another fitted state."""
 
@@ -53,7 +58,7 @@ def _keeping_calibration_honest(fit_end: Any) -> Any:
             if reason is not None:
                 self.clear_calibration(reason)
 
-    wrapped._keeps_calibration_honest = True  # type: ignore[attr-defined]
+    _CALIBRATION_KEEPERS.add(wrapped)
     return wrapped
 
 
@@ -62,7 +67,7 @@ class Calibrated:
 
     # Attributes and methods of the detector it is mixed into.
     config: Any
-    method: str
+    method: ClassVar[str]
     image_processor: Any
     _expected_channels: int | None
     fitted_state: Callable[[], dict[str, torch.Tensor]]
@@ -73,8 +78,10 @@ class Calibrated:
         super().__init_subclass__(**kwargs)
         # A refit (however it is reached: fit, fit_together, fit_fisher, the evaluation) drops a stale threshold.
         own = cls.__dict__.get("fit_end")
-        if own is not None and not getattr(own, "_keeps_calibration_honest", False):
-            cls.fit_end = _keeping_calibration_honest(own)
+        if own is not None and own not in _CALIBRATION_KEEPERS:
+            # setattr: the class's own method replaced by its wrapped form while the class is made (a plain
+            # assignment reads to a type checker as patching a method of every instance).
+            setattr(cls, "fit_end", _keeping_calibration_honest(own))
 
     def init_calibration(self) -> None:
         """No calibration yet, or the ``threshold`` the config was given (by hand, or the saved one at a load); the
@@ -229,8 +236,9 @@ class Calibrated:
         if calibration is None or calibration.scores is None:
             raise RuntimeError(f"set_tpr: detector {self.method!r} keeps no ID calibration scores: "
                                f"{self.p_value_unavailable}")
-        self.set_calibration(calibration.with_tpr(tpr, delta))
-        return self._calibration.threshold
+        moved = calibration.with_tpr(tpr, delta)
+        self.set_calibration(moved)
+        return moved.threshold
 
     def calibrate(
         self,
@@ -296,9 +304,10 @@ class Calibrated:
                 UserWarning,
                 stacklevel=2,
             )
-        self.set_calibration(Calibration.from_scores(all_scores, tpr, delta, split=read_split, source=source,
-                                                     depends_on=self.calibration_dependencies()))
-        return self._calibration.threshold
+        calibration = Calibration.from_scores(all_scores, tpr, delta, split=read_split, source=source,
+                                              depends_on=self.calibration_dependencies())
+        self.set_calibration(calibration)
+        return calibration.threshold
 
 
 __all__ = ["Calibrated", "decide"]

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..classifier.split_points import SplitPoint
 from ..settings.config import MIN_TEMPERATURE, DetectorConfig, ReadOnlyDict, number_check, setting
+from ..utils.score_names import Score
 from ..utils.scores import ood_score
 from .backbone_pass import BackbonePass, FitShards
 from .interface import OODDetector
@@ -102,7 +103,7 @@ class TemperatureConfig(DetectorConfig):
 class TemperatureLogitDetector(BaselineDetector):
     """Scores the base model's logits with ``hf_gsc.utils.scores.ood_score(logits, score, temperature)``."""
 
-    score_name: ClassVar[str]
+    score_name: ClassVar[Score]
     search_space = {"temperature": (1.0, 10.0, 100.0, 1000.0)}
     search_space_source = ("OpenOOD's earlier ebo.yml temperature list [1, 10, 100, 1000] (it now lists [1]; OpenOOD "
                            "sweeps no temperature for MSP or MaxLogit); costs nothing extra")
@@ -114,6 +115,10 @@ class TemperatureLogitDetector(BaselineDetector):
 
 class PenultimateDetector(BaselineDetector):
     """A detector on the penultimate feature ``z`` ``(B, D)`` and the linear head ``W z + b``."""
+
+    # The base model's head, as buffers (registered in __init__).
+    head_weight: torch.Tensor
+    head_bias: torch.Tensor
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
@@ -200,7 +205,8 @@ class FittedDetector(PenultimateDetector):
         count = known_sample_count(id_train_batches)
         if count is not None:
             self.check_fit_size(count, "the fitting data")
-        return super().fit(id_train_batches, image_column, label_column)
+        super().fit(id_train_batches, image_column, label_column)
+        return self
 
     def fit_accumulator(self) -> tuple[Hashable, Callable[[], FitAccumulator]]:
         """``(kind, new accumulator)``: what the fit keeps of each batch. Detectors of one pass with the same kind
@@ -253,12 +259,12 @@ class FittedDetector(PenultimateDetector):
         """Set the fitted state from the accumulator of :meth:`fit_accumulator` (shared: read, never changed)."""
         raise NotImplementedError
 
-    def mean_accumulator(self) -> tuple[Hashable, Callable[[], FitAccumulator]]:
+    def mean_accumulator(self) -> tuple[Hashable, Callable[[], StatisticsPass]]:
         """The accumulator of the methods that centre on the training mean (DICE, NCI, fDBD): float64 sums of every
         sample, labels ignored."""
         return "mean", lambda: StatisticsPass(ClassStatistics(num_classes=1), _unlabelled)
 
-    def moment_accumulator(self) -> tuple[Hashable, Callable[[], FitAccumulator]]:
+    def moment_accumulator(self) -> tuple[Hashable, Callable[[], StatisticsPass]]:
         """The accumulator of the methods that read the mean and covariance of every feature, labels ignored (NECO,
         Residual): float64 sums and the sum of outer products about the first batch's mean, ``D + D^2`` numbers
         whatever ``N``."""

@@ -31,6 +31,7 @@ from ..gsc_math.backends.shaped import shaped_backend
 from ..gsc_math.explanation import GSCExplanation, explain_short_circuit
 from ..gsc_math.shortcircuit import diagonal_fisher_sum, gradient_mass_for_mean_ratio
 from ..gsc_math.step import GSCStep, gsc_step, ranking_gradient
+from ..settings.config import DetectorConfig
 from ..settings.gsc import GSCConfig
 from ..utils.feature_shapings import feature_shaping
 from ..utils.inputs import fail_closed
@@ -133,9 +134,10 @@ class GSCDetector(OODDetector):
         super().__setstate__(state)
         self.backend = self._build_backend(self.config)
 
-    def complete_config(self, model: nn.Module, config: GSCConfig) -> GSCConfig:
+    def complete_config(self, model: nn.Module, config: DetectorConfig) -> GSCConfig:
         """A shaping's percentile left ``None`` becomes its authors' value for the architecture (saved with the value
         it used)."""
+        assert isinstance(config, GSCConfig)  # made by config_class.from_kwargs
         if config.feature_shaping != "none" and config.shaping_percentile is None:
             config.shaping_percentile = feature_shaping(config.feature_shaping).default_percentile(model)
         return config
@@ -378,6 +380,7 @@ class GSCDetector(OODDetector):
         head = linearization.head
         logits = head.logits
         if labels is None:
+            assert head.class_gradient is not None  # filled in by LinearizedHead.__post_init__
             gradient = head.class_gradient(logits.argmax(dim=-1))
         else:
             target = nn.functional.one_hot(labels.to(logits.device).long(), logits.shape[-1]).to(logits.dtype)
@@ -402,7 +405,9 @@ class GSCDetector(OODDetector):
     def fit_begin(self) -> None:
         # fit_fisher / calibrate_gradient_mass ask for their kind whatever the settings; fit() follows the settings.
         self._fit_kind = self._requested_fit or ("fisher" if self.config.selection == "fisher" else "gradient_mass")
-        self._fit_sum, self._fit_count, self._fit_gradients = None, 0, []
+        self._fit_sum: torch.Tensor | None = None
+        self._fit_count = 0
+        self._fit_gradients: list[torch.Tensor] = []
 
     def fit_update(self, batch: BackbonePass, labels: torch.Tensor | None) -> None:
         if self._fit_kind == "fisher":
@@ -421,7 +426,9 @@ class GSCDetector(OODDetector):
         # gradients); the gradient mass's per-sample ranking gradients are gathered in the order of the data.
         if self._fit_kind == "fisher":
             self._fit_sum = shards.sum(self._fit_sum)
-            self._fit_count = int(shards.sum(torch.tensor(self._fit_count, dtype=torch.long)))
+            count = shards.sum(torch.tensor(self._fit_count, dtype=torch.long))
+            assert count is not None  # every process gave a count
+            self._fit_count = int(count)
         else:
             self._fit_gradients = shards.batches(self._fit_gradients)
 
@@ -429,11 +436,12 @@ class GSCDetector(OODDetector):
         if self._fit_kind == "fisher":
             if self._fit_count < 2:
                 raise ValueError(f"fit_fisher needs at least 2 ID training samples, got {self._fit_count}")
+            assert self._fit_sum is not None  # set by the batches counted
             self.fisher_diagonal = self._fit_sum / self._fit_count
         else:
             self.config.gradient_mass = gradient_mass_for_mean_ratio(torch.cat(self._fit_gradients),
                                                                      self.config.mask_ratio)
-        self._fit_sum = self._fit_gradients = None
+        self._fit_sum, self._fit_gradients = None, []
         self.fitted = True
 
     def calibrate_gradient_mass(self, id_validation_data: torch.Tensor | Iterable[Any]) -> float:
@@ -487,7 +495,7 @@ class GSCDetector(OODDetector):
             head_reads = "map" if features.ndim == 4 else "vector"
         return explain_short_circuit(
             features, linearization.spread(step.gradient), linearization.spread(step.mask), step.logits,
-            step.gsc_logits, self.config, head_reads, tuple(pixel_values.shape[-2:]), top_k,
+            step.gsc_logits, self.config, head_reads, (pixel_values.shape[-2], pixel_values.shape[-1]), top_k,
         )
 
 #: The name of transformers' ``*ForImageClassification`` models, kept: the same class as :class:`GSCDetector`.

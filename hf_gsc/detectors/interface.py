@@ -21,7 +21,8 @@ with ``.to(device)``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,7 +37,7 @@ from ..storage.pretrained import DetectorFiles
 from ..storage.push import HubPush
 from ..storage.saved_format import check_state
 from ..utils.calibration import changed_settings, fitted_state_digest
-from ..utils.image_data import image_rows
+from ..utils.image_data import ImageRows, image_rows
 from ..utils.inputs import check_pixel_values, fail_closed
 from .backbone_pass import BackbonePass, FitShards, run_backbone
 from .calibrated import Calibrated, decide
@@ -78,7 +79,13 @@ def classifier_loss(logits: torch.Tensor | None, labels: torch.Tensor | None) ->
     return nn.functional.cross_entropy(logits.detach().float(), labels.to(logits.device).long())
 
 
-def _in_score_dtype(score_batch: Any) -> Any:
+ScoreBatch = Callable[["OODDetector", BackbonePass], torch.Tensor]
+
+#: The ``score_batch`` functions :func:`_in_score_dtype` made, so that a class reusing one is not wrapped twice.
+_SCORE_DTYPE_WRAPPERS: weakref.WeakSet[ScoreBatch] = weakref.WeakSet()
+
+
+def _in_score_dtype(score_batch: ScoreBatch) -> ScoreBatch:
     """``score_batch`` returning its scores in the detector's :attr:`OODDetector.score_dtype`, NaN (decided OOD) in the
     rows whose ``pixel_values`` were not finite (:func:`hf_gsc.utils.inputs.fail_closed`)."""
 
@@ -86,7 +93,7 @@ def _in_score_dtype(score_batch: Any) -> Any:
     def wrapped(self: OODDetector, batch: BackbonePass) -> torch.Tensor:
         return fail_closed(score_batch(self, batch), batch.nonfinite_marks()).to(self.score_dtype)
 
-    wrapped._in_score_dtype = True
+    _SCORE_DTYPE_WRAPPERS.add(wrapped)
     return wrapped
 
 
@@ -123,7 +130,7 @@ class OODDetector(DetectorFiles, HubPush, Calibrated, nn.Module):
     fit_split: str = "train"
     min_fit_samples: int = 1
     reads_logits: ClassVar[bool] = False
-    config_class: ClassVar[type] = DetectorConfig
+    config_class: ClassVar[type[DetectorConfig]] = DetectorConfig
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **kwargs: Any) -> None:
         """Args: ``model``, the base classifier; ``config``, the method's settings (a ``config_class``; ``None``:
@@ -164,8 +171,10 @@ class OODDetector(DetectorFiles, HubPush, Calibrated, nn.Module):
         # One score dtype for every method, whatever the method computes in: ``score_batch`` as each method writes
         # it is wrapped once here (every caller, the bundle and the evaluation included, goes through it).
         own = cls.__dict__.get("score_batch")
-        if own is not None and not getattr(own, "_in_score_dtype", False):
-            cls.score_batch = _in_score_dtype(own)
+        if own is not None and own not in _SCORE_DTYPE_WRAPPERS:
+            # setattr: the class's own method replaced by its wrapped form while the class is made (a plain
+            # assignment reads to a type checker as patching a method of every instance).
+            setattr(cls, "score_batch", _in_score_dtype(own))
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -361,12 +370,14 @@ class OODDetector(DetectorFiles, HubPush, Calibrated, nn.Module):
         refused. A method that needs no fitting returns at once."""
         from .backbone_pass import fit_together
 
+        data: Iterable[Any] | ImageRows = id_train_batches
         if self.needs_fit:
             rows = image_rows(id_train_batches, "id_train_batches",  # id2label's names: keeps ImageNet's 2 cranes
                               [name for _, name in sorted(self.id2label.items())] or None,
                               getattr(self, "needs_labels", False), self.fit_split, image_column, label_column)
-            id_train_batches = id_train_batches if rows is None else rows
-        fit_together([self], id_train_batches)
+            if rows is not None:
+                data = rows
+        fit_together([self], data)
         return self
 
     # ------------------------------------------------------------------ fitted state (registered buffers)

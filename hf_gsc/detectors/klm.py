@@ -95,6 +95,7 @@ class KLMDetector(FittedDetector):
     def _fit(self, accumulated: StatisticsPass) -> None:
         self.check_fit_count(accumulated.count)
         statistics = accumulated.statistics
+        assert statistics.class_sums is not None and statistics.shift is not None  # the count checked: samples seen
         # The sums are kept about a shift (ClassStatistics): sum x = sum (x - s) + n s per class.
         sums = statistics.class_sums + statistics.class_counts[:, None] * statistics.shift
         self.templates = klm_templates(sums, statistics.class_counts)

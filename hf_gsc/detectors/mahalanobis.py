@@ -55,7 +55,7 @@ class TiedGaussianDetector(FittedDetector):
     (``N - K`` degrees of freedom for a full-rank ``D x D`` covariance) and one sample of every class.
     """
 
-    state_names = ("class_means", "precision")
+    state_names: ClassVar[tuple[str, ...]] = ("class_means", "precision")  # subclasses add their own
     #: Fit and score the L2-normalised feature ``z / ||z||_2`` (Mahalanobis++, Mueller & Hein, ICML 2025), or its
     #: radially scaled form ``z / ||z||_2^beta`` with ``beta`` from :meth:`radial_exponent`.
     normalise_features: ClassVar[bool] = False
@@ -153,7 +153,7 @@ class MahalanobisDetector(TiedGaussianDetector):
     feature only, without the input pre-processing and the layer ensemble of the full method.
     """
 
-    config_class = MahalanobisConfig
+    config_class: ClassVar[type[DetectorConfig]] = MahalanobisConfig  # Mahalanobis++ brings its own
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
         return mahalanobis_score(self.features(batch), self.terms)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ..settings.config import DetectorConfig, number_check, setting
 from .backbone_pass import BackbonePass
 from .interface import register_detector
-from .mahalanobis import MahalanobisDetector
+from .mahalanobis import MahalanobisDetector, TiedGaussianDetector
 from .penultimate import StatisticsPass
 
 
@@ -33,7 +33,15 @@ def check_normalisable(method: str, features: torch.Tensor, beta: float = 1.0) -
                          f"{len(bad)} zero or not finite")
 
 
-class NormalisedFeatures:
+# The mixin's base as a type checker sees it: the detectors it is mixed into. At run time, object: the detector class
+# it is mixed into comes after it in the bases.
+if TYPE_CHECKING:
+    _MixedInto = TiedGaussianDetector
+else:
+    _MixedInto = object
+
+
+class NormalisedFeatures(_MixedInto):
     """Mixin for a tied-Gaussian detector (:class:`~hf_gsc.detectors.mahalanobis.TiedGaussianDetector`): fit and
     score ``z / ||z||_2`` (Mahalanobis++), with the fitting features checked by :func:`check_normalisable`."""
 
@@ -97,6 +105,7 @@ class MahalanobisPPDetector(NormalisedFeatures, MahalanobisDetector):
     #: said by its absence, in the state as in the calibration record (:meth:`calibration_settings`), so that a
     #: Mahalanobis++ folder with no ``beta`` anywhere loads as ``beta = 1`` with its threshold.
     state_names = ("class_means", "precision", "fitted_beta")
+    fitted_beta: torch.Tensor | None
 
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         extra = {} if self.radial_exponent() == 1.0 else {"fitted_beta": (1,)}

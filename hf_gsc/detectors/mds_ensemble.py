@@ -268,4 +268,5 @@ class MDSEnsembleDetector(FittedDetector):
                 scores = [gaussian_scores(m, *terms).amax(dim=1) for m, terms in zip(means, self.layer_terms)]
             else:
                 scores = [self._layer_score(pixel_values, layer, *terms) for layer, terms in enumerate(self.layer_terms)]
-            return sum(weight * score for weight, score in zip(self.alpha, scores))
+            weighted = [weight * score for weight, score in zip(self.alpha, scores)]
+            return sum(weighted[1:], weighted[0])

@@ -63,6 +63,7 @@ def penultimate_split(model: nn.Module) -> SplitPoint:
 def linear_head(model: nn.Module) -> LinearHead:
     """Weight and bias of the model's last ``nn.Linear``, detached, on the model's device."""
     linear = model.get_submodule(penultimate_split(model).module_path)
+    assert isinstance(linear, nn.Linear)  # the penultimate split point is the input of an nn.Linear
     weight = linear.weight.detach()
     bias = linear.bias.detach() if linear.bias is not None else weight.new_zeros(linear.out_features)
     return LinearHead(weight, bias)
@@ -103,6 +104,9 @@ class FeatureStore:
     """
 
     def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
         self._chunks: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features (R, D), labels (R,)) buffers
         self._filled = 0  # rows used in the last chunk
         self._pieces: list[tuple[int, int, int]] = []  # (chunk, start, rows) per stored piece, in the data's order
@@ -152,7 +156,7 @@ class FeatureStore:
     def gather(self, shards: FitShards) -> None:
         """On several processes: every process's batches, in the order of the data (``shards.batches``)."""
         features, labels = shards.batches(self.features), shards.batches(self.labels)
-        self.__init__()
+        self._clear()
         for batch_features, batch_labels in zip(features, labels):
             self.update(batch_features, batch_labels)
 
@@ -194,6 +198,7 @@ class StatisticsPass:
     def gather(self, shards: FitShards) -> None:
         self.statistics.gather(shards)
         count = shards.sum(torch.tensor([float(self.count)], dtype=torch.float64))
+        assert count is not None  # every process gave a count
         self.count = int(round(float(count[0])))
 
 
@@ -269,14 +274,17 @@ class ClassStatistics:
         ``sum (x - s) = sum (x - s_p) + n_p (s_p - s)`` per class, and ``sum (x - s)(x - s)^T`` gains ``d S^T + S d^T +
         n_p d d^T`` with ``d = s_p - s`` and ``S = sum (x - s_p)``: exact in exact arithmetic, and the same float64
         rounding level as one process's sums."""
-        local_sum = None if self.shift is None else self.shift * self.count + self.class_sums.sum(dim=0)
+        # (shift is set only once class_sums is: testing both states that for the type checker.)
+        local_sum = None if self.shift is None or self.class_sums is None else \
+            self.shift * self.count + self.class_sums.sum(dim=0)
         count = shards.sum(torch.tensor([float(self.count)], dtype=torch.float64))
         total = shards.sum(local_sum)
+        assert count is not None  # every process gave a count
         if total is None:  # no process has a sample
             return
         shift = total / count
         class_sums = outer = None
-        if self.shift is not None:
+        if self.shift is not None and self.class_sums is not None:
             offset = self.shift - shift
             class_sums = self.class_sums + self.class_counts[:, None] * offset
             if self.outer is not None:
@@ -286,7 +294,9 @@ class ClassStatistics:
         self.class_sums = shards.sum(class_sums)
         if self.second_moment:
             self.outer = shards.sum(outer)
-        self.class_counts = shards.sum(self.class_counts)
+        class_counts = shards.sum(self.class_counts)
+        assert class_counts is not None  # every process gave its counts
+        self.class_counts = class_counts
         self.count = int(round(float(count[0])))
         self.shift = shift
         self._derived.clear()
@@ -307,6 +317,7 @@ class ClassStatistics:
         return self._shifted_means() + self.shift
 
     def _shifted_means(self) -> torch.Tensor:
+        assert self.class_sums is not None  # read after class_means checked there are samples
         return self.class_sums / self.class_counts[:, None]
 
     def tied_covariance(self, method: str) -> torch.Tensor:
@@ -450,6 +461,7 @@ def _kth_smallest_key(chunks: Sequence[torch.Tensor], k: int) -> int:
         digit = int(torch.searchsorted(cumulative, torch.tensor(k + 1)))
         k -= int(cumulative[digit - 1]) if digit else 0
         prefix = digit - (1 << 15) if prefix is None else (prefix << 16) | digit
+    assert prefix is not None  # keys of 32 or 64 bits: the loop took two digits or more
     return prefix
 
 

@@ -83,7 +83,7 @@ class RMDSDetector(TiedGaussianDetector):
     No hyperparameters.
     """
 
-    config_class = RMDSConfig
+    config_class: ClassVar[type[DetectorConfig]] = RMDSConfig  # RMDS++ brings its own
     search_space_source = "no hyperparameters (OpenOOD's rmds.yml has no postprocessor_sweep)"
     state_names = ("class_means", "precision", "background_mean", "background_precision")
 

@@ -46,8 +46,8 @@ def fit_temperature(logits: Sequence[torch.Tensor], labels: Sequence[torch.Tenso
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        loss = sum(torch.nn.functional.cross_entropy(batch.double() / temperature, target, reduction="sum")
-                   for batch, target in zip(logits, labels)) / count
+        loss = sum((torch.nn.functional.cross_entropy(batch.double() / temperature, target, reduction="sum")
+                    for batch, target in zip(logits, labels)), temperature.new_zeros(())) / count
         loss.backward()
         return loss
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
+from typing import Any, ClassVar
 
 from .eval_results import write_eval_results
 from .model_card import DEFAULT_LICENSE
@@ -77,7 +77,7 @@ class HubPush:
 
     # Attributes of the detector it is mixed into.
     config: Any
-    method: str
+    method: ClassVar[str]
 
     def push_to_hub(
         self,
