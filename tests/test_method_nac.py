@@ -44,8 +44,8 @@ def logspace(base=10, num=100):
 class Estimator:
     """``coverage.Estimator`` (``update``, ``get_score`` with ``method='avg'``, ``ood_test``), counts in float64."""
 
-    def __init__(self, neuron_num, M, O):
-        self.M, self.O, self.N = M, O, neuron_num
+    def __init__(self, neuron_num, M, min_activated):  # the authors' O, the "minimum activated number"
+        self.M, self.O, self.N = M, min_activated, neuron_num
         self.thresh = logspace(1e3, M).view(M, -1).repeat(1, neuron_num)
         self.t_act = torch.zeros(M - 1, neuron_num, dtype=torch.float64)
 

@@ -274,7 +274,7 @@ class NACDetector(FittedDetector):
     """
 
     config_class = NACConfig
-    search_space_source = ("none: the authors' postprocessor_sweep is per layer (O, M and sig_alpha of each of four "
+    search_space_source = ("the authors' postprocessor_sweep is per layer (O, M and sig_alpha of each of four "
                            "layers, 576 fits on ResNet-50 ImageNet) and chosen on OOD validation data; their published "
                            "values are the defaults (the ID-only mode)")
     one_pass = False  # a forward with gradient and a backward of its own per batch
