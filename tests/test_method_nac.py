@@ -260,3 +260,33 @@ def test_min_count_applies_without_a_refit_and_a_load_with_other_bins_is_refused
     np.testing.assert_allclose(loaded.score(inputs).double().numpy(), expected, rtol=RTOL)
     with pytest.raises(ValueError, match=r"counted with bins \[50, 500\]"):
         AutoOODDetector.from_pretrained(tmp_path, model=model, bins=[50, 100])
+
+
+def test_a_timm_model_is_refused_when_built_naming_the_reason(monkeypatch):
+    """A timm model is read at ``forward_features``' output only (``encoder_blocks``): its stages are not listed, so the
+    default layers cannot be chosen (``tests/test_timm_models.py`` checks the words on real timm models)."""
+    import hf_gsc.classifier.architectures as architectures
+
+    monkeypatch.setattr(architectures, "is_timm_model", lambda model: True)
+    with pytest.raises(ValueError, match=r"nac reads layers inside the encoder by default: .*exposes no list of them.*"
+                                         r"timm models are read at forward_features' output only.*pass layers="):
+        get_detector("nac", make_tiny_model("resnet"))
+
+
+def test_a_layer_the_logits_do_not_depend_on_is_refused_naming_it():
+    """A transformers ViT's ``pooler`` (absent here: ``add_pooling_layer=False``) or any module off the path to the
+    logits has no gradient: named, not a raw autograd error."""
+    model = make_tiny_model("vit")
+    model.unused = torch.nn.Linear(16, 16).double()
+    original = model.vit.forward
+
+    def forward(*args, **kwargs):
+        output = original(*args, **kwargs)
+        model.unused(output.last_hidden_state)  # run, and thrown away
+        return output
+
+    model.vit.forward = forward
+    detector = get_detector("nac", model, layers=["penultimate", "unused"], bins=[50, 50], min_count=[1, 1],
+                            alpha=[1, 1])
+    with pytest.raises(ValueError, match=r"do not depend on the output of layers \['unused'\]"):
+        detector.fit(fit_batches())

@@ -347,7 +347,12 @@ class NACDetector(FittedDetector):
             if missing:
                 raise RuntimeError(f"nac: the forward never reached layers {missing}")
             outputs = [captured[target] for target in self._targets]
-            gradients = torch.autograd.grad(uniform_kl_loss(logits.to(step_dtype(logits.dtype))), outputs)
+            gradients = torch.autograd.grad(uniform_kl_loss(logits.to(step_dtype(logits.dtype))), outputs,
+                                            allow_unused=True)
+        unused = [layer for layer, gradient in zip(self.hyperparameters["layers"], gradients) if gradient is None]
+        if unused:
+            raise ValueError(f"nac: the logits do not depend on the output of layers {unused}, so it has no gradient; "
+                             "name layers on the way from the input to the logits")
         return [(pool_positions(output.detach().to(step_dtype(output.dtype))),
                  pool_positions(gradient.to(step_dtype(gradient.dtype))))
                 for output, gradient in zip(outputs, gradients)]
