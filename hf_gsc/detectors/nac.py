@@ -257,11 +257,12 @@ class NACDetector(FittedDetector):
     or blocks reads fewer layers, with the authors' settings of the first ones. Models whose encoder blocks are not
     read (timm models) are refused when built unless ``layers`` names modules.
 
-    Where the paper and the code differ, the code is followed: the paper defines the state on the
-    gradient of the KL divergence, the code differentiates the cross-entropy against the uniform target (the same
-    gradient); the paper's state is per neuron at each position, the code multiplies the position sums of ``o`` and
-    ``g``; the paper's intervals are even, the code's :func:`coverage_edges` are log-spaced towards 0 and 1. The authors
-    build on a class-balanced subset of the training set (``valid_num``); here the fit reads the data it is given
+    Everything is written from the code (the paper's full text was not available to this project, its abstract only),
+    including what a paper would leave open: the KL divergence to the uniform is differentiated as the cross-entropy
+    against the uniform target (the same gradient); a layer's ``o`` and ``g`` are each summed over the positions, then
+    multiplied; the interval edges are log-spaced towards 0 and 1 (:func:`coverage_edges`); the layers' scores are
+    averaged with equal weights. The authors build on a class-balanced subset of the training set (``valid_num``);
+    here the fit reads the data it is given
     (``hf-gsc evaluate``: the ID train split after ``--max-fit-samples``), every sample counted (the code's
     ``sigmoid(o*g_kl)`` ignores whether it is classified correctly), which changes what ``O`` means. The ID-only mode:
     the settings are the published values of their OOD-validated search (:class:`NACConfig`).
