@@ -26,7 +26,7 @@ NUM_IMAGES = 27
 BATCH_SIZE = 4  # 7 batches: 4 on the first process, 3 on the second
 BROKEN_ROW = 9
 METHODS = {"knn": {"k": 3}, "mahalanobis": {}, "react": {}, "adascale_a": {"num_samples": 10},
-           "gsc": {"selection": "fisher"}}
+           "gsc": {"selection": "fisher"}, "nac": {}}
 
 
 def to_pixels(images: list) -> torch.Tensor:

@@ -64,7 +64,8 @@ def test_a_fit_on_two_processes_equals_the_one_process_fit_on_each_process(runs)
     first, second = (load_file(str(runs["two"] / f"state-{rank}.safetensors")) for rank in (0, 1))
     assert set(one) == set(first) == set(second) == {
         "knn.bank", "mahalanobis.class_means", "mahalanobis.precision", "react.threshold",
-        "adascale_a.reference_statistic", "gsc.fisher_diagonal"}
+        "adascale_a.reference_statistic", "gsc.fisher_diagonal", "nac.counts", "nac.widths", "nac.fitted_bins",
+        "nac.fitted_alpha"}
     for name in one:
         torch.testing.assert_close(first[name], one[name], **TOLERANCE, msg=name)
         assert torch.equal(first[name], second[name]), f"{name} differs between the processes"

@@ -19,6 +19,7 @@ def test_every_method_has_a_row_saying_what_it_reads_fits_and_keeps():
     assert _row(table, "mahalanobis")[3:5] == ["ID train (labels)", "`class_means` (K, D), `precision` (D, D)"]
     assert _row(table, "energy")[2:5] == ["logits", "nothing", "none"]
     assert _row(table, "odin")[2].startswith("the input")  # its own passes, outside the shared one
+    assert _row(table, "nac")[2].startswith("its own forward and backward")  # no step on the input
     assert _row(table, "gsc")[2] == "F at `final_encoder_output` + the head"
     assert _row(table, "rankfeat")[2] == "F at `final_encoder_output` + the head"  # a split point, not z
     assert "OpenOOD react.yml" in _row(table, "react")[5]

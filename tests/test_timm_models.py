@@ -140,7 +140,7 @@ def test_mask_counts_every_coordinate_the_head_reads(family_model):
 
 #: Methods that read a part of the model that a timm model lacks here, and the words of their refusal.
 LACKING = {"bats": "has no affine BatchNorm layer", "rankfeat": "exposes no list of them",
-           "mds_ensemble": "exposes no list of them"}
+           "mds_ensemble": "exposes no list of them", "nac": "exposes no list of them"}
 
 
 def test_every_method_runs(family_model):
