@@ -295,7 +295,7 @@ class NACDetector(FittedDetector):
                 raise ValueError(f"nac: {name} must have one value per layer ({len(layers)} layers {list(layers)}), "
                                  f"got {len(self.hyperparameters[name])}: {list(self.hyperparameters[name])}")
         self._targets = self._layer_targets(layers)
-        self._counts: list[torch.Tensor | None] | None = None
+        self._counts: list[torch.Tensor] | None = None
         self._fit_count = 0
 
     def _layer_targets(self, layers: Sequence[str]) -> list[Target]:
@@ -379,17 +379,20 @@ class NACDetector(FittedDetector):
 
     def fit_gather(self, shards: FitShards) -> None:
         # Counts add over the processes (a process without batches adds nothing, layer by layer).
-        local = self._counts or [None] * len(self.hyperparameters["layers"])
-        self._counts = [shards.sum(counts) for counts in local]
+        local: list[torch.Tensor | None] = (list(self._counts) if self._counts is not None
+                                             else [None] * len(self.hyperparameters["layers"]))
+        summed = [shards.sum(counts) for counts in local]
+        gathered = [counts for counts in summed if counts is not None]
+        self._counts = gathered if len(gathered) == len(summed) else None  # None: no process counted a sample
         total = shards.sum(torch.tensor([float(self._fit_count)], dtype=torch.float64))
         self._fit_count = 0 if total is None else int(round(float(total[0])))
 
     def fit_end(self) -> None:
         counts, self._counts = self._counts, None
         self.check_fit_count(self._fit_count)
-        assert counts is not None and all(c is not None for c in counts)  # samples were counted
+        assert counts is not None  # samples were counted (check_fit_count)
         device = self.device
-        self.counts = torch.cat([c.reshape(-1) for c in counts if c is not None]).to(device)
+        self.counts = torch.cat([c.reshape(-1) for c in counts]).to(device)
         self.widths = torch.tensor([float(c.shape[1]) for c in counts if c is not None], dtype=torch.float64,
                                    device=device)
         self.fitted_bins = torch.tensor([float(m) for m in self.hyperparameters["bins"]], dtype=torch.float64,
