@@ -109,6 +109,7 @@ class _RegisterWithPipelines(importlib.abc.MetaPathFinder):
                     _remove_finder()
                     importlib.import_module(".pipeline", __name__)
 
+                # the ignore: replacing this loader's method is the point (the import then registers the task)
                 spec.loader.exec_module = exec_then_register  # type: ignore[method-assign]
                 return spec
         return None
@@ -155,6 +156,7 @@ class _PublicNames(types.ModuleType):
     """``hf_gsc.__all__`` (and ``from hf_gsc import *``) lists every registered method's config class too; they are
     known once every method is imported, which ``import hf_gsc`` alone does not do (no torch for ``hf-gsc --help``)."""
 
+    # the ignore: a property where ModuleType has a plain attribute, so that the list is made when it is read
     @property
     def __all__(self) -> list[str]:  # type: ignore[override]
         return sorted({*_CORE_NAMES, *_config_classes()})

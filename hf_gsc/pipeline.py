@@ -12,16 +12,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import Pipeline
+from transformers import BatchFeature, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .auto import AutoOODDetector
 from .detectors.interface import OODDetector
 from .utils.image_processors import input_channels
 from .utils.images import load_image, model_mode
+
+
+if TYPE_CHECKING:
+    from .gsc_math.explanation import GSCExplanation
 
 
 TASK = "ood-image-classification"
@@ -56,11 +61,17 @@ class OODImageClassificationPipeline(Pipeline):
     :class:`~hf_gsc.utils.images.UnreadableImageError` naming it (path, URL and HTTP status).
     """
 
-    # The detector carries its base model's image processor; a detector folder need not hold one.
-    _load_image_processor = False
-    _load_feature_extractor = False
-    _load_tokenizer = False
-    _load_processor = False
+    # The detector carries its base model's image processor; a detector folder need not hold one. (The ignores:
+    # transformers' Pipeline declares these ``= None``, so a type checker takes ``None`` for their type, though every
+    # pipeline sets them to a bool; it declares ``model`` a ``PreTrainedModel``, though a registered task's model may be
+    # any ``nn.Module``; and its ``preprocess`` / ``_forward`` / ``postprocess`` take ``**parameters: dict`` and return a
+    # ``ModelOutput``, which none of its own pipelines does.)
+    _load_image_processor = False  # type: ignore[assignment]
+    _load_feature_extractor = False  # type: ignore[assignment]
+    _load_tokenizer = False  # type: ignore[assignment]
+    _load_processor = False  # type: ignore[assignment]
+    model: OODDetector  # type: ignore[assignment]
+    image_processor: Any  # checked in __init__: never None here
 
     def __init__(self, model: OODDetector, image_processor: Any = None, compile_mode: str | None = None,
                  **kwargs: Any) -> None:
@@ -74,7 +85,7 @@ class OODImageClassificationPipeline(Pipeline):
             raise ValueError(
                 f"{TASK}: the detector's base model has no image processor; pass image_processor=... to pipeline()"
             )
-        super().__init__(model=model, image_processor=image_processor, **kwargs)
+        super().__init__(model=model, image_processor=image_processor, **kwargs)  # type: ignore[arg-type]
         # The PIL mode images are decoded to: the model's channels, or, where its config does not say (timm models),
         # those its processor normalises, so that a grey image reaches a 3-channel processor as RGB.
         self.image_mode = model_mode(input_channels(model.num_channels, image_processor))
@@ -107,13 +118,13 @@ class OODImageClassificationPipeline(Pipeline):
                     or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in map_size)):
                 raise ValueError(f"{TASK}: map_size must be (height, width), two positive ints, got {map_size!r}")
         preprocess = {} if timeout is None else {"timeout": timeout}
-        postprocess = {} if top_k is None else {"top_k": top_k}
+        postprocess: dict[str, Any] = {} if top_k is None else {"top_k": top_k}
         if map_size is not None:
             postprocess["map_size"] = tuple(map_size)
         forward = {} if explain is None else {"explain": explain}
         return preprocess, forward, postprocess
 
-    def preprocess(self, image: Any, timeout: float | None = None) -> dict[str, torch.Tensor]:
+    def preprocess(self, image: Any, timeout: float | None = None) -> BatchFeature:  # type: ignore[override]
         if not isinstance(image, torch.Tensor):
             image = load_image(image, self.image_mode, timeout=timeout)
         inputs = self.image_processor(images=image, return_tensors="pt").to(self.model.dtype)
@@ -122,14 +133,17 @@ class OODImageClassificationPipeline(Pipeline):
         inputs["image_size"] = torch.tensor([size])
         return inputs
 
-    def _forward(self, model_inputs: dict[str, torch.Tensor], explain: bool = False) -> dict[str, Any]:
+    def _forward(  # type: ignore[override]
+        self, model_inputs: Mapping[str, torch.Tensor], explain: bool = False
+    ) -> dict[str, Any]:
         pixel_values = model_inputs["pixel_values"]
         forward = self.model if self.compiled is None else self.compiled
         output = forward(pixel_values=pixel_values)
         outputs = {"logits": output.logits, "ood_score": output.ood_score, "is_ood": output.is_ood,
                    "p_value": output.p_value, "image_size": model_inputs["image_size"]}
         if explain:
-            explanation = self.model.explain(pixel_values)
+            # a GSC detector's explain (checked in _sanitize_parameters)
+            explanation: GSCExplanation = getattr(self.model, "explain")(pixel_values)
             # Each tensor field per image (a batched pipeline hands postprocess row [i] of each tensor and item [i]
             # of each list); postprocess rebuilds the one-image GSCExplanation and returns its to_dict().
             outputs.update({f"explanation_{name}": getattr(explanation, name) for name in EXPLANATION_TENSORS
@@ -138,8 +152,9 @@ class OODImageClassificationPipeline(Pipeline):
                            explanation_feature_shape=torch.tensor([explanation.feature_shape] * len(pixel_values)))
         return outputs
 
-    def postprocess(self, model_outputs: dict[str, torch.Tensor | None], top_k: int = 5,
-                    map_size: tuple[int, int] | None = None) -> dict[str, Any]:
+    def postprocess(  # type: ignore[override]
+        self, model_outputs: dict[str, Any], top_k: int = 5, map_size: tuple[int, int] | None = None
+    ) -> dict[str, Any]:
         id2label = self.model.id2label
         probabilities = model_outputs["logits"][0].float().softmax(dim=-1)
         scores, classes = probabilities.topk(min(top_k, probabilities.numel()))
@@ -164,12 +179,15 @@ class OODImageClassificationPipeline(Pipeline):
         from .gsc_math.explanation import GSCExplanation
 
         head_reads = model_outputs["explanation_head_reads"]
+        # one row of each tensor field; None for one the explanation left out (position_map of a head that does not
+        # read F position by position)
+        tensors: dict[str, Any] = {name: model_outputs.get(f"explanation_{name}") for name in EXPLANATION_TENSORS}
         explanation = GSCExplanation(
-            **{name: model_outputs.get(f"explanation_{name}") for name in EXPLANATION_TENSORS},
+            **tensors,
             feature_shape=tuple(int(v) for v in model_outputs["explanation_feature_shape"][0]),
             head_reads=head_reads if isinstance(head_reads, str) else head_reads[0], image_map=None)
-        size = map_size or tuple(int(v) for v in model_outputs["image_size"][0])
-        return explanation.to_dict(0, id2label, size)
+        height, width = (int(v) for v in model_outputs["image_size"][0])
+        return explanation.to_dict(0, id2label, map_size or (height, width))
 
 
 PIPELINE_REGISTRY.register_pipeline(TASK, pipeline_class=OODImageClassificationPipeline, pt_model=AutoOODDetector, type="image")

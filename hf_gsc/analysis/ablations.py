@@ -22,13 +22,15 @@ variant runs the head only (:mod:`hf_gsc.analysis.context`). The multi-layer and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from ..classifier.architectures import registered_architecture
 from ..classifier.split_points import resolve_split_point
@@ -39,6 +41,9 @@ from .approximation_error import approximation_outputs, summarise_errors
 from .context import HeadContext, gsc_logits, head_context, scores_of
 from .gradient_concentration import DEFAULT_FRACTIONS, TABLE_FRACTIONS, column_of, curve_summary, top_fraction_ratio
 
+
+if TYPE_CHECKING:
+    from ..evaluation.loop import Scorer
 
 _GSC_DEFAULTS = GSCConfig()
 DEFAULT_SPLIT = _GSC_DEFAULTS.split_point
@@ -66,7 +71,15 @@ Variant: Any = dataclasses.make_dataclass(
 )
 
 
-def model_split_points(model: nn.Module) -> dict[str, str | None]:
+class SplitPointNames(TypedDict):
+    """:func:`model_split_points`: module paths of a model's named split points."""
+
+    one_block_before: str
+    two_blocks_before: str
+    multi_layer_earlier: str | None
+
+
+def model_split_points(model: nn.Module) -> SplitPointNames:
     """Named split points of ``model``: ``one_block_before`` / ``two_blocks_before`` the final encoder output
     (module paths whose remaining head runs 1 / 2 encoder blocks) and ``multi_layer_earlier`` (``None`` where the
     library has no multi-layer support for the architecture)."""
@@ -106,7 +119,7 @@ def variant_grid(model: nn.Module) -> dict[str, list[tuple[str, Variant]]]:
             ("GSC + ASH", Variant(kind="gsc_ash", split_point="penultimate")),
         ],
     }
-    operations = [
+    operations: list[tuple[str, dict[str, Any]]] = [
         ("Zero", {"operation": "zero"}),
         ("Small (perturb, alpha=0.1)", {"operation": "perturb", "alpha": 0.1}),
         ("Orth (project)", {"operation": "project"}),
@@ -213,11 +226,27 @@ class _BatchWork:
 
         return self._memo(pixel_values, ("variant", variant), compute)
 
+    # The scorers of collect(), one per output:
+    def score(self, pixel_values: torch.Tensor, variant: Variant) -> torch.Tensor:
+        return self.variant(pixel_values, variant)[0]
+
+    def prediction(self, pixel_values: torch.Tensor, variant: Variant) -> torch.Tensor:
+        predictions = self.variant(pixel_values, variant)[1]
+        assert predictions is not None, "only ASH-S makes no predictions, and it has no prediction scorer"
+        return predictions
+
+    def approximation(self, pixel_values: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
+        return approximation_outputs(self.context(pixel_values, name))
+
+    def concentration(self, pixel_values: torch.Tensor, name: str, fractions: Sequence[float]) -> torch.Tensor:
+        return top_fraction_ratio(self.context(pixel_values, name).gradient, fractions)
+
 
 def _prepare_model(model: nn.Module) -> None:
     """Eval mode, frozen, eager attention (torch has no forward-mode AD for fused SDPA; same function)."""
     model.eval().requires_grad_(False)
-    if getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
+    # Only a transformers model has an attention implementation to set.
+    if isinstance(model, PreTrainedModel) and getattr(model.config, "_attn_implementation", None) == "sdpa":
         model.set_attn_implementation("eager")
 
 
@@ -249,15 +278,15 @@ def collect(
     model.to(accelerator.device)
     variants = unique_variants(tables)
     work = _BatchWork(model, {v: _Scorer(model, v) for v in variants})
-    scorers: dict[Any, Callable[[torch.Tensor], Any]] = {}
+    scorers: dict[tuple[str, Any], Scorer] = {}
     for variant in variants:
-        scorers[("score", variant)] = lambda x, v=variant: work.variant(x, v)[0]
+        scorers[("score", variant)] = functools.partial(work.score, variant=variant)
         if variant.kind != "ash_s":  # ASH-S scores without new logits: no predictions
-            scorers[("prediction", variant)] = lambda x, v=variant: work.variant(x, v)[1]
+            scorers[("prediction", variant)] = functools.partial(work.prediction, variant=variant)
     for point in approximation_split_points:
-        scorers[("approximation", point)] = lambda x, p=point: approximation_outputs(work.context(x, p))
+        scorers[("approximation", point)] = functools.partial(work.approximation, name=point)
     for point in concentration_split_points:
-        scorers[("concentration", point)] = lambda x, p=point: top_fraction_ratio(work.context(x, p).gradient, fractions)
+        scorers[("concentration", point)] = functools.partial(work.concentration, name=point, fractions=fractions)
     scores: dict = {v: {} for v in variants}
     predictions: dict = {v: {} for v in variants}
     labels: dict[str, torch.Tensor] = {}

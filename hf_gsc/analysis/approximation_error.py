@@ -19,11 +19,12 @@ import torch
 
 from ..detectors.gsc import GSCConfig
 from ..gsc_math.step import gsc_step
+from ..utils.score_names import Score
 from .context import HeadContext, scores_of
 
 
 APPROXIMATIONS: tuple[str, ...] = ("exact", "first_order", "predicted_logit")
-ERROR_SCORES: tuple[str, ...] = ("energy", "msp")
+ERROR_SCORES: tuple[Score, ...] = ("energy", "msp")
 
 
 def approximation_outputs(

@@ -14,7 +14,9 @@ import torch
 from ..classifier.split_points import SplitPoint
 from ..detectors.gsc import GSCConfig
 from ..gsc_math.backends import Linearization, split_point_backend
+from ..gsc_math.choices import Selection
 from ..gsc_math.step import gsc_step, updated_logits
+from ..utils.score_names import Score
 from ..utils.scores import ood_score
 from .iterative import iterative_short_circuit
 
@@ -38,6 +40,7 @@ def head_context(split: SplitPoint, pixel_values: torch.Tensor) -> HeadContext:
     linearization = split_point_backend(split).linearize(pixel_values, whole_feature=True)
     head = linearization.head
     predicted_class = head.logits.argmax(dim=-1)
+    assert head.class_gradient is not None  # LinearizedHead.__post_init__ fills it
     gradient = head.class_gradient(predicted_class)
     return HeadContext(linearization.features, head.logits, gradient, predicted_class, head.function, linearization)
 
@@ -45,7 +48,7 @@ def head_context(split: SplitPoint, pixel_values: torch.Tensor) -> HeadContext:
 def gsc_logits(
     context: HeadContext,
     mask_ratio: float = 0.05,
-    selection: str = "gradient",
+    selection: Selection = "gradient",
     operation: str = "zero",
     approximation: str = "first_order",
     alpha: float = 0.1,
@@ -83,6 +86,6 @@ def logits_after(context: HeadContext, shorted: torch.Tensor, approximation: str
     )
 
 
-def scores_of(logits: torch.Tensor, score: str = "energy", temperature: float = 1.0) -> torch.Tensor:
+def scores_of(logits: torch.Tensor, score: Score = "energy", temperature: float = 1.0) -> torch.Tensor:
     """:func:`hf_gsc.utils.scores.ood_score` as float64 on the CPU."""
     return ood_score(logits, score, temperature).double().cpu()

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from ..gsc_math.backends.autograd import linearize_with_autograd
+from ..gsc_math.choices import Selection
 from ..gsc_math.shortcircuit import num_masked, short_circuit, short_circuit_mask
 
 
@@ -49,6 +50,7 @@ def head_gradient(
     """
     linearized = linearize_with_autograd(lambda f, _: head(f), features.detach(), None, keep_graph_for_jvp=False)
     c = linearized.logits.argmax(dim=-1) if predicted_class is None else predicted_class
+    assert linearized.class_gradient is not None  # LinearizedHead.__post_init__ fills it
     return linearized.logits, linearized.class_gradient(c)
 
 
@@ -57,7 +59,7 @@ def iterative_short_circuit(
     features: torch.Tensor,
     mask_ratio: float,
     steps: int,
-    selection: str = "gradient",
+    selection: Selection = "gradient",
     generator: torch.Generator | None = None,
     gradient: torch.Tensor | None = None,
     predicted_class: torch.Tensor | None = None,

@@ -68,7 +68,7 @@ def earlier_block(model: torch.nn.Module) -> str:
     from ..classifier.split_points import ARCHITECTURES
 
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    spec = ARCHITECTURES.get(model_type)
+    spec = ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None
     if spec is None:
         raise ValueError(f"model type {model_type!r} has no registered encoder blocks")
     return f"{spec.blocks}.-2"

@@ -192,7 +192,8 @@ class DemoModel:
         self.detector = load_detector(detector)
         self.top_k = top_k
         self.explains = hasattr(self.detector, "explain")
-        self.pipeline = transformers.pipeline("ood-image-classification", model=self.detector)
+        # transformers' overloads of pipeline() name only its built-in tasks, not a registered one
+        self.pipeline = transformers.pipeline("ood-image-classification", model=self.detector)  # type: ignore[call-overload]
         self.mode = model_mode(self.detector.num_channels)
         self.side = input_side(self.detector.image_processor)
         # Drawn on every request from this, computed once: never from every kept score.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import datasets
 from PIL import Image
@@ -56,6 +56,10 @@ def _file_of(value: Any) -> str:
     return f"a {type(value).__name__} value"
 
 
+@overload
+def decode_image(value: Any, dataset_name: str, row: int | str, on_error: Literal["raise"] = "raise") -> Image.Image: ...
+@overload
+def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnError) -> Image.Image | None: ...
 def decode_image(value: Any, dataset_name: str, row: int | str, on_error: OnError = "raise") -> Image.Image | None:
     """The 8-bit, upright PIL image (``L`` or ``RGB``) of what a ``datasets.Image(decode=False)`` column holds
     (``{"bytes", "path"}``), a file path, or an already decoded PIL image, decoded by

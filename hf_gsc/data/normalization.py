@@ -17,6 +17,7 @@ one whose intermediate output is not uint8-valued) it returns ``None`` and the w
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -135,7 +136,7 @@ def _as_tuple(value: Any) -> tuple[float, ...]:
     return tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else (float(value),)
 
 
-def _probe_images(mode: str, sizes: tuple[tuple[int, int], ...] = PROBE_SIZES) -> list:
+def _probe_images(mode: str, sizes: Sequence[tuple[int, int]] = PROBE_SIZES) -> list:
     """Random images of PIL ``mode`` and ``sizes`` (width, height); the last holds both extremes of the uint8 range."""
     from PIL import Image
 

@@ -32,6 +32,12 @@ __all__ = ["PilPreparation", "pil_preparation"]
 PROBE_SIZES = ((61, 47), (47, 61), (500, 375), (375, 500), (224, 224), (257, 193), (9, 13))
 
 
+def _pair(size: Sequence[int]) -> tuple[int, int]:
+    """``(height, width)`` of a transformers helper's answer (declared ``tuple`` or ``tuple[int, int]``)."""
+    height, width = size
+    return (height, width)
+
+
 def output_size(size: Any, height: int, width: int) -> tuple[int, int]:
     """``(height, width)`` after ``PilBackend.resize`` with the resolved ``size`` (a ``SizeDict``), by its branches."""
     from transformers.image_processing_backends import (
@@ -42,14 +48,14 @@ def output_size(size: Any, height: int, width: int) -> tuple[int, int]:
     from transformers.image_utils import ChannelDimension
 
     if size.shortest_edge and size.longest_edge:
-        return tuple(get_size_with_aspect_ratio((height, width), size.shortest_edge, size.longest_edge))
+        return _pair(get_size_with_aspect_ratio((height, width), size.shortest_edge, size.longest_edge))
     if size.shortest_edge:
         # a zero-stride stand-in: the helper reads only the image's shape
         shape_only = np.broadcast_to(np.uint8(0), (1, height, width))
-        return tuple(get_resize_output_image_size(shape_only, size=size.shortest_edge, default_to_square=False,
+        return _pair(get_resize_output_image_size(shape_only, size=size.shortest_edge, default_to_square=False,
                                                   input_data_format=ChannelDimension.FIRST))
     if size.max_height and size.max_width:
-        return tuple(get_image_size_for_max_height_width((height, width), size.max_height, size.max_width))
+        return _pair(get_image_size_for_max_height_width((height, width), size.max_height, size.max_width))
     if size.height and size.width:
         return (size.height, size.width)
     raise ValueError(f"unsupported size {size}")

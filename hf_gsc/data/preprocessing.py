@@ -13,7 +13,6 @@ from typing import Any
 
 import datasets
 import torch
-from transformers import PretrainedConfig
 from transformers.image_processing_utils import BaseImageProcessor
 
 from ..utils.dataset_columns import image_column_of, label_column_of
@@ -39,8 +38,9 @@ __all__ = [
 ROW_COLUMN = "row"
 
 
-def num_channels(config: PretrainedConfig) -> int:
-    """Input channels the model expects (``config.num_channels``; 3 when the config has none)."""
+def num_channels(config: object) -> int:
+    """Input channels the model expects (``config.num_channels`` of a transformers config; 3 when the config, or
+    whatever a model holds as its ``config``, has none)."""
     return int(getattr(config, "num_channels", 3) or 3)
 
 

@@ -120,7 +120,7 @@ def _load_local(path: Path, split: str | None, spec: str) -> datasets.Dataset:
     raise ValueError(f"{spec!r} is a file; give a folder of images or a saved dataset folder")
 
 
-def _is_gated_refusal(error: BaseException) -> bool:
+def _is_gated_refusal(error: BaseException | None) -> bool:
     while error is not None:
         if isinstance(error, GatedRepoError) or "gated dataset" in str(error):
             return True

@@ -91,7 +91,8 @@ def generate_textures(num_images: int = 5_000, seed: int = 0) -> tuple[np.ndarra
     """
     rng = np.random.default_rng(seed)
     sources = _load_sources()
-    images, names = [], []
+    images: list[np.ndarray] = []
+    names: list[str] = []
     while len(images) < num_images:
         name, gray = sources[int(rng.integers(len(sources)))]
         short = min(gray.shape)

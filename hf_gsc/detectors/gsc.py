@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from ..classifier.split_points import SplitPoint
 from ..gsc_math.backends import Backend, Linearization, select_backend
@@ -114,7 +113,7 @@ class GSCDetector(OODDetector):
     in_default_table = True
     state_names = ("fisher_diagonal",)
 
-    def __init__(self, model: PreTrainedModel, config: GSCConfig | None = None, **overrides: Any) -> None:
+    def __init__(self, model: nn.Module, config: GSCConfig | None = None, **overrides: Any) -> None:
         super().__init__(model, config, **overrides)
         # (d,) diagonal Fisher of the feature, fitted on ID training data for selection="fisher".
         self.register_buffer("fisher_diagonal", None)

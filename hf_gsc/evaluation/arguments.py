@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional, Union, get_type_hints
 
 from transformers import HfArgumentParser
+from transformers.hf_argparser import DataClassType
 
 from ..settings.gsc import GSCConfig
 from .errors import InputError
@@ -195,16 +196,20 @@ _GSC_PREFIXED = ("score", "temperature", "seed")
 #: :class:`GSCArguments` (GSC's settings as flags, generated from ``GSCConfig``'s fields: each unset unless given, with
 #: the setting's type, help and default) and :data:`GSC_FLAGS` (each field -> the ``GSCConfig`` setting it gives).
 #: Every other method's settings are given with ``--hyperparameter METHOD.NAME=VALUE``.
-GSCArguments, GSC_FLAGS = setting_flags(
+_GSC_SETTING_FLAGS = setting_flags(
     GSCConfig, "GSCArguments", prefix=f"{GSC_METHOD}_", prefixed=_GSC_PREFIXED,
     reserved=tuple(item.name for group in (SourceArguments, DataArguments, RunArguments, DeviceArguments)
                    for item in dataclasses.fields(group)),
     namespace={"__module__": __name__, "_argument_group_name": _GroupTitle(
         f"{GSC_METHOD} options (default: GSCConfig defaults, or the saved detector's config)")})
+# Any: a class made at run time, whose fields (one per GSCConfig setting) a type checker cannot see.
+GSCArguments: Any = _GSC_SETTING_FLAGS.arguments
+GSC_FLAGS = _GSC_SETTING_FLAGS.settings
 #: method -> its own flags (field name -> setting): GSC's only; every method's settings are ``--hyperparameter``.
 METHOD_FLAGS: dict[str, dict[str, str]] = {GSC_METHOD: GSC_FLAGS}
 #: The argument groups in the order of the help (:class:`EvaluationArguments` inherits them all, in this order).
-ARGUMENT_GROUPS: tuple[type, ...] = (SourceArguments, DataArguments, RunArguments, DeviceArguments, GSCArguments)
+ARGUMENT_GROUPS: tuple[DataClassType, ...] = tuple(
+    DataClassType(group) for group in (SourceArguments, DataArguments, RunArguments, DeviceArguments, GSCArguments))
 #: Fields given as a list of strings (a repeatable flag): one string is accepted as a list of one.
 _LIST_FIELDS = ("ood_dataset", "near_ood_dataset", "far_ood_dataset", "val_ood_dataset", "hyperparameter")
 #: Fields given as a comma list: a list of strings is accepted and joined.

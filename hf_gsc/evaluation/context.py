@@ -99,7 +99,7 @@ class EvaluationState:
     missing: dict[str, list[str]] = field(default_factory=dict)  # split -> methods whose score file is missing
     # 4. fit and 5. score (this run's passes)
     scoring_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
-    throughput: dict[str, dict[str, float]] = field(default_factory=dict)
+    throughput: dict[str, dict[str, float | None]] = field(default_factory=dict)
     # 6. select
     selection: dict[str, Any] | None = None
     # 7. collect (main process)

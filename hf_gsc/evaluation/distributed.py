@@ -75,6 +75,7 @@ def shard_loader(make: Callable[[int, int], DataLoader], dataset: Any, process_i
         return make(process_index, num_processes), ((process_index, j) for j in itertools.count())
     loader = make(0, 1)
     size, batch_size = len(dataset), loader.batch_size
+    assert batch_size is not None, "make() gives a loader with a batch size, not a batch sampler"
     mine = range(process_index, math.ceil(size / batch_size), num_processes)
     batches = [list(range(k * batch_size, min((k + 1) * batch_size, size))) for k in mine]
     options: dict[str, Any] = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory}

@@ -233,6 +233,16 @@ class OODEvaluator:
         assert self.context is not None, "load() builds the run context"
         return self.context
 
+    @property
+    def _model(self) -> torch.nn.Module:
+        assert self.state.model is not None, "load() loads the model"
+        return self.state.model
+
+    @property
+    def _cache(self) -> ScoreCache:
+        assert self.state.cache is not None, "plan() opens the score files"
+        return self.state.cache
+
     # ---------------------------------------------------------------------------------------------- 1. load
     def load(self) -> None:
         """Accelerator, model, detectors, data and labels: everything that can fail on bad input, before any work;
@@ -256,7 +266,7 @@ class OODEvaluator:
         # downloads (model, data) first, so that the others read its cache instead of racing it.
         with accelerator.main_process_first():
             self._load_model()
-        (state.shipped if state.shipped is not None else state.model).to(accelerator.device)
+        (state.shipped if state.shipped is not None else self._model).to(accelerator.device)
         with accelerator.main_process_first():
             id_splits, state.ood_splits = load_data(
                 needed_id_splits({} if state.shipped is not None else state.detectors, calibrate=state.shipped is None),
@@ -264,7 +274,7 @@ class OODEvaluator:
                 extra_ood=args.named_ood_datasets, streaming=args.streaming, image_column=args.image_column,
                 label_column=args.label_column)
         # Labels by name, before anything reads them (fits, the tuning, the scores' labels, the ID accuracy).
-        state.id_splits, state.label_check = check_labels(id_splits, state.model.config, args.label_pairs,
+        state.id_splits, state.label_check = check_labels(id_splits, self._model.config, args.label_pairs,
                                                           args.labels_by_order)
         for line in (mapping_line(state.label_check), labels_note(state.label_check)):
             if accelerator.is_main_process and line:
@@ -277,7 +287,7 @@ class OODEvaluator:
         if accelerator.is_main_process and state.same_as_test:
             warnings.warn(same_as_test_warning(state.same_as_test), UserWarning, stacklevel=2)
         self.context = RunContext(
-            accelerator=accelerator, transform=image_transform(state.processor, state.model),
+            accelerator=accelerator, transform=image_transform(state.processor, self._model),
             batch_size=args.batch_size,
             num_workers=default_num_workers(accelerator.device) if args.num_workers is None else args.num_workers,
             on_error=args.on_error, seed=args.seed, output_dir=self.output_dir, overwrite=args.overwrite,
@@ -302,6 +312,7 @@ class OODEvaluator:
             state.hyperparameters = {shipped.method: dict(shipped.hyperparameters)}
             state.detectors = {shipped.method: shipped}
             return
+        saved: dict[str, Any]  # method -> settings of a saved detector given as --model
         if isinstance(source, torch.nn.Module):
             state.model, state.processor, saved = source, self.image_processor or processor_of(source, args), {}
             state.model.eval().requires_grad_(False)
@@ -331,7 +342,7 @@ class OODEvaluator:
         from accelerate import PartialState
 
         state = self.state
-        detectors, problems = build_detectors(state.model, methods, state.hyperparameters)
+        detectors, problems = build_detectors(self._model, methods, state.hyperparameters)
         if PartialState().is_main_process:
             for name, reason in problems.items():
                 print(f"skipped {name}: {reason}", flush=True)
@@ -359,7 +370,7 @@ class OODEvaluator:
         fixed = {name: sorted(given.get(name, {})) for name in state.methods}
         # Kept in OUTPUT/tuning.json keyed on everything it read: a rerun does not search again.
         key = fingerprint(jsonable({
-            "version": __version__, "model": model_fingerprint(state.model), "methods": list(state.methods),
+            "version": __version__, "model": model_fingerprint(self._model), "methods": list(state.methods),
             "hyperparameters": state.hyperparameters, "fixed": fixed, "benchmark": args.benchmark,
             "data": {split: dataset_fingerprint(dataset) for split, dataset in state.id_splits.items()},
             "max_samples": args.max_samples, "max_fit_samples": args.max_fit_samples, "seed": args.seed,
@@ -372,7 +383,7 @@ class OODEvaluator:
         record = broadcast(accelerator, record)
         if record is None:
             searched = {name: state.hyperparameters[name] for name in state.methods}
-            record = tune_hyperparameters(context, state.model, searched, fixed, state.id_splits, args.benchmark)
+            record = tune_hyperparameters(context, self._model, searched, fixed, state.id_splits, args.benchmark)
             record = broadcast(accelerator, jsonable(record))
             if accelerator.is_main_process:
                 write_json(saved_path, {"key": key, "record": record}, self.output_dir)
@@ -409,7 +420,7 @@ class OODEvaluator:
                 state.selection_data = None
         validation_ood = ((state.selection_data.sets, state.selection_data.description)
                           if state.selection_data is not None else None)
-        state.plan = plan = make_plan(context, state.model, state.detectors, state.id_splits, state.ood_splits,
+        state.plan = plan = make_plan(context, self._model, state.detectors, state.id_splits, state.ood_splits,
                                       validation_ood, shipped=state.shipped is not None)
         if ID_VALIDATION in plan.splits:
             check_conformal_size(args, num_rows(plan.splits[ID_VALIDATION]))
@@ -454,8 +465,8 @@ class OODEvaluator:
         missing = {split: (names if split in splits else []) for split, names in state.missing.items()}
         before = dict(state.skipped)
         try:
-            seconds, throughput = score_missing(self._context, self._plan, missing, state.detectors, state.model,
-                                                state.cache, skipped=state.skipped)
+            seconds, throughput = score_missing(self._context, self._plan, missing, state.detectors, self._model,
+                                                self._cache, skipped=state.skipped)
         except UndecodableImageError as error:
             raise _resumable(error) from None
         self._skip({name: reason for name, reason in state.skipped.items() if name not in before})
@@ -501,8 +512,7 @@ class OODEvaluator:
 
     def load_scores(self, name: str, split: str) -> dict[str, torch.Tensor]:
         """``name``'s score file of ``split`` (this run's plan; it must exist)."""
-        plan, cache = self._plan, self.state.cache
-        assert cache is not None
+        plan, cache = self._plan, self._cache
         data = cache.load(name, split, plan.score_fingerprints[(name, split)], num_rows(plan.splits[split]))
         if data is None:
             raise RuntimeError(f"score file {cache.path(name, split)} vanished or changed during the run (see the "
@@ -540,7 +550,7 @@ class OODEvaluator:
                                        state.ood_scores[name], args.target_tpr, "validation", method=name,
                                        id_test_correct=correct, delta=args.conformal_delta, groups=groups)
                 entry["calibration"]["source"] = calibration_source
-                state.cache.save_p_values(name, validation, {ID_TEST: state.id_scores[name], **{
+                self._cache.save_p_values(name, validation, {ID_TEST: state.id_scores[name], **{
                     OOD_PREFIX + ood: scores for ood, scores in state.ood_scores[name].items()}})
             else:  # a saved detector at its own threshold: nothing calibrated
                 entry = method_results(state.id_scores[name], None, state.ood_scores[name], method=name,

@@ -190,7 +190,8 @@ def fit_detectors(
             pending = holder[0]
         for name in [name for name in to_fit if name not in pending]:
             path = fit_dir(output_dir, name) / STATE_FILE
-            state = states[name] if name in states else read_state(path)
+            kept = states.get(name)  # not None on the main process: a name with no valid saved fit is pending
+            state = kept if kept is not None else read_state(path)
             detectors[name].load_fitted_state(state, source=str(path))
     failed: dict[str, str] = {}
     passes = []

@@ -190,6 +190,7 @@ def check_labels(id_splits: Mapping[str, Any], config: Any, given: Mapping[str, 
     if given and not generic and (model_names is None or data_names is None):
         raise InputError(f"--label-map: cannot map by name: {label_check.get('reason', 'no class names')}")
     if generic and not given:
+        assert data_names is not None  # generic: the data's classes have names
         if not by_order:
             raise InputError(f"the ID data: {generic_labels_error(data_names, raw_names)}")
         return dict(id_splits), {"status": BY_ORDER, "reason": "--labels-by-order: the model's labels are generic "

@@ -19,13 +19,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from ..data.decoding import OnError, UndecodableImageError, check_on_error, decode_images, without_decoding
+from ..data.normalization import PixelNormalization
+from ..data.preprocessing import ImageTransform
 from .fingerprints import is_streamed
 
 
@@ -131,8 +133,12 @@ def decode_batch(
         like = next((image for image in images if image is not None), None)
         mode, size = (like.mode, like.size) if like is not None else ("RGB", PLACEHOLDER_SIZE)
         images = [Image.new(mode, size) if image is None else image for image in images]
-    normalization = getattr(transform, "normalization", None)
-    pixel_values = transform.prepare(images) if normalization is not None else transform(images)
+    # An ImageTransform that defers rescale + normalize sends uint8 (prepare); any other transform runs whole.
+    normalization: PixelNormalization | None = None
+    if isinstance(transform, ImageTransform) and transform.normalization is not None:
+        normalization, pixel_values = transform.normalization, transform.prepare(images)
+    else:
+        pixel_values = transform(images)
     if labels is None:
         labels_tensor = torch.full((pixel_values.shape[0],), -1, dtype=torch.long)
     else:
@@ -179,7 +185,9 @@ def make_dataloader(
         if num_processes > 1:
             dataset = split_dataset_by_node(dataset, rank=process_index, world_size=num_processes)
         return DataLoader(dataset, collate_fn=StreamedImages(transform, dataset_name), **options)
-    return DataLoader(range(len(dataset)), shuffle=False, collate_fn=IndexedImages(dataset, transform, dataset_name),
+    # torch declares ``Dataset``; a DataLoader reads any map-style sequence (``__getitem__`` and ``__len__``)
+    indices = cast("Dataset[int]", range(len(dataset)))
+    return DataLoader(indices, shuffle=False, collate_fn=IndexedImages(dataset, transform, dataset_name),
                       **options)
 
 

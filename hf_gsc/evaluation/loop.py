@@ -16,8 +16,8 @@ the scores are kept in :mod:`hf_gsc.evaluation.score_cache`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 import torch
 from torch.utils.data import DataLoader
@@ -31,6 +31,14 @@ from .score_cache import NUM_SKIPPED_KEY
 
 logger = logging.getLogger(__name__)
 
+#: A scoring function: ``pixel_values`` -> ``(B, ...)`` tensor, or a mapping key -> ``(B, ...)`` tensor.
+Scorer = Callable[[torch.Tensor], "torch.Tensor | Mapping[str, torch.Tensor]"]
+#: A scorer's name: a string, or any hashable key (the ablations name theirs by tuples).
+Name = TypeVar("Name", bound=Hashable)
+#: A key of :func:`score_split`'s result: a scorer's name, ``(name, key)`` for each entry of a scorer's mapping, or
+#: one of the strings ``"labels"``, ``"decoded"`` and :data:`~hf_gsc.evaluation.score_cache.NUM_SKIPPED_KEY`.
+OutputKey: TypeAlias = Name | tuple[Name, str] | str
+
 
 def _as_output(name: str, value: torch.Tensor, batch_size: int) -> torch.Tensor:
     """A scorer's output ``(B, ...)`` as float64 (floating) or int64, checked for its leading size."""
@@ -43,10 +51,10 @@ def _as_output(name: str, value: torch.Tensor, batch_size: int) -> torch.Tensor:
 def score_split(
     accelerator: Any,
     dataloader: DataLoader,
-    scorers: Mapping[str, Callable[[torch.Tensor], torch.Tensor]],
+    scorers: Mapping[Name, Scorer],
     description: str = "",
     on_error: OnError = "raise",
-) -> dict[str, torch.Tensor]:
+) -> dict[OutputKey[Name], torch.Tensor]:
     """Run every scorer on each batch of ``dataloader`` on all processes; gather across processes.
 
     Args:
@@ -70,7 +78,7 @@ def score_split(
     streamed = is_streamed(dataloader.dataset)
     loader = dataloader if streamed else accelerator.prepare(dataloader)
     device = accelerator.device
-    outputs: dict[Any, list[torch.Tensor]] = {}
+    outputs: dict[OutputKey[Name], list[torch.Tensor]] = {}
     bar = tqdm(loader, desc=description, disable=not accelerator.is_local_main_process, leave=False)
     errors: list[str] = []  # this process's unreadable images
     # Several processes, "raise": whether every gathered image was read, kept on the device and checked once after
@@ -86,9 +94,10 @@ def score_split(
         decoded = batch.get("decoded")
         if decoded is None:
             decoded = torch.ones(pixel_values.shape[0], dtype=torch.bool)
-        results = {"labels": batch["labels"].to(device, non_blocking=True),
-                   # int64, not bool: every collective backend gathers it
-                   "decoded": decoded.to(device, dtype=torch.long, non_blocking=True)}
+        results: dict[OutputKey[Name], torch.Tensor] = {
+            "labels": batch["labels"].to(device, non_blocking=True),
+            # int64, not bool: every collective backend gathers it
+            "decoded": decoded.to(device, dtype=torch.long, non_blocking=True)}
         with accelerator.autocast():
             for name, scorer in scorers.items():
                 value = scorer(pixel_values)
@@ -101,12 +110,13 @@ def score_split(
             if on_error == "raise" and accelerator.num_processes > 1:
                 read = results["decoded"].bool().all()
                 all_read = read if all_read is None else all_read & read
-        for name, value in results.items():
-            outputs.setdefault(name, []).append(value)
+        for result_key, value in results.items():
+            outputs.setdefault(result_key, []).append(value)
     if all_read is not None:  # every process holds the same gathered flags: all raise, or none
         _raise_if_any_unreadable(all_read, errors)
     if not outputs:  # this process got no batch
-        outputs = {name: [] for name in (*scorers, "labels", "decoded")}
+        names: list[OutputKey[Name]] = [*scorers, "labels", "decoded"]
+        outputs = {name: [] for name in names}
     local = {name: torch.cat(values) if values else torch.empty(0) for name, values in outputs.items()}
     if streamed:
         local = _gather_unequal(accelerator, local)
@@ -132,13 +142,15 @@ def _raise_if_any_unreadable(decoded: torch.Tensor, errors: Sequence[str]) -> No
     raise UndecodableImageError(messages[0] if messages else "an image could not be decoded")
 
 
-def _gather_unequal(accelerator: Any, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _gather_unequal(
+    accelerator: Any, local: dict[OutputKey[Name], torch.Tensor]
+) -> dict[OutputKey[Name], torch.Tensor]:
     """Concatenate every process's rows (each may hold a different number, as streamed shards do), by rank."""
     if accelerator.num_processes == 1:
         return local
     count = torch.tensor([local["labels"].shape[0]], device=accelerator.device)
     counts = accelerator.gather(count).tolist()
-    gathered = {}
+    gathered: dict[OutputKey[Name], torch.Tensor] = {}
     for name, value in local.items():
         padded = accelerator.pad_across_processes(value.to(accelerator.device), dim=0)
         rows = padded.shape[0]

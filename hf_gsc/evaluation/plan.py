@@ -93,9 +93,8 @@ def load_data(
     if benchmark is not None:
         from ..data import load_benchmark
 
-        streamed = {"streaming": True} if streaming else {}  # only Hub-read benchmarks accept it (checked in options)
-        try:
-            loaded = load_benchmark(benchmark, ood_splits=ood_split_names, **streamed)
+        try:  # streaming: only Hub-read benchmarks accept it (checked in options)
+            loaded = load_benchmark(benchmark, ood_splits=ood_split_names, streaming=streaming)
         except Exception as error:  # noqa: BLE001  (Hub access, gated datasets, decoding: many types)
             raise InputError(f"--benchmark {benchmark}: could not load it: {error}") from None
         source = f"--benchmark {benchmark}"
@@ -210,7 +209,7 @@ def make_plan(
             return ood_sources.get(split[len(OOD_PREFIX):], f"{source}/{split[len(OOD_PREFIX):]}")
         return source
 
-    descriptions = {
+    descriptions: dict[str, dict[str, Any]] = {
         split: {
             "source": split_source(split),
             "rows": num_rows(dataset),

@@ -47,8 +47,8 @@ def rank(table: Mapping[Key, Mapping[str, Any] | None]) -> list[Key]:
     """The candidates of ``table`` (candidate -> :func:`validation_metrics`, in the candidates' order) best first by
     :data:`RANKING_RULE`; those without metrics are left out."""
     order = {key: index for index, key in enumerate(table)}
-    usable = [key for key, entry in table.items() if entry is not None]
-    return sorted(usable, key=lambda key: (-table[key]["auroc"], table[key]["fpr95"], order[key]))
+    usable = {key: entry for key, entry in table.items() if entry is not None}
+    return sorted(usable, key=lambda key: (-usable[key]["auroc"], usable[key]["fpr95"], order[key]))
 
 
 def best(table: Mapping[Key, Mapping[str, Any] | None]) -> Key | None:

@@ -295,7 +295,7 @@ def _calibration_sentence(results: Mapping[str, Any], rule: str) -> str:
             f"target ID TPR {100 * record['tpr']:.0f}%" if record.get("tpr") is not None else "") if part)
         return (f"The threshold is the saved detector's own, calibrated before this run on {read}"
                 f"{f' ({details})' if details else ''}; not recalibrated.")
-    first = next(iter(results.get("methods", {}).values()), {})
+    first: Mapping[str, Any] = next(iter(results.get("methods", {}).values()), {})
     split = results.get("calibration_split") or (first.get("calibration") or {}).get("split")
     if split is None:  # results written without the record: say so rather than name a split
         return f"{rule[:1].upper() + rule[1:]}: the results do not record the data they were calibrated on."

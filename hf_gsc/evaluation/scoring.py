@@ -30,7 +30,7 @@ def score_missing(
     model: torch.nn.Module,
     cache: ScoreCache,
     skipped: dict[str, str] | None = None,
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float | None]]]:
     """Score each split with its missing methods (one backbone pass per batch for all of them, see
     :func:`batch_scorer`) and save the files (main process).
 
@@ -45,7 +45,7 @@ def score_missing(
     """
     accelerator = context.accelerator
     seconds: dict[str, dict[str, float]] = {name: {} for name in [BACKBONE_KEY, *detectors]}
-    throughput: dict[str, dict[str, float]] = {}
+    throughput: dict[str, dict[str, float | None]] = {}
     skipped = {} if skipped is None else skipped
     for split, dataset in plan.splits.items():
         names = [name for name in missing[split] if name not in skipped]

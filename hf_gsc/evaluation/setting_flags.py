@@ -62,7 +62,7 @@ def setting_flags(config_class: type[DetectorConfig], class_name: str, *, prefix
         choices = getattr(specs[name].metadata["check"], "choices", None)
         if choices is not None:
             metadata["metavar"] = "{" + ",".join(choices) + "}"
-        flag_type = Optional[_scalar_type(config_class, name, hints[name])]
+        flag_type: Any = Optional[_scalar_type(config_class, name, hints[name])]
         fields.append((flag, flag_type, dataclasses.field(default=None, metadata=metadata)))
         settings[flag] = name
     # __module__ from namespace: the module that names the class (where pickle and the docs look for it).

@@ -141,7 +141,7 @@ def tune_hyperparameters(
 
     # Fit: one pass per batch of each fit set for all its grid points. ID validation fits use tune_fit only, so that
     # no selection score comes from a sample its detector was fitted on.
-    fit_sizes: dict[str, int] = {}
+    fit_sizes: dict[str, int | None] = {}
     model_fp = model_fingerprint(model)
     groups: dict[str, list[str]] = {}  # fixed before fitting: a fit can change what a detector still needs
     for key, detector in candidates.items():

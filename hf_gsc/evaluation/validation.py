@@ -185,7 +185,7 @@ def _check_device_options(args: Any) -> None:
                              "or use --image-backend pil)")
 
 
-def _check_streaming(args: Any, extra_ood: Sequence[tuple[str, ...]]) -> None:
+def _check_streaming(args: Any, extra_ood: Sequence[tuple[str, str, str | None]]) -> None:
     if not args.streaming:
         return
     local = [spec for spec in ([args.id_dataset] if args.id_dataset else []) + [item[1] for item in extra_ood]
@@ -283,25 +283,25 @@ def validate(args: Any) -> dict[str, Any]:
     hyperparameters = parse_hyperparameters(args.hyperparameter, methods)
     _check_plots(args)
     for method, flags in args.method_flag_settings.items():  # a method's own flags (GSC's) are its hyperparameters
-        given = {name: getattr(args, dest) for dest, name in flags.items() if getattr(args, dest, None) is not None}
-        if not given:
+        flagged = {name: getattr(args, dest) for dest, name in flags.items() if getattr(args, dest, None) is not None}
+        if not flagged:
             continue
         if method not in methods:
-            raise InputError(f"{method} options ({', '.join(sorted(given))}) given but {method!r} is not in --methods")
+            raise InputError(f"{method} options ({', '.join(sorted(flagged))}) given but {method!r} is not in --methods")
         try:
-            registered_methods()[method].config_class(**given)
+            registered_methods()[method].config_class(**flagged)
         except ValueError as error:
             raise InputError(f"{method} options: {error}") from None
         # --hyperparameter METHOD.NAME=VALUE, the more specific, wins over a flag of the same setting.
-        hyperparameters[method] = {**given, **hyperparameters[method]}
+        hyperparameters[method] = {**flagged, **hyperparameters[method]}
     val_ood = [_parse_ood_dataset(item, "--val-ood-dataset") for item in args.val_ood_dataset]
     if val_ood and args.no_selection:
         raise InputError("--val-ood-dataset is for the selection, which --no-selection turns off: drop one of them")
     repeated = sorted({name for name, _ in val_ood if [n for n, _ in val_ood].count(name) > 1})
     if repeated:
         raise InputError(f"--val-ood-dataset: split name(s) {', '.join(repeated)} used twice; name them with NAME=SPEC")
-    group_flags = {None: "--ood-dataset", **OOD_GROUP_FLAGS}
-    check_validation_is_not_test(val_ood, [(group_flags[group], spec) for _, spec, group in extra_ood] + (
+    check_validation_is_not_test(val_ood, [("--ood-dataset" if group is None else OOD_GROUP_FLAGS[group], spec)
+                                           for _, spec, group in extra_ood] + (
         [("--id-dataset (its test split)", f"{args.id_dataset}:test")] if args.id_dataset is not None else []))
     from .labels import parse_label_map
 
