@@ -219,32 +219,17 @@ def test_a_fit_needs_every_class_and_a_held_out_sample():
         get_detector("gram", model).fit([(x[:10], torch.arange(10) % NUM_LABELS)])
 
 
-def test_ranges_gathered_over_processes_equal_one_process():
-    """Two processes' ranges and held-out samples combine through ``FitShards`` (a minimum is not a sum)."""
-    torch.manual_seed(0)
-    values = [torch.randn(6, 4, dtype=torch.float64) for _ in range(4)]
-    labels = [torch.tensor([0, 1, 2, 0, 1, 2]) for _ in range(4)]
+def test_ranges_and_held_out_deviations_gathered_over_processes():
+    """Two processes' ranges and held-out values combine through ``FitShards`` (a minimum is not a sum); the held-out
+    values kept (those outside the range so far) give the deviation sums of every held-out value."""
+    generator = torch.Generator().manual_seed(0)
+    values = [torch.randn(30, 4, generator=generator, dtype=torch.float64) for _ in range(4)]
+    labels = [torch.arange(30) % 3 for _ in range(4)]
     parts = [GramRanges(3), GramRanges(3)]
     for index, (v, y) in enumerate(zip(values, labels)):
         parts[index % 2].update(v, y, [2, 2])
 
-    class TwoProcesses:  # the processes' batches interleaved, as in the data
-        num_processes = 2
-
-        def __init__(self, me, other):
-            self.me, self.other, self.calls = me, other, 0
-
-        def batches(self, local):
-            other = self.other[self.calls]
-            self.calls += 1
-            return [t for pair in zip(local, other) for t in pair]
-
-        def sum(self, local):
-            other = self.other[self.calls]
-            self.calls += 1
-            return local + other
-
-    class Recorder:
+    class Recorder:  # the second process's side of each collective
         num_processes = 2
 
         def __init__(self):
@@ -258,22 +243,52 @@ def test_ranges_gathered_over_processes_equal_one_process():
             self.seen.append(local)
             return local
 
+    class TwoProcesses:  # the first process's: both processes' batches, interleaved as in the data
+        num_processes = 2
+
+        def __init__(self, other):
+            self.other, self.calls = other, 0
+
+        def batches(self, local):
+            other = self.other[self.calls]
+            self.calls += 1
+            return [t for pair in zip(local, other) for t in pair]
+
+        def sum(self, local):
+            other = self.other[self.calls]
+            self.calls += 1
+            return local + other
+
     recorder = Recorder()
     copy.deepcopy(parts[1]).gather(recorder)
-    parts[0].gather(TwoProcesses(0, recorder.seen))
-    # Two batches of 6 per process, 2 of each class per batch: no class reaches 10 in a share, nothing is held out.
-    assert parts[0].count == 24 and parts[0].channels == [2, 2] and torch.cat(parts[0].held_out).shape[0] == 0
-    everything, classes = torch.cat(values), torch.cat(labels)
+    parts[0].gather(TwoProcesses(recorder.seen))
+    # Each process's share holds 20 of each class (two batches of 10): its 10th and 20th are held out.
+    held = torch.zeros(60, dtype=torch.bool)
+    held[27:30] = held[57:60] = True
+    share = [torch.cat(values[i::2]) for i in range(2)]
+    share_labels = torch.cat(labels[:2])
+    kept = torch.cat([s[~held] for s in share])
+    kept_labels = torch.cat([share_labels[~held]] * 2)
+    held_out = torch.cat([s[held] for s in share])
+    held_labels = torch.cat([share_labels[held]] * 2)
+    assert parts[0].count == 120 and parts[0].held_out_count == 12 and parts[0].channels == [2, 2]
     for c in range(3):
-        assert torch.equal(parts[0].mins[c], everything[classes == c].amin(dim=0))
-        assert torch.equal(parts[0].maxs[c], everything[classes == c].amax(dim=0))
+        assert torch.equal(parts[0].mins[c], kept[kept_labels == c].amin(dim=0))
+        assert torch.equal(parts[0].maxs[c], kept[kept_labels == c].amax(dim=0))
+    deviations = (F.relu(parts[0].mins[held_labels] - held_out) / torch.abs(parts[0].mins[held_labels] + 1e-6)
+                  + F.relu(held_out - parts[0].maxs[held_labels]) / torch.abs(parts[0].maxs[held_labels] + 1e-6))
+    expected = torch.stack([deviations[:, :2].sum(), deviations[:, 2:].sum()])
+    assert expected.min() > 0  # held-out values do leave the ranges
+    torch.testing.assert_close(parts[0].held_out_deviation_sums([2, 2]), expected, rtol=1e-12, atol=0)
 
 
 def test_a_load_with_other_powers_than_the_fitted_ones_is_refused(tmp_path):
     model = make_tiny_model("resnet")
     detector = get_detector("gram", model).fit(fit_batches())
     detector.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"fitted at powers \[1, 2, 3, 4, 5\], not \[1, 2\]"):
+    with pytest.raises(ValueError, match=r"fitted at powers \[1, 2, 3, 4, 5\], not \[1, 2, 3, 4, 6\]"):
+        AutoOODDetector.from_pretrained(tmp_path, model=model, powers=[1, 2, 3, 4, 6])
+    with pytest.raises(ValueError, match=r"'fitted_powers' .* has shape \(5,\), expected \(2\)"):
         AutoOODDetector.from_pretrained(tmp_path, model=model, powers=[1, 2])
     loaded = AutoOODDetector.from_pretrained(tmp_path, model=model)
     np.testing.assert_array_equal(loaded.score(scored_inputs()).numpy(), detector.score(scored_inputs()).numpy())

@@ -118,16 +118,22 @@ class GramConfig(DetectorConfig):
 
 class GramRanges:
     """What a Gram fit keeps: per class the running minimum and maximum of every Gram value over the samples not
-    held out (``2 K V`` numbers whatever ``N``), and the held-out samples' values (every
-    :data:`HELD_OUT_EVERY`-th sample of each class in the order of the data), one tensor per batch."""
+    held out (``2 K V`` numbers whatever ``N``), and of the held-out samples (every :data:`HELD_OUT_EVERY`-th sample
+    of each class in the order of the data) only the values outside their class's range so far.
+
+    A held-out value inside the range of the samples seen so far stays inside the final range (ranges only widen),
+    so its deviation is 0 and it is not kept: each batch keeps ``(class, column, value)`` of its held-out values
+    outside the range, one entry tensor per batch (on i.i.d. data, about ``0.2 ln(N_k / 10)`` entries per class and
+    value, ``N_k`` that class's samples), and the held-out count."""
 
     def __init__(self, num_classes: int) -> None:
         self.num_classes = num_classes
         self.mins: torch.Tensor | None = None
         self.maxs: torch.Tensor | None = None
         self.class_counts = torch.zeros(num_classes, dtype=torch.long)
-        self.held_out: list[torch.Tensor] = []
-        self.held_out_labels: list[torch.Tensor] = []
+        self.held_out_count = 0
+        self.entries: list[torch.Tensor] = []  # per batch (E, 2) long: class, column
+        self.entry_values: list[torch.Tensor] = []  # per batch (E,) the values
         self.channels: list[int] = []  # C_l of each layer read
         self.batches = 0
 
@@ -143,9 +149,6 @@ class GramRanges:
         position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=1) - 1 + self.class_counts[labels]
         self.class_counts += one_hot.sum(dim=0)
         held = position % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
-        self.held_out.append(values[held])
-        self.held_out_labels.append(labels[held])
-        self.batches += 1
         kept, kept_labels = values[~held], labels[~held]
         if self.mins is None or self.maxs is None:
             self.mins = torch.full((self.num_classes, values.shape[1]), torch.inf, dtype=values.dtype)
@@ -153,15 +156,37 @@ class GramRanges:
         index = kept_labels[:, None].expand_as(kept)
         self.mins.scatter_reduce_(0, index, kept, "amin")
         self.maxs.scatter_reduce_(0, index, kept, "amax")
+        # The held-out values outside their class's range so far (this batch's kept samples included: a held-out
+        # sample follows at least nine of its class, so the range exists).
+        held_values, held_labels = values[held], labels[held]
+        outside = (held_values < self.mins[held_labels]) | (held_values > self.maxs[held_labels])
+        rows, columns = outside.nonzero(as_tuple=True)
+        self.entries.append(torch.stack([held_labels[rows], columns], dim=1))
+        self.entry_values.append(held_values[rows, columns])
+        self.held_out_count += int(held.sum())
+        self.batches += 1
+
+    def held_out_deviation_sums(self, widths: Sequence[int]) -> torch.Tensor:
+        """``(L,)``: per layer (``widths`` its columns), the sum over the held-out samples of their deviation from
+        their class's final range (:func:`range_deviations`; a value not kept lies inside and adds 0)."""
+        if self.mins is None or self.maxs is None:
+            raise RuntimeError("gram: no ranges were fitted")
+        entries, values = torch.cat(self.entries), torch.cat(self.entry_values)
+        classes, columns = entries[:, 0], entries[:, 1]
+        deviations = range_deviations(values, self.mins[classes, columns], self.maxs[classes, columns])
+        per_column = torch.zeros(self.mins.shape[1], dtype=deviations.dtype).index_add_(0, columns, deviations)
+        return layer_sums(per_column[None], widths)[0]
 
     def gather(self, shards: FitShards) -> None:
-        """Every process's ranges and held-out samples (each process holds out every tenth of each class in its own
+        """Every process's ranges and held-out entries (each process holds out every tenth of each class in its own
         share). The ranges go through ``shards.batches`` as this process's first batch (its other batches empty),
         since a minimum is not a sum."""
-        self.held_out = shards.batches(self.held_out)
-        self.held_out_labels = shards.batches(self.held_out_labels)
-        counts = shards.sum(self.class_counts.double())
-        self.class_counts = torch.zeros(self.num_classes, dtype=torch.long) if counts is None else counts.round().long()
+        self.entries = shards.batches(self.entries)
+        self.entry_values = shards.batches(self.entry_values)
+        counts = shards.sum(torch.cat([self.class_counts.double(), torch.tensor([float(self.held_out_count)],
+                                                                                 dtype=torch.float64)]))
+        if counts is not None:
+            self.class_counts, self.held_out_count = counts[:-1].round().long(), int(round(float(counts[-1])))
         every = self._first_batch_only(shards, None if self.mins is None or self.maxs is None
                                        else torch.stack([self.mins, self.maxs]))
         if every:
@@ -224,6 +249,7 @@ class GramDetector(FittedDetector):
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
         self.layer_splits = tuple(gram_layers(self.model, self.hyperparameters["layers"]))
+        self._column_widths: list[int] = []
 
     def feature_splits(self) -> tuple[SplitPoint, ...]:
         return self.layer_splits
@@ -236,7 +262,7 @@ class GramDetector(FittedDetector):
     def expected_state(self) -> dict[str, tuple[int | None, ...]]:
         layers = len(self.layer_splits)
         return {"mins": (self.num_classes, None), "maxs": (self.num_classes, None), "normalizers": (layers,),
-                "widths": (layers,), "fitted_powers": (None,)}
+                "widths": (layers,), "fitted_powers": (len(self.hyperparameters["powers"]),)}
 
     def _values(self, features: Sequence[torch.Tensor]) -> torch.Tensor:
         with full_precision(features[0].device), torch.no_grad():
@@ -264,15 +290,12 @@ class GramDetector(FittedDetector):
         if empty or accumulated.mins is None or accumulated.maxs is None:
             raise NotEnoughSamplesError(f"detector 'gram' needs at least one ID training sample of every class (its "
                                         f"Gram ranges); classes {empty} have none")
-        held_out, labels = torch.cat(accumulated.held_out), torch.cat(accumulated.held_out_labels)
-        if not held_out.shape[0]:
+        if not accumulated.held_out_count:
             raise NotEnoughSamplesError(f"detector 'gram' holds out every {HELD_OUT_EVERY}th sample of a class for "
                                         f"its normalisation, and no class has {HELD_OUT_EVERY} samples")
         powers = len(self.hyperparameters["powers"])
-        widths = [powers * channels for channels in accumulated.channels]
-        deviations = layer_sums(range_deviations(held_out, accumulated.mins[labels], accumulated.maxs[labels]),
-                                widths)
-        normalizers = deviations.mean(dim=0)
+        normalizers = (accumulated.held_out_deviation_sums([powers * channels for channels in accumulated.channels])
+                       / accumulated.held_out_count)
         constant = (normalizers == 0).nonzero().flatten().tolist()
         if constant:
             # OpenOOD divides by n_l whatever it is (0 / 0 and x / 0 give NaN and infinite scores); such a layer is
@@ -296,6 +319,8 @@ class GramDetector(FittedDetector):
         if int(self.widths.sum()) * powers != self.mins.shape[1] or self.maxs.shape != self.mins.shape:
             raise ValueError(f"gram: the saved layer widths {[int(w) for w in self.widths.tolist()]} at {powers} "
                              f"powers do not match the ranges {tuple(self.mins.shape)} and {tuple(self.maxs.shape)}")
+        # Each layer's columns (P C_l), read once here: no host read in the forward.
+        self._column_widths = [powers * int(width) for width in self.widths.tolist()]
 
     # ------------------------------------------------------------------ scoring
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
@@ -304,9 +329,8 @@ class GramDetector(FittedDetector):
             values = self._values([batch.features(split) for split in self.layer_splits]).to(self.mins.device)
             probabilities = batch.model_logits().double().softmax(dim=1).to(values.device)
             confidence, predicted = probabilities.max(dim=1)
-            widths = [len(self.hyperparameters["powers"]) * int(width) for width in self.widths.tolist()]
             deviations = layer_sums(range_deviations(values, self.mins.double()[predicted],
-                                                     self.maxs.double()[predicted]), widths)
+                                                     self.maxs.double()[predicted]), self._column_widths)
             normalizers = self.normalizers.double()
             # A layer whose held-out deviation was 0 is left out (see _fit).
             weights = torch.where(normalizers > 0, 1.0 / normalizers, torch.zeros_like(normalizers))
