@@ -60,6 +60,9 @@ def _markdown(text: str) -> str:
 def _reads(detector) -> str:
     if not detector.one_pass:
         return "the input: a gradient step on it, then forwards of its own"
+    described = getattr(detector, "reads_description", None)  # capture points that are not split points (Gram)
+    if described is not None:
+        return described
     parts = ["logits"] if detector.reads_logits else []
     gradient = hasattr(detector, "backend")  # GSC and GSC + ASH: the gradient through the head after the split
     for split in detector.feature_splits():

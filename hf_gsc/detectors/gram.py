@@ -244,6 +244,9 @@ class GramDetector(FittedDetector):
     search_space_source = "OpenOOD gram.yml postprocessor_sweep: powers_list [[1, 2, 3, 4, 5]] (one value)"
     reads_logits = True
     needs_labels = True
+    #: What it reads, for the method table: its layers are capture points of the shared pass, no head after them.
+    reads_description: ClassVar[str] = ("logits, the output of every `nn.Conv2d` and `nn.ReLU` module (`layers=blocks`: "
+                                        "the encoder blocks' input and outputs)")
     #: ``mins`` / ``maxs`` ``(K, V)`` per class; ``normalizers`` ``(L,)`` each layer's ``n_l``; ``widths`` ``(L,)``
     #: the channels of each layer, ``fitted_powers`` the powers (both checked at load).
     state_names = ("mins", "maxs", "normalizers", "widths", "fitted_powers")
