@@ -67,8 +67,8 @@ def gram_layers(model: nn.Module, layer_set: str) -> list[SplitPoint]:
     """Where the Gram matrices are read, as capture points of the shared backbone pass.
 
     ``conv_relu``: the output of every ``nn.Conv2d`` and ``nn.ReLU`` module (OpenOOD's ``FeatureExtractor``, after
-    the Gram authors' ``gram-ood``); ``blocks``: the input of the encoder's first block and each block's output (the
-    feature list OpenOOD's ResNet returns, :func:`hf_gsc.classifier.architectures.encoder_blocks`).
+    the Gram authors' ``gram-ood``); ``blocks``: the input of the encoder's first block and each block's output
+    (:func:`hf_gsc.classifier.architectures.encoder_blocks`, as ``mds_ensemble`` reads them).
 
     Raises:
         ValueError: the model has no such layer (a transformer has no ``nn.ReLU``; a timm model exposes no list of
@@ -113,7 +113,8 @@ class GramConfig(DetectorConfig):
         "conv_relu", choice_check(LAYER_SETS),
         "Which feature maps are read (:func:`gram_layers`): ``conv_relu``, the output of every nn.Conv2d and "
         "nn.ReLU module (OpenOOD's gram_postprocessor.py, its FeatureExtractor); ``blocks``, the input of the "
-        "encoder's first block and each block's output (the ResNet feature list of OpenOOD's earlier Gram code).")
+        "encoder's first block and each block's output (the layers ``mds_ensemble`` reads; OpenOOD's earlier Gram "
+        "code read a ResNet's stem and stage outputs, the last one average-pooled).")
 
 
 class GramRanges:
@@ -227,7 +228,9 @@ class GramDetector(FittedDetector):
     draws the held-out tenth at random (``random.sample``, unseeded); here it is every tenth sample of each class in
     the order of the data (the same count, ``int(0.1 L)`` of a class's ``L``), so that a fit is reproducible; on
     several processes, every tenth of each process's share. A module run twice in one forward (one activation module
-    shared by two places) is read at its first run (OpenOOD's hooks append every run). The Gram values and
+    shared by two places) is read at its first run, where OpenOOD's hooks append every run: torchvision's Bottleneck
+    runs its one ReLU module three times, while transformers' and timm's ResNets have a module per activation, each
+    read. The Gram values and
     deviations are computed in float64.
 
     Cost: one pass (the layers are captured in the shared forward), then per layer and power ``O(C S)`` for the row
