@@ -124,7 +124,7 @@ def leaderboard_section() -> list[str]:
         "use ID data only.",
         "",
         "Sources (repository, commit): " + "; ".join(f"`{source}`" for source in sources) + " (the rows after NCI are "
-        "in the second, the fork where the leaderboard is maintained since OpenOOD issue 285). The rows, with their "
+        "in the second, the fork where OpenOOD's maintainers now take leaderboard entries). The rows, with their "
         "source: [results/openood_leaderboard/imagenet1k_ood.csv](results/openood_leaderboard/imagenet1k_ood.csv).",
         "",
         "| Arch | Training | Postprocessor | near-OOD AUROC | far-OOD AUROC | ID accuracy | checkpoint | hf_gsc method |",
