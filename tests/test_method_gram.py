@@ -134,8 +134,8 @@ def get_deviations(model, data, mins, maxs, normalize_factors, powers):
     return preds, -deviations / confs[:, None]
 
 
-def openood_gram(model, fit_batches, data, powers, layers):
-    net = (FeatureExtractor if layers == "conv_relu" else HiddenStates)(model)
+def openood_gram(model, fit_batches, data, powers, layer_set):
+    net = (FeatureExtractor if layer_set == "conv_relu" else HiddenStates)(model)
     mins, maxs, normalize_factors = sample_estimator(net, fit_batches, NUM_LABELS, powers)
     _, scores = get_deviations(net, data, mins, maxs, normalize_factors, powers)
     net.destroy_hooks()
@@ -157,13 +157,13 @@ def scored_inputs():
 
 
 @pytest.mark.parametrize("arch", ["resnet", "vit"])
-@pytest.mark.parametrize(("powers", "layers"), [((1, 2, 3, 4, 5), "conv_relu"), ((1, 3, 10), "conv_relu"),
+@pytest.mark.parametrize(("powers", "layer_set"), [((1, 2, 3, 4, 5), "conv_relu"), ((1, 3, 10), "conv_relu"),
                                                 ((1, 2, 3, 4, 5), "blocks")])
-def test_gram_matches_openood(arch, powers, layers):
+def test_gram_matches_openood(arch, powers, layer_set):
     model, batches, inputs = make_tiny_model(arch), fit_batches(), scored_inputs()
-    expected, normalize_factors = openood_gram(model, batches, inputs, powers, layers)
+    expected, normalize_factors = openood_gram(model, batches, inputs, powers, layer_set)
     assert (normalize_factors > 0).all()  # OpenOOD divides by them
-    detector = get_detector("gram", model, powers=list(powers), layers=layers).fit(batches)
+    detector = get_detector("gram", model, powers=list(powers), layer_set=layer_set).fit(batches)
     # OpenOOD's layers are in the order of the forward, these in the order of the modules (a ResNet runs its shortcut
     # after the block's convolutions): the same normalisers, and the score sums over the layers.
     np.testing.assert_allclose(np.sort(detector.normalizers.numpy()), np.sort(normalize_factors[0].numpy()), rtol=RTOL)
@@ -183,7 +183,7 @@ def test_the_deviation_is_against_the_predicted_class_and_divided_by_the_msp():
 
 
 def test_defaults_layers_and_refusals():
-    assert DETECTORS["gram"].defaults == {"powers": (1, 2, 3, 4, 5), "layers": "conv_relu"}
+    assert DETECTORS["gram"].defaults == {"powers": (1, 2, 3, 4, 5), "layer_set": "conv_relu"}
     assert DETECTORS["gram"].one_pass and DETECTORS["gram"].fit_split == "train"
     resnet = make_tiny_model("resnet")
     paths = [split.module_path for split in get_detector("gram", resnet).layer_splits]
@@ -193,8 +193,8 @@ def test_defaults_layers_and_refusals():
         "vit.embeddings.patch_embeddings.projection"]
     with pytest.raises(ValueError, match=r"powers must be a non-empty list of distinct positive integers"):
         get_detector("gram", resnet, powers=[1, 1])
-    with pytest.raises(ValueError, match=r"layers"):
-        get_detector("gram", resnet, layers="every")
+    with pytest.raises(ValueError, match=r"layer_set"):
+        get_detector("gram", resnet, layer_set="every")
 
     class Dense(nn.Module):  # no nn.Conv2d, no nn.ReLU
         def __init__(self):

@@ -78,13 +78,13 @@ def gram_layers(model: nn.Module, layer_set: str) -> list[SplitPoint]:
         try:
             blocks = list(encoder_blocks(model, "gram"))
         except ValueError as error:
-            raise ValueError(f"gram with layers='blocks' reads the encoder's blocks: {error}; layers='conv_relu' "
+            raise ValueError(f"gram with layer_set='blocks' reads the encoder's blocks: {error}; layer_set='conv_relu' "
                              "reads the nn.Conv2d and nn.ReLU modules instead") from None
         targets = [(blocks[0], True)] + [(block, False) for block in blocks]
     else:
         modules = [module for module in model.modules() if isinstance(module, (nn.Conv2d, nn.ReLU))]
         if not modules:
-            raise ValueError(f"gram with layers='conv_relu' reads the outputs of the nn.Conv2d and nn.ReLU modules, "
+            raise ValueError(f"gram with layer_set='conv_relu' reads the outputs of the nn.Conv2d and nn.ReLU modules, "
                              f"and {type(model).__name__} has none")
         targets = [(module, False) for module in modules]
     paths = _module_paths(model, [module for module, _ in targets])
@@ -109,7 +109,7 @@ class GramConfig(DetectorConfig):
         (1, 2, 3, 4, 5), _powers,
         "The orders p of the Gram matrices; [1, 2, 3, 4, 5]: OpenOOD gram.yml ``postprocessor_args.powers`` (the "
         "paper uses 1 to 10).")
-    layers: str = setting(
+    layer_set: str = setting(
         "conv_relu", choice_check(LAYER_SETS),
         "Which feature maps are read (:func:`gram_layers`): ``conv_relu``, the output of every nn.Conv2d and "
         "nn.ReLU module (OpenOOD's gram_postprocessor.py, its FeatureExtractor); ``blocks``, the input of the "
@@ -218,7 +218,7 @@ class GramDetector(FittedDetector):
     training samples of that class (true labels) but a held-out tenth; ``delta_l(x)`` sums over the powers and
     channels :func:`range_deviations` against the ranges of the predicted class (argmax of the logits); ``n_l`` is
     the mean ``delta_l`` of the held-out samples against their own class's ranges. The layers are every
-    ``nn.Conv2d`` and ``nn.ReLU`` output (OpenOOD's ``FeatureExtractor``) or, with ``layers='blocks'``, the
+    ``nn.Conv2d`` and ``nn.ReLU`` output (OpenOOD's ``FeatureExtractor``) or, with ``layer_set='blocks'``, the
     encoder's blocks (:func:`gram_layers`).
 
     Where the code differs from the paper, this follows the code: the paper keeps the upper triangle of each Gram
@@ -248,7 +248,7 @@ class GramDetector(FittedDetector):
     reads_logits = True
     needs_labels = True
     #: What it reads, for the method table: its layers are capture points of the shared pass, no head after them.
-    reads_description: ClassVar[str] = ("logits, the output of every `nn.Conv2d` and `nn.ReLU` module (`layers=blocks`: "
+    reads_description: ClassVar[str] = ("logits, the output of every `nn.Conv2d` and `nn.ReLU` module (`layer_set=blocks`: "
                                         "the encoder blocks' input and outputs)")
     #: ``mins`` / ``maxs`` ``(K, V)`` per class; ``normalizers`` ``(L,)`` each layer's ``n_l``; ``widths`` ``(L,)``
     #: the channels of each layer, ``fitted_powers`` the powers (both checked at load).
@@ -256,7 +256,7 @@ class GramDetector(FittedDetector):
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **hyperparameters: Any) -> None:
         super().__init__(model, config, **hyperparameters)
-        self.layer_splits = tuple(gram_layers(self.model, self.hyperparameters["layers"]))
+        self.layer_splits = tuple(gram_layers(self.model, self.hyperparameters["layer_set"]))
         self._column_widths: list[int] = []
 
     def feature_splits(self) -> tuple[SplitPoint, ...]:
@@ -335,6 +335,9 @@ class GramDetector(FittedDetector):
         """The Gram values, deviations and softmax in float64 with autocast off."""
         with full_precision(batch.pixel_values.device), torch.no_grad():
             values = self._values([batch.features(split) for split in self.layer_splits]).to(self.mins.device)
+            if values.shape[1] != self.mins.shape[1]:
+                raise ValueError(f"gram: the layers read give {values.shape[1]} Gram values per sample, the fitted "
+                                 f"ranges {self.mins.shape[1]}: load it with the layer_set it was fitted with")
             probabilities = batch.model_logits().double().softmax(dim=1).to(values.device)
             confidence, predicted = probabilities.max(dim=1)
             deviations = layer_sums(range_deviations(values, self.mins.double()[predicted],
