@@ -31,19 +31,34 @@ LAYER_SETS = ("conv_relu", "blocks")
 def gram_row_sums(feature: torch.Tensor, power: int) -> torch.Tensor:
     """OpenOOD's ``G_p``: with ``X`` the feature as ``(B, C, S)`` (dimension 1 the channels, the rest flattened) raised
     elementwise to ``power``, the row sums of the Gram matrix ``X X^T``, ``sum_j (X X^T)_ij``, each taken to the
-    signed ``1 / power``-th root: ``(B, C)``.
+    signed ``1 / power``-th root: ``(B, C)``."""
+    return _signed_root(_row_sums(feature.reshape(feature.shape[0], feature.shape[1], -1) ** power), power)
 
-    The row sums are computed as ``X (X^T 1)``, ``O(C S)``, not by forming the ``C x C`` Gram matrix (``O(C^2 S)``)
-    as OpenOOD does: the same sums, added in another order (equal up to rounding)."""
-    matrix = feature.reshape(feature.shape[0], feature.shape[1], -1) ** power
-    sums = (matrix * matrix.sum(dim=1, keepdim=True)).sum(dim=2)
+
+def _row_sums(matrix: torch.Tensor) -> torch.Tensor:
+    """``(X X^T) 1`` of each ``(C, S)`` matrix of ``(B, C, S)``, computed as ``X (X^T 1)``, ``O(C S)``, not by forming
+    the ``C x C`` Gram matrix (``O(C^2 S)``) as OpenOOD does: the same sums, added in another order (equal up to
+    rounding)."""
+    return torch.bmm(matrix, matrix.sum(dim=1).unsqueeze(2)).squeeze(2)
+
+
+def _signed_root(sums: torch.Tensor, power: int) -> torch.Tensor:
     return sums.sign() * sums.abs() ** (1.0 / power)
 
 
 def gram_values(features: Sequence[torch.Tensor], powers: Sequence[int]) -> torch.Tensor:
     """Every layer's :func:`gram_row_sums` at every power, concatenated layer by layer, power by power:
-    ``(B, P sum_l C_l)``, float64."""
-    return torch.cat([gram_row_sums(feature.double(), power) for feature in features for power in powers], dim=1)
+    ``(B, P sum_l C_l)``, float64. Each feature is widened once, and ``X^(p+1)`` is ``X^p`` times ``X`` where the
+    powers follow each other (equal to :func:`gram_row_sums` up to rounding)."""
+    values = []
+    for feature in features:
+        matrix = feature.double().reshape(feature.shape[0], feature.shape[1], -1)
+        raised, last = matrix, 1
+        for power in powers:
+            raised = raised * matrix if power == last + 1 else matrix ** power
+            last = power
+            values.append(_signed_root(_row_sums(raised), power))
+    return torch.cat(values, dim=1)
 
 
 def range_deviations(values: torch.Tensor, mins: torch.Tensor, maxs: torch.Tensor) -> torch.Tensor:
