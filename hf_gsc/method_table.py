@@ -61,6 +61,9 @@ def _reads(detector) -> str:
     if not detector.one_pass:
         # A method with passes of its own says what they read where it is not a step on the input (NAC).
         return getattr(detector, "reads_description", "the input: a gradient step on it, then forwards of its own")
+    described = getattr(detector, "reads_description", None)  # capture points that are not split points (Gram)
+    if described is not None:
+        return described
     parts = ["logits"] if detector.reads_logits else []
     gradient = hasattr(detector, "backend")  # GSC and GSC + ASH: the gradient through the head after the split
     for split in detector.feature_splits():

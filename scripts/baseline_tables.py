@@ -15,6 +15,7 @@ Example (about 10 minutes on 2 CPU cores)::
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
@@ -27,6 +28,24 @@ PAGE = ROOT / "docs" / "baselines.md"
 PAIRS = [("fmnist-ood", "resnet"), ("fmnist-ood", "vit"), ("fmnist-ood", "swin"),
          ("fmnist-openset", "resnet-openset"), ("fmnist-openset", "vit-openset"), ("fmnist-openset", "swin-openset")]
 SETTINGS = ["--max-samples", "500", "--max-fit-samples", "2000", "--seed", "0", "--no-plots"]
+#: OpenOOD v1.5's ImageNet-1K leaderboard rows as published (``results/imagenet1k_ood.csv``; each row's repository and
+#: commit in its ``Source`` column): cited, never measured here.
+LEADERBOARD = ROOT / "docs" / "results" / "openood_leaderboard" / "imagenet1k_ood.csv"
+#: The method of this library that reruns each leaderboard postprocessor, with a note; ``None``: not here, and why.
+LEADERBOARD_METHODS: dict[str, tuple[str | None, str]] = {
+    "OpenMax": ("openmax", ""), "MSP": ("msp", ""), "TempScale": ("temp_scaling", ""), "ODIN": ("odin", ""),
+    "MDS": ("mahalanobis", ""), "MDSEns": ("mds_ensemble", ""), "RMDS": ("rmds", ""),
+    "Gram": ("gram", "the row was published (June 2023) before OpenOOD's Gram code was rewritten by the paper's first "
+                     "author (February 2024); `gram` follows the rewrite, not the code that gave this row"),
+    "EBO": ("energy", ""), "GradNorm": ("gradnorm", ""), "ReAct": ("react", ""), "MLS": ("max_logit", ""),
+    "KLM": ("klm", ""), "VIM": ("vim", ""), "KNN": ("knn", ""), "DICE": ("dice", ""), "RankFeat": ("rankfeat", ""),
+    "ASH": ("ash_b", "OpenOOD's `ASHNet` applies ASH-B"), "SHE": ("she", ""), "GEN": ("gen", ""),
+    "NNGuide": ("nnguide", ""), "SCALE": ("scale", ""),
+    "NAC": ("nac", "the authors' per-layer settings as published (the ID-only mode)"),
+    "fDBD": ("fdbd", ""), "CombOOD": (None, "not here: not implemented, its code not read"),
+    "WeiPer+KLD": ("weiper_kldiv", ""), "i-ODIN": ("iodin", ""), "AdaSCALE-A": ("adascale_a", ""),
+    "AdaSCALE-L": ("adascale_l", ""), "NCI": ("nci", ""), "MDS++": ("mahalanobis_pp", ""), "RMDS++": ("rmds_pp", ""),
+}
 
 
 def evaluate(benchmark: str, model: str) -> None:
@@ -68,6 +87,56 @@ def summary(results: dict[tuple[str, str], dict]) -> list[str]:
     return lines
 
 
+def leaderboard_method(training: str, postprocessor: str) -> str:
+    """The table's last cell: the method name that reruns the row, or "not here" and why."""
+    if training == postprocessor:  # ConfBranch, RotPred, G-ODIN, ARPL, MOS, T2FNorm
+        return "not here: a training-time method (its own training objective or head)"
+    method, note = LEADERBOARD_METHODS.get(postprocessor, (None, "not here: not implemented"))
+    if method is None:
+        return note
+    cell = f"`{method}`" + (f" ({note})" if note else "")
+    if training != "CrossEntropy":
+        cell += f", on a checkpoint trained with {training} (the training is not here)"
+    return cell
+
+
+def leaderboard_section() -> list[str]:
+    """The section placing this library's methods beside OpenOOD v1.5's ImageNet-1K leaderboard rows."""
+    with LEADERBOARD.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    sources = sorted({row["Source"] for row in rows})
+    lines = [
+        "## Beside OpenOOD v1.5's ImageNet-1K leaderboard",
+        "",
+        "Each row of OpenOOD v1.5's ImageNet-1K OOD leaderboard (its `results/imagenet1k_ood.csv`, read at the "
+        "commits below) with its published",
+        "near-OOD and far-OOD AUROC, and the method of this library that reruns its postprocessor. The numbers are "
+        "OpenOOD's, copied",
+        "as published: **none was measured by this library**; the page's tables above are this library's runs. The "
+        "`CrossEntropy` rows",
+        "are torchvision's ImageNet checkpoints; to rerun one here, load those weights as a Hugging Face or timm "
+        "model (timm's",
+        "`timm/resnet50.tv_in1k` holds torchvision's ResNet-50 weights) and evaluate on `imagenet-ood`, whose near "
+        "and far groups are",
+        "OpenOOD v1.5's ([data.md](data.md)): `hf-gsc evaluate --model MODEL --benchmark imagenet-ood --methods "
+        "NAME`. OpenOOD",
+        "chooses some methods' settings on its OOD validation set (`APS_mode`); this library's defaults and `--tune` "
+        "use ID data only.",
+        "",
+        "Sources (repository, commit): " + "; ".join(f"`{source}`" for source in sources) + " (the rows after NCI are "
+        "in the second, the fork where OpenOOD's maintainers now take leaderboard entries). The rows, with their "
+        "source: [results/openood_leaderboard/imagenet1k_ood.csv](results/openood_leaderboard/imagenet1k_ood.csv).",
+        "",
+        "| Arch | Training | Postprocessor | near-OOD AUROC | far-OOD AUROC | ID accuracy | checkpoint | hf_gsc method |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(f"| {row['Arch']} | {row['Training']} | {row['Postprocessor']} | {row['Near-OOD_AUROC']} | "
+                     f"{row['Far-OOD_AUROC']} | {row['ID_Accuracy']} | {row['Additional_Description']} | "
+                     f"{leaderboard_method(row['Training'], row['Postprocessor'])} |")
+    return lines
+
+
 def write_page(results: dict[tuple[str, str], dict]) -> None:
     methods = sorted({m for r in results.values() for m in r["methods"]})
     parts = [
@@ -97,6 +166,8 @@ def write_page(results: dict[tuple[str, str], dict]) -> None:
         "Means are over each pair's OOD splits; ID = positive class. The selection ranks the methods on validation data",
         "only (ID validation against OOD sets generated from it, `results.json` `selection`); the test columns describe,",
         "they do not choose.",
+        "",
+        *leaderboard_section(),
         "",
     ]
     for benchmark, model in results:

@@ -475,6 +475,8 @@ TOY_FAILURES = {
     "mds_ensemble": "MDSEns reads the layers of the encoder's blocks; the toy has no encoder, which it refuses",
     "nac": "NAC reads layers inside the encoder by default (a CNN's stages, a transformer's blocks); the toy has no "
            "encoder, which it refuses",
+    "gram": "Gram reads the outputs of nn.Conv2d and nn.ReLU modules; the toy has none (its ReLU is torch.relu), "
+            "which it refuses",
     "actsub": "ActSub splits the classifier's right singular vectors (Equation 4); the toy's four share one singular "
               "value, so the split (c_idx = 1) cuts its row space along an arbitrary direction and the authors' code "
               "scores some OOD samples above ID ones",

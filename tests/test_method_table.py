@@ -22,6 +22,7 @@ def test_every_method_has_a_row_saying_what_it_reads_fits_and_keeps():
     assert _row(table, "nac")[2].startswith("its own forward and backward")  # no step on the input
     assert _row(table, "gsc")[2] == "F at `final_encoder_output` + the head"
     assert _row(table, "rankfeat")[2] == "F at `final_encoder_output` + the head"  # a split point, not z
+    assert _row(table, "gram")[2].startswith("logits, the output of every `nn.Conv2d` and `nn.ReLU` module")
     assert "OpenOOD react.yml" in _row(table, "react")[5]
 
 
