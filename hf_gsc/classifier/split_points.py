@@ -75,6 +75,9 @@ class SplitPoint:
         """The registered head with the model's current parameters (folded on every call, so it follows
         replaced or changed parameters), as a function of ``F`` or (``on_read_part``) of
         ``pool(F, self.read_pool)``."""
+        if self.head_spec is None:
+            raise ValueError(f"split point {self.name!r} has no registered head form (HeadSpec); its head is "
+                             "differentiated by autograd")
         head = self.head_spec.bind(self.model)
         return restrict_to_read_part(head) if on_read_part else head
 
