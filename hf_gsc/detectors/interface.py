@@ -123,7 +123,7 @@ class OODDetector(DetectorFiles, HubPush, Calibrated, nn.Module):
     fit_split: str = "train"
     min_fit_samples: int = 1
     reads_logits: ClassVar[bool] = False
-    config_class: ClassVar[type] = DetectorConfig
+    config_class: ClassVar[type[DetectorConfig]] = DetectorConfig
 
     def __init__(self, model: nn.Module, config: DetectorConfig | None = None, **kwargs: Any) -> None:
         """Args: ``model``, the base classifier; ``config``, the method's settings (a ``config_class``; ``None``:

@@ -13,6 +13,7 @@ from .saving import save_detector
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
+    from .savable import SavableDetector
 
 
 class DetectorFiles:
@@ -28,7 +29,7 @@ class DetectorFiles:
                              expected_class=cls, **kwargs)
 
     def save_pretrained(
-        self,
+        self: SavableDetector,
         save_directory: str | os.PathLike,
         save_base_model: bool = False,
         results_dir: str | os.PathLike | None = None,

@@ -36,7 +36,9 @@ def publish_results(
     results, table = public_results(results, table)  # no local path leaves this machine
     methods = results.get("methods") or {}
     chosen = (results.get("selection") or {}).get("method")
-    method = method or (chosen if chosen in methods else "gsc" if "gsc" in methods else next(iter(methods), "gsc"))
+    if not method:
+        method = (chosen if isinstance(chosen, str) and chosen in methods
+                  else "gsc" if "gsc" in methods else str(next(iter(methods), "gsc")))
     model = str(results.get("model"))
     values = {"method": method, "hyperparameters": (methods.get(method) or {}).get("hyperparameters") or {},
               "base_model_name_or_path": model if is_hub_id(model) else None, "hf_gsc_version": results.get(

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .eval_results import write_eval_results
 from .model_card import DEFAULT_LICENSE
 from .repo_ids import is_hub_id
 from .results import public_results, read_results
 from .saving import check_savable, save_detector
+
+
+if TYPE_CHECKING:
+    from .savable import SavableDetector
 
 
 class HubError(RuntimeError):
@@ -80,7 +84,7 @@ class HubPush:
     method: str
 
     def push_to_hub(
-        self,
+        self: SavableDetector,
         repo_id: str,
         private: bool = False,
         revision: str | None = None,

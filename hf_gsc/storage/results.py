@@ -16,7 +16,7 @@ from .saved_format import read_config
 
 
 if TYPE_CHECKING:
-    from ..detectors.interface import OODDetector
+    from .savable import SavableDetector
 
 #: The results files of an evaluation output that a detector folder carries (its plots besides).
 RESULT_FILES = ("results.json", "results.md")
@@ -49,7 +49,8 @@ def copy_results(results_dir: str | os.PathLike, directory: Path, plots: list[Pa
         if table is not None:
             confined_files.atomic_write_text(Path(directory) / RESULT_FILES[1], table)
         names = []
-    for relative in [*names, *plots]:
+    relatives: list[str | Path] = [*names, *plots]
+    for relative in relatives:
         confined_files.copy_file(source, relative, directory)
 
 
@@ -79,7 +80,7 @@ def public_results(results: Mapping[str, Any], table: str | None) -> tuple[dict[
     return json.loads(public(json.dumps(results))), None if table is None else public(table)
 
 
-def check_results_match(results: Mapping[str, Any], detector: OODDetector, results_dir: str | os.PathLike) -> None:
+def check_results_match(results: Mapping[str, Any], detector: SavableDetector, results_dir: str | os.PathLike) -> None:
     """Refuse results that another model or other settings produced: the card would claim them.
 
     The fingerprint compared is the evaluated model and every hyperparameter that changes ``ood_score``, as recorded

@@ -62,8 +62,8 @@ _LOCAL_SOURCE = re.compile(r"^(?P<kind>folder|file|split '[^']*' of dataset root
 def public_config(values: Mapping[str, Any]) -> dict[str, Any]:
     """``detector_config.json`` as pushed: a calibration ``source`` read from a local path names the folder or file
     only (``"folder test (a local path, not published)"``); everything else as saved."""
-    calibration = values.get("calibration")
-    match = _LOCAL_SOURCE.match(str((calibration or {}).get("source") or ""))
+    calibration = values.get("calibration") or {}
+    match = _LOCAL_SOURCE.match(str(calibration.get("source") or ""))
     if match is None:
         return dict(values)
     source = (f"{match['kind']} {Path(match['path']).name} (a local path, not published)"
