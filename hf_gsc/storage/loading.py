@@ -77,7 +77,7 @@ def hyperparameter_names(cls: type[OODDetector]) -> frozenset[str]:
 
 
 # ----------------------------------------------------------------------------- load
-def is_detector_dir(directory: str | os.PathLike) -> bool:
+def is_detector_dir(directory: str | os.PathLike[str]) -> bool:
     return any(os.path.isfile(os.path.join(directory, name)) for name in (CONFIG_NAME, LEGACY_GSC_CONFIG_NAME))
 
 
@@ -310,7 +310,7 @@ def _processor_reference(
     return None, hub
 
 
-def has_base_weights(directory: str | os.PathLike) -> bool:
+def has_base_weights(directory: str | os.PathLike[str]) -> bool:
     return any(os.path.isfile(os.path.join(directory, name)) for name in BASE_WEIGHTS)
 
 

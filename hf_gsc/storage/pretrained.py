@@ -30,9 +30,9 @@ class DetectorFiles:
 
     def save_pretrained(
         self: SavableDetector,
-        save_directory: str | os.PathLike,
+        save_directory: str | os.PathLike[str],
         save_base_model: bool = False,
-        results_dir: str | os.PathLike | None = None,
+        results_dir: str | os.PathLike[str] | None = None,
         license: str | None = None,
     ) -> str:
         """Write ``detector_config.json`` (method, hyperparameters, threshold, base-model reference), the fitted

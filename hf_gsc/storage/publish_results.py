@@ -12,13 +12,13 @@ from pathlib import Path
 
 from .eval_results import write_eval_results
 from .model_card import render_model_card
-from .push import HubError, upload_folder_to_hub  # noqa: F401  (HubError: part of this module's interface)
+from .push import HubError, upload_folder_to_hub
 from .repo_ids import is_hub_id
 from .results import copy_results, public_results, read_results
 
 
 def publish_results(
-    results_dir: str | os.PathLike,
+    results_dir: str | os.PathLike[str],
     repo_id: str,
     private: bool = False,
     revision: str | None = None,
@@ -52,3 +52,7 @@ def publish_results(
             folder, repo_id, private, revision, token, "Upload hf_gsc evaluation results",
             kept=f"The results in {results_dir} are intact.",
         )
+
+
+#: HubError: what a failed upload raises here, part of this module's interface.
+__all__ = ["HubError", "publish_results"]

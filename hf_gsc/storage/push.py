@@ -34,7 +34,7 @@ def _hub_error(action: str, error: BaseException, kept: str) -> HubError:
 
 # ----------------------------------------------------------------------------- push
 def upload_folder_to_hub(
-    folder: str | os.PathLike,
+    folder: str | os.PathLike[str],
     repo_id: str,
     private: bool = False,
     revision: str | None = None,
@@ -90,7 +90,7 @@ class HubPush:
         revision: str | None = None,
         token: str | bool | None = None,
         save_base_model: bool = False,
-        results_dir: str | os.PathLike | None = None,
+        results_dir: str | os.PathLike[str] | None = None,
         commit_message: str | None = None,
         license: str = DEFAULT_LICENSE,
     ) -> str:

@@ -37,7 +37,7 @@ def saved_base_reference(
     return None, None
 
 
-def check_savable(detector: SavableDetector, results_dir: str | os.PathLike | None = None) -> None:
+def check_savable(detector: SavableDetector, results_dir: str | os.PathLike[str] | None = None) -> None:
     """Refuse to save (or push) a detector that needs a fit and has none (it would be saved without its state and
     fail only when loaded), or with a ``results_dir`` that is not this detector's or links outside itself: the local
     checks a push makes before it reaches the Hub. First the detector is brought in line with its config
@@ -52,9 +52,9 @@ def check_savable(detector: SavableDetector, results_dir: str | os.PathLike | No
 
 def save_detector(
     detector: SavableDetector,
-    directory: str | os.PathLike,
+    directory: str | os.PathLike[str],
     save_base_model: bool = False,
-    results_dir: str | os.PathLike | None = None,
+    results_dir: str | os.PathLike[str] | None = None,
     repo_id: str | None = None,
     license: str | None = None,
 ) -> Path:
