@@ -184,3 +184,15 @@ def test_a_one_by_one_map_takes_the_step_on_every_coordinate():
         assert torch.equal(step.mask, reference.mask), variant
         torch.testing.assert_close(step.ood_score, reference.ood_score, **TOLERANCE, msg=str(variant))
     assert torch.isfinite(detector(pixel_values).ood_score).all()
+
+
+def test_an_adaptive_mask_without_its_mass_and_a_folded_norm_without_its_epsilon_are_refused_by_name():
+    """The step's adaptive size needs ``gradient_mass`` (a ValueError naming it, not a TypeError from the product
+    with None); a head has its centred classifier exactly when it has a LayerNorm (refused when built by hand)."""
+    generator = torch.Generator().manual_seed(0)
+    head = PoolNormLinearHead.fold("mean_spatial", torch.randn(3, 4, generator=generator), None)
+    features = torch.randn(2, 4, 2, 2, generator=generator)
+    with pytest.raises(ValueError, match="mask_size='adaptive' needs gradient_mass"):
+        gsc_step(head.linearize(features), features, GSCConfig(mask_size="adaptive"))
+    with pytest.raises(ValueError, match="centered_weight exactly when it has norm_eps"):
+        PoolNormLinearHead("identity", head.weight, None, norm_eps=1e-5)

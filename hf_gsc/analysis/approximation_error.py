@@ -18,24 +18,25 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..detectors.gsc import GSCConfig
+from ..gsc_math.choices import Approximation, Operation
 from ..gsc_math.step import gsc_step
 from ..utils.score_names import Score
 from .context import HeadContext, scores_of
 
 
-APPROXIMATIONS: tuple[str, ...] = ("exact", "first_order", "predicted_logit")
+APPROXIMATIONS: tuple[Approximation, ...] = ("exact", "first_order", "predicted_logit")
 ERROR_SCORES: tuple[Score, ...] = ("energy", "msp")
 
 
 def approximation_outputs(
-    context: HeadContext, mask_ratio: float = 0.05, operation: str = "zero"
+    context: HeadContext, mask_ratio: float = 0.05, operation: Operation = "zero"
 ) -> dict[str, torch.Tensor]:
     """Scores and predictions of every approximation for one batch (top-|g| mask, ``operation``).
 
     Returns ``{"<approximation>/<score>": (B,) float64, "<approximation>/prediction": (B,) int64,
     "base/<score>", "base/prediction"}`` on the CPU.
     """
-    def step_logits(approximation: str) -> torch.Tensor:
+    def step_logits(approximation: Approximation) -> torch.Tensor:
         settings = GSCConfig(mask_ratio=mask_ratio, operation=operation, approximation=approximation)
         return gsc_step(context.linearization.head, context.features, settings).gsc_logits
 

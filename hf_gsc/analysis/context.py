@@ -14,7 +14,7 @@ import torch
 from ..classifier.split_points import SplitPoint
 from ..detectors.gsc import GSCConfig
 from ..gsc_math.backends import Linearization, split_point_backend
-from ..gsc_math.choices import Selection
+from ..gsc_math.choices import Approximation, Operation, Selection
 from ..gsc_math.step import gsc_step, updated_logits
 from ..utils.score_names import Score
 from ..utils.scores import ood_score
@@ -49,8 +49,8 @@ def gsc_logits(
     context: HeadContext,
     mask_ratio: float = 0.05,
     selection: Selection = "gradient",
-    operation: str = "zero",
-    approximation: str = "first_order",
+    operation: Operation = "zero",
+    approximation: Approximation = "first_order",
     alpha: float = 0.1,
     clip_bound: float = 1.0,
     beta: float = 0.5,

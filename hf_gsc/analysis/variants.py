@@ -65,7 +65,7 @@ ARCHS: tuple[str, ...] = ("resnet", "vit", "swin")
 # ------------------------------------------------------------------------------------- variants
 def earlier_block(model: torch.nn.Module) -> str:
     """The block before the last one of the model's registered encoder, e.g. ``"vit.layers.-2"``."""
-    from ..classifier.split_points import ARCHITECTURES
+    from ..classifier.architectures import ARCHITECTURES
 
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     spec = ARCHITECTURES.get(model_type) if isinstance(model_type, str) else None

@@ -21,7 +21,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .heads import Head, HeadSpec, ModuleHead, bind_head_paths, first_tensor, normalise_path, reproduces_logits
+from .head_jacobians import Pool
+from .heads import (
+    Head,
+    HeadSpec,
+    ModuleHead,
+    bind_head_paths,
+    block_list,
+    first_tensor,
+    normalise_path,
+    reproduces_logits,
+)
 from .timm_models import example_pixel_values, features_and_logits, is_timm_model, timm_head
 
 
@@ -57,7 +67,7 @@ class ArchitectureSpec:
 
     def blocks_before_final(self, model: nn.Module, count: int) -> str:
         """The module path of the encoder block ``count`` blocks before the final encoder output (1 or 2)."""
-        blocks = model.get_submodule(self.blocks)
+        blocks = block_list(model, self.blocks)
         if self.inner_blocks is not None:
             # Stages hold blocks; the last stage's blocks are the last blocks of the encoder.
             last = len(blocks) - 1
@@ -219,7 +229,8 @@ NOT_APPLICABLE: dict[str, str] = {
 def registered_architecture(model: nn.Module) -> ArchitectureSpec | None:
     """The registered spec for ``model``'s class (:data:`CLASS_ARCHITECTURES`) or model type, or ``None``."""
     spec = CLASS_ARCHITECTURES.get(type(model).__name__)
-    return spec if spec is not None else ARCHITECTURES.get(getattr(getattr(model, "config", None), "model_type", None))
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return spec if spec is not None or not isinstance(model_type, str) else ARCHITECTURES.get(model_type)
 
 
 _BLOCK_LIST_NAMES = ("layer", "layers", "stages", "block", "blocks")
@@ -267,11 +278,16 @@ def discover_architecture(model: nn.Module) -> ArchitectureSpec:
     """
     model_type = getattr(model.config, "model_type", None)
     # The backbone: the base model (its attribute is named by base_model_prefix), a vision tower, or the model.
-    bases = [f"{name}." for name in (model.base_model_prefix, "vision_model") if isinstance(_get(model, name), nn.Module)]
+    # base_model_prefix: transformers' class attribute (architecture_for checked the model has one).
+    names = (getattr(model, "base_model_prefix", None), "vision_model")
+    bases = [f"{name}." for name in names if isinstance(name, str) and isinstance(_get(model, name), nn.Module)]
     candidates = [f"{base}{owner}{name}" for base in bases + [""] for owner in ("encoder.", "") for name in _BLOCK_LIST_NAMES]
-    blocks = next(
-        (path for path in candidates if isinstance(_get(model, path), nn.ModuleList) and len(_get(model, path))), None
-    )
+    blocks, block_count = None, 0
+    for path in candidates:
+        found = _get(model, path)
+        if isinstance(found, nn.ModuleList) and len(found):
+            blocks, block_count = path, len(found)
+            break
     base = next((b for b in bases if blocks is not None and blocks.startswith(b)), "")
     linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     advice = (
@@ -285,8 +301,8 @@ def discover_architecture(model: nn.Module) -> ArchitectureSpec:
             + advice
         )
     norms = [None] + [f"{base}{n}" for n in _FINAL_NORM_NAMES if isinstance(_get(model, f"{base}{n}"), nn.LayerNorm)]
-    features, logits = _output_of(model, f"{blocks}.{len(_get(model, blocks)) - 1}", _example_pixel_values(model))
-    pools = ("mean_spatial",) if features.dim() == 4 else ("first_token", "mean_tokens") if features.dim() == 3 else ()
+    features, logits = _output_of(model, f"{blocks}.{block_count - 1}", _example_pixel_values(model))
+    pools: tuple[Pool, ...] = ("mean_spatial",) if features.dim() == 4 else ("first_token", "mean_tokens") if features.dim() == 3 else ()
     tried = []
     for kind in pools:
         for norm in norms:
@@ -412,6 +428,8 @@ def _table_row(model_type: str, class_names: list[str]) -> str:
     with torch.device("meta"):
         model = getattr(transformers, class_names[0])(CONFIG_MAPPING[model_type]())
     spec = registered_architecture(model)
+    if spec is None:
+        raise ValueError(f"model type {model_type!r} ({class_names[0]}) is not registered in ARCHITECTURES")
     head = bind_head_paths(model, spec.head)
     closed = "yes" if isinstance(head, HeadSpec) else "no (autograd)"
     depends = "no" if head.is_affine(model) else "yes"

@@ -26,16 +26,16 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 
 Pool = Literal["first_token", "mean_tokens", "mean_spatial", "identity"]
-POOLS: tuple[str, ...] = ("first_token", "mean_tokens", "mean_spatial", "identity")
+POOLS: tuple[Pool, ...] = get_args(Pool)
 
 
-@dataclass
+@dataclass(init=False)
 class LinearizedHead:
     """A head evaluated at ``F``, with its derivatives there.
 
@@ -54,19 +54,30 @@ class LinearizedHead:
     vjp: Callable[[torch.Tensor], torch.Tensor]
     jvp: Callable[[torch.Tensor], torch.Tensor]
     function: Callable[[torch.Tensor], torch.Tensor]
-    class_gradient: Callable[[torch.Tensor], torch.Tensor] | None = None
-    pooled_read: PooledRead | None = None
+    class_gradient: Callable[[torch.Tensor], torch.Tensor]
+    pooled_read: PooledRead | None
 
-    def __post_init__(self) -> None:
-        if self.class_gradient is None:
-            num_classes = self.logits.shape[-1]
-            self.class_gradient = lambda c: self.vjp(
-                torch.nn.functional.one_hot(c, num_classes).to(self.logits.dtype)
-            )
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        vjp: Callable[[torch.Tensor], torch.Tensor],
+        jvp: Callable[[torch.Tensor], torch.Tensor],
+        function: Callable[[torch.Tensor], torch.Tensor],
+        class_gradient: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        pooled_read: PooledRead | None = None,
+    ) -> None:
+        # Written out (``init=False``) so that ``class_gradient`` is always a function: the one-hot ``vjp`` unless
+        # the caller gives one.
+        self.logits, self.vjp, self.jvp, self.function = logits, vjp, jvp, function
+        self.class_gradient = self._one_hot_gradient if class_gradient is None else class_gradient
+        self.pooled_read = pooled_read
+
+    def _one_hot_gradient(self, classes: torch.Tensor) -> torch.Tensor:
+        return self.vjp(torch.nn.functional.one_hot(classes, self.logits.shape[-1]).to(self.logits.dtype))
 
 
 #: Pools that average over positions: the gradient of a head after one repeats over the positions of each channel.
-MEAN_POOLS: tuple[str, ...] = ("mean_spatial", "mean_tokens")
+MEAN_POOLS: tuple[Pool, ...] = ("mean_spatial", "mean_tokens")
 
 
 @dataclass(frozen=True)
@@ -221,6 +232,9 @@ class PoolNormLinearHead:
     centered_weight_t: torch.Tensor | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if (self.norm_eps is None) != (self.centered_weight is None):
+            raise ValueError("a PoolNormLinearHead has centered_weight exactly when it has norm_eps (a LayerNorm); "
+                             "build it with PoolNormLinearHead.fold")
         object.__setattr__(self, "weight_t", self.weight.T.contiguous())
         centered = self.centered_weight
         object.__setattr__(self, "centered_weight_t", None if centered is None else centered.T.contiguous())
@@ -267,16 +281,14 @@ class PoolNormLinearHead:
         """``(B, D) -> (B, K)``."""
         return pooled @ self.weight_t if self.bias is None else torch.addmm(self.bias, pooled, self.weight_t)
 
-    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm_statistics(x, self.norm_eps)[0]
-
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         """``(B, *feature_shape) -> (B, K)``."""
-        if self.norm_eps is None:
+        eps = self.norm_eps
+        if eps is None:
             return self._classify(pool(features, self.pool))
         if self.norm_before_pool:
-            return self._classify(pool(self._normalized(features), self.pool))
-        return self._classify(self._normalized(pool(features, self.pool)))
+            return self._classify(pool(layer_norm_statistics(features, eps)[0], self.pool))
+        return self._classify(layer_norm_statistics(pool(features, self.pool), eps)[0])
 
     def linearize(self, features: torch.Tensor) -> LinearizedHead:
         """``y`` at ``F`` and closures for ``v^T J`` and ``J t``; the LayerNorm statistics are computed once.
@@ -302,14 +314,16 @@ class PoolNormLinearHead:
 
     def _on_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
         """The head after its pool, ``(B, D) -> (B, K)`` (LayerNorm, if any, after pooling)."""
-        return self._classify(pooled if self.norm_eps is None else self._normalized(pooled))
+        eps = self.norm_eps
+        return self._classify(pooled if eps is None else layer_norm_statistics(pooled, eps)[0])
 
     def _linearize(
         self, features: torch.Tensor, kind: Pool, function: Callable[[torch.Tensor], torch.Tensor]
     ) -> LinearizedHead:
         """:meth:`linearize` with pool ``kind``; ``function`` is the head as a function of ``features``."""
         shape = features.shape[1:]
-        if self.norm_eps is None:
+        eps = self.norm_eps
+        if eps is None:
             logits = self._classify(pool(features, kind))
             return LinearizedHead(
                 logits,
@@ -322,9 +336,10 @@ class PoolNormLinearHead:
         # Products with W' go through W'_c: W' J = W'_c J (J 1 = 0), and W'_c 1 = 0 lets J's 1 1^T / D term be
         # skipped (skip_mean_term) on either side.
         centered, centered_t = self.centered_weight, self.centered_weight_t
+        assert centered is not None and centered_t is not None  # set with norm_eps (checked in __post_init__)
         if self.norm_before_pool:
             # Per token: x̂, rstd (B, N, D), (B, N, 1); the classes see pool(x̂).
-            normalized, rstd = layer_norm_statistics(features, self.norm_eps)
+            normalized, rstd = layer_norm_statistics(features, eps)
             logits = self._classify(pool(normalized, kind))
 
             def pullback(rows: torch.Tensor) -> torch.Tensor:  # rows (B, D) of W'_c -> (B, *shape)
@@ -335,7 +350,7 @@ class PoolNormLinearHead:
                 return pool(layer_norm_jacobian_product(t, normalized, rstd, skip_mean_term=True), kind) @ centered_t
 
         else:
-            normalized, rstd = layer_norm_statistics(pool(features, kind), self.norm_eps)
+            normalized, rstd = layer_norm_statistics(pool(features, kind), eps)
             logits = self._classify(normalized)
 
             def pullback(rows: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,14 @@ def submodule(model: nn.Module, path: str) -> nn.Module:
     return module
 
 
+def block_list(model: nn.Module, path: str) -> nn.ModuleList | nn.Sequential:
+    """The module at ``path`` in ``model`` as a list of blocks (or stages); any other module is refused."""
+    blocks = model.get_submodule(path)
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
+        raise ValueError(f"{path} is a {type(blocks).__name__}, not a list of blocks (nn.ModuleList or nn.Sequential)")
+    return blocks
+
+
 def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
     """``module.<name>`` for a registered parameter, without ``nn.Module.__getattr__``."""
     parameters = module._parameters
@@ -61,7 +69,9 @@ class HeadSpec:
     layernorm: str | None = None
     norm_before_pool: bool = False
 
-    def parameters(self, model: nn.Module) -> tuple[torch.Tensor | None, ...]:
+    def parameters(
+        self, model: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """The head's parameters in ``model``: classifier weight and bias, LayerNorm weight and bias."""
         linear = submodule(model, self.classifier)
         if not isinstance(linear, nn.Linear):
@@ -69,17 +79,23 @@ class HeadSpec:
                 f"{self.classifier} is a {type(linear).__name__}, not nn.Linear: the model has no classifier "
                 "(num_labels=0?), so there are no logits to short-circuit"
             )
+        weight = _parameter(linear, "weight")
+        if weight is None:
+            raise ValueError(f"{self.classifier} has no weight: there are no logits to short-circuit")
+        norm = self.layer_norm(model)
+        if norm is None:
+            return weight, _parameter(linear, "bias"), None, None
+        return weight, _parameter(linear, "bias"), _parameter(norm, "weight"), _parameter(norm, "bias")
+
+    def layer_norm(self, model: nn.Module) -> nn.LayerNorm | None:
+        """The head's LayerNorm in ``model`` (``None`` without one); anything but a LayerNorm over the last
+        dimension is refused."""
         if self.layernorm is None:
-            return _parameter(linear, "weight"), _parameter(linear, "bias"), None, None
+            return None
         norm = submodule(model, self.layernorm)
         if not isinstance(norm, nn.LayerNorm) or len(norm.normalized_shape) != 1:
             raise ValueError(f"{self.layernorm} must be an nn.LayerNorm over the last dimension, got {norm}")
-        return (
-            _parameter(linear, "weight"),
-            _parameter(linear, "bias"),
-            _parameter(norm, "weight"),
-            _parameter(norm, "bias"),
-        )
+        return norm
 
     def through_modules(self, model: nn.Module, features: torch.Tensor) -> torch.Tensor:
         """The head run through ``model``'s own LayerNorm and Linear (nothing folded), for autograd through
@@ -95,7 +111,8 @@ class HeadSpec:
     def bind(self, model: nn.Module) -> PoolNormLinearHead:
         """The head with ``model``'s current parameters (LayerNorm affine part folded into the classifier)."""
         weight, bias, norm_weight, norm_bias = self.parameters(model)
-        norm_eps = None if self.layernorm is None else submodule(model, self.layernorm).eps
+        norm = self.layer_norm(model)
+        norm_eps = None if norm is None else norm.eps
         return PoolNormLinearHead.fold(
             self.pool, weight, bias, norm_eps, norm_weight, norm_bias, self.norm_before_pool
         )
@@ -143,18 +160,27 @@ def _mean_of_classifiers(classifier: str, distillation: str) -> Callable[[nn.Mod
 
 def _mean_of_cls_and_distillation_token_classifiers(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """DeiT with teacher: the CLS token's classifier and the distillation token's (the second), averaged."""
-    return (model.cls_classifier(tokens[:, 0]) + model.distillation_classifier(tokens[:, 1])) / 2
+    return (submodule(model, "cls_classifier")(tokens[:, 0])
+            + submodule(model, "distillation_classifier")(tokens[:, 1])) / 2
 
 
 def _timm_forward_head(model: nn.Module, features: torch.Tensor) -> torch.Tensor:
     """timm's own head, ``forward_head`` (global pool, norm, dropout, classifier as the model builds them), of the
     timm model inside transformers' ``TimmWrapperForImageClassification`` or of the model itself."""
-    return getattr(model, "timm_model", model).forward_head(features)
+    root: nn.Module = getattr(model, "timm_model", model)
+    # timm's method, which nn.Module's type does not know: its type is what timm documents.
+    forward_head: Callable[[torch.Tensor], torch.Tensor] = getattr(root, "forward_head")
+    return forward_head(features)
 
 
 def _perceiver_decoder(model: nn.Module, latents: torch.Tensor) -> torch.Tensor:
     """Perceiver: the cross-attention classification decoder; its query depends on the batch size only."""
-    decoder = model.perceiver.decoder
+    from transformers.models.perceiver.modeling_perceiver import PerceiverClassificationDecoder
+
+    decoder = submodule(model, "perceiver.decoder")
+    if not isinstance(decoder, PerceiverClassificationDecoder):
+        raise ValueError(f"@perceiver_decoder: perceiver.decoder is a {type(decoder).__name__}, not transformers' "
+                         "PerceiverClassificationDecoder")
     return decoder(decoder.decoder_query(latents), z=latents).logits
 
 

@@ -30,7 +30,7 @@ from torch import nn
 from ..utils.feature_capture import capture, install_hooks, with_replaced_output
 from .architectures import ARCHITECTURES, architecture_for, registered_architecture
 from .head_jacobians import LinearizedHead, Pool, PoolNormLinearHead, read_pool, restrict_to_read_part
-from .heads import HeadSpec, bind_head_paths, normalise_path, submodule
+from .heads import HeadSpec, bind_head_paths, block_list, normalise_path, submodule
 from .split_point_names import validate_split_point_name
 from .timm_models import timm_classifier_path
 
@@ -75,6 +75,9 @@ class SplitPoint:
         """The registered head with the model's current parameters (folded on every call, so it follows
         replaced or changed parameters), as a function of ``F`` or (``on_read_part``) of
         ``pool(F, self.read_pool)``."""
+        if self.head_spec is None:
+            raise ValueError(f"split point {self.name!r} has no registered head form (HeadSpec); its head is "
+                             "differentiated by autograd")
         head = self.head_spec.bind(self.model)
         return restrict_to_read_part(head) if on_read_part else head
 
@@ -179,7 +182,7 @@ def resolve_split_point(model: nn.Module, split_point: str = "final_encoder_outp
         # A block of the registered encoder: run the remaining blocks, then the registered head.
         index = int(path[len(spec.blocks) + 1 :].split(".")[0])
         if path == f"{spec.blocks}.{index}":
-            remaining = list(model.get_submodule(spec.blocks))[index + 1 :]
+            remaining = list(block_list(model, spec.blocks))[index + 1 :]
             if not remaining:  # the last block: this is the final encoder output
                 return _final_encoder_output(model, split_point)
             head = bind_head_paths(model, spec.head)
@@ -212,7 +215,7 @@ def resolve_block_chain(model: nn.Module, earlier_split_point: str, split_point:
             f"than the hidden states to run (e.g. Swin's patch grid size); supported model types: {supported}"
         )
     path = normalise_path(model, earlier_split_point)
-    blocks = list(model.get_submodule(spec.blocks))
+    blocks = list(block_list(model, spec.blocks))
     prefix = spec.blocks + "."
     index = path[len(prefix):] if path.startswith(prefix) else ""
     if not index.isdigit() or int(index) >= len(blocks) - 1:

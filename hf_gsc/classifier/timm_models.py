@@ -20,24 +20,46 @@ norm of another kind, a hidden layer in the head) the head is ``forward_head`` i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from .head_jacobians import Pool
 from .heads import HeadSpec, ModuleHead, reproduces_logits
 
 
-def timm_root(model: nn.Module) -> tuple[str, nn.Module] | None:
-    """``(path prefix, module)`` of the timm model inside ``model`` (``"timm_model."`` in a transformers
-    ``TimmWrapperForImageClassification``, ``""`` for a model that has ``forward_features`` / ``forward_head``
-    itself), or ``None`` when ``model`` exposes neither."""
+@dataclass(frozen=True)
+class TimmRoot:
+    """The timm model inside a model: its path prefix (``"timm_model."`` in a transformers
+    ``TimmWrapperForImageClassification``, ``""`` for the timm model itself), the module, and timm's two halves of
+    its forward (methods timm defines, which ``nn.Module``'s type does not know)."""
+
+    prefix: str
+    module: nn.Module
+    forward_features: Callable[[torch.Tensor], torch.Tensor]
+    forward_head: Callable[[torch.Tensor], torch.Tensor]
+
+
+def timm_root(model: nn.Module) -> TimmRoot | None:
+    """The timm model inside ``model`` (:class:`TimmRoot`), or ``None`` when ``model`` exposes neither
+    ``forward_features`` nor ``forward_head``, itself or as its ``timm_model``."""
     for prefix, module in (("timm_model.", getattr(model, "timm_model", None)), ("", model)):
-        if isinstance(module, nn.Module) and all(
-            callable(getattr(module, name, None)) for name in ("forward_features", "forward_head")
-        ):
-            return prefix, module
+        if isinstance(module, nn.Module):
+            features, head = getattr(module, "forward_features", None), getattr(module, "forward_head", None)
+            if callable(features) and callable(head):
+                return TimmRoot(prefix, module, features, head)
     return None
+
+
+def _timm_root(model: nn.Module) -> TimmRoot:
+    found = timm_root(model)
+    if found is None:
+        raise ValueError(f"{type(model).__name__} is not a timm model: it has no forward_features and forward_head, "
+                         "itself or as its timm_model")
+    return found
 
 
 def is_timm_model(model: nn.Module) -> bool:
@@ -48,20 +70,20 @@ def is_timm_model(model: nn.Module) -> bool:
 def timm_classifier_path(model: nn.Module) -> str | None:
     """The dotted path of timm's classifier (``get_classifier()``) when it is an ``nn.Linear``, else ``None``."""
     found = timm_root(model)
-    if found is None or not callable(getattr(found[1], "get_classifier", None)):
+    get_classifier = None if found is None else getattr(found.module, "get_classifier", None)
+    if found is None or not callable(get_classifier):
         return None
-    prefix, root = found
-    classifier = root.get_classifier()
+    classifier = get_classifier()
     if not isinstance(classifier, nn.Linear):
         return None
-    return next((prefix + name for name, module in root.named_modules() if module is classifier), None)
+    return next((found.prefix + name for name, module in found.module.named_modules() if module is classifier), None)
 
 
 def example_pixel_values(model: nn.Module) -> torch.Tensor:
     """Two random images of the size the model takes: its patch embedding's ``img_size`` where it has a fixed one
     (ViT, Swin built with another ``img_size`` than their ``pretrained_cfg`` says), else the ``input_size`` of timm's
     ``pretrained_cfg`` (224 x 224 x 3 if none); in the model's dtype and on its device."""
-    _, root = timm_root(model)
+    root = _timm_root(model).module
     config = getattr(root, "pretrained_cfg", None) or getattr(root, "default_cfg", None) or {}
     channels, height, width = tuple(config.get("input_size", (3, 224, 224)))
     fixed = getattr(getattr(root, "patch_embed", None), "img_size", None)
@@ -82,7 +104,8 @@ def features_and_logits(model: nn.Module, pixel_values: torch.Tensor) -> tuple[s
         ValueError: ``forward_features`` returns a tensor that no module returned (it ends with a tensor operation
             of its own); the message says what to pass instead.
     """
-    prefix, root = timm_root(model)
+    found = _timm_root(model)
+    root = found.module
     outputs: list[tuple[str, Any]] = []
     handles = [
         module.register_forward_hook(lambda _m, _a, out, name=name: outputs.append((name, out)))
@@ -90,8 +113,8 @@ def features_and_logits(model: nn.Module, pixel_values: torch.Tensor) -> tuple[s
     ]
     try:
         with torch.no_grad():
-            features = root.forward_features(pixel_values)
-            logits = root.forward_head(features)
+            features = found.forward_features(pixel_values)
+            logits = found.forward_head(features)
     finally:
         for handle in handles:
             handle.remove()
@@ -102,7 +125,7 @@ def features_and_logits(model: nn.Module, pixel_values: torch.Tensor) -> tuple[s
             "returns a tensor that no submodule returns, so there is no module to hook for F; pass "
             "split_point='penultimate' or a dotted module path inside the model"
         )
-    return prefix + names[-1], features, logits
+    return found.prefix + names[-1], features, logits
 
 
 def global_pool_type(root: nn.Module) -> str | None:
@@ -111,8 +134,9 @@ def global_pool_type(root: nn.Module) -> str | None:
         pool = getattr(owner, "global_pool", None)
         if isinstance(pool, str):
             return pool
-        if isinstance(getattr(pool, "pool_type", None), str):
-            return pool.pool_type
+        pool_type = getattr(pool, "pool_type", None)
+        if isinstance(pool_type, str):
+            return pool_type
     return None
 
 
@@ -137,7 +161,7 @@ def _norm_after_pool(root: nn.Module, prefix: str) -> tuple[bool, str | None]:
     return True, norm_path
 
 
-def _candidate_pools(pool_type: str | None, rank: int) -> tuple[str, ...]:
+def _candidate_pools(pool_type: str | None, rank: int) -> tuple[Pool, ...]:
     """The :class:`HeadSpec` pools timm's ``pool_type`` may be on a feature of ``rank`` dimensions (batch included);
     which one is decided by the logits."""
     if pool_type == "avg":
@@ -152,11 +176,11 @@ def _candidate_pools(pool_type: str | None, rank: int) -> tuple[str, ...]:
 def timm_head(model: nn.Module, features: torch.Tensor, logits: torch.Tensor) -> HeadSpec | ModuleHead:
     """timm's head as a closed-form :class:`HeadSpec` where timm builds it as pool -> LayerNorm or nothing ->
     ``nn.Linear`` and that reproduces ``logits`` from ``features``; else ``forward_head`` run by autograd."""
-    prefix, root = timm_root(model)
+    found = _timm_root(model)
     classifier = timm_classifier_path(model)
-    closed, norm = _norm_after_pool(root, prefix)
+    closed, norm = _norm_after_pool(found.module, found.prefix)
     if classifier is not None and closed:
-        for kind in _candidate_pools(global_pool_type(root), features.dim()):
+        for kind in _candidate_pools(global_pool_type(found.module), features.dim()):
             head = HeadSpec(kind, classifier, norm)
             if reproduces_logits(head, model, features, logits):
                 return head

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from ..classifier.architectures import architecture_for, encoder_blocks
-from ..classifier.split_points import resolve_split_point, validate_split_point_name
+from ..classifier.split_point_names import validate_split_point_name
+from ..classifier.split_points import resolve_split_point
 from ..settings.config import DetectorConfig, setting
 from ..utils.feature_capture import Target, capture_many
 from ..utils.precision import full_precision, parameter_dtype, step_dtype

@@ -12,7 +12,8 @@ from torch import nn
 
 from ..classifier.architectures import architecture_for, encoder_blocks
 from ..classifier.heads import HeadSpec, ModuleHead
-from ..classifier.split_points import SplitPoint, resolve_split_point, validate_split_point_name
+from ..classifier.split_point_names import validate_split_point_name
+from ..classifier.split_points import SplitPoint, resolve_split_point
 from ..settings.config import MIN_TEMPERATURE, DetectorConfig, number_check, setting
 from ..utils.precision import full_precision, parameter_dtype, step_dtype
 from ..utils.scores import energy_score

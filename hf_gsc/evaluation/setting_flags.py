@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import types
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NamedTuple, Optional, Union, get_args, get_origin, get_type_hints
 
 from ..settings.config import DetectorConfig
 from .options import plain_text
@@ -74,11 +74,13 @@ def setting_flags(config_class: type[DetectorConfig], class_name: str, *, prefix
 
 
 def _scalar_type(config_class: type, name: str, hint: Any) -> type:
-    """The one type a setting's flag parses: ``float`` for ``float``, ``str`` for ``str | None``; a ``TypeError`` for
-    a setting no single flag can give (a list, a dict)."""
+    """The one type a setting's flag parses: ``float`` for ``float``, ``str`` for ``str | None`` and for a ``Literal``
+    of names; a ``TypeError`` for a setting no single flag can give (a list, a dict)."""
     if get_origin(hint) in (Union, types.UnionType):
         kinds = [kind for kind in get_args(hint) if kind is not type(None)]
         hint = kinds[0] if len(kinds) == 1 else hint
+    if get_origin(hint) is Literal and all(isinstance(value, str) for value in get_args(hint)):
+        hint = str  # one of some names (``GSCConfig.operation``): the flag parses a string, the setting's check the name
     if hint not in _FLAG_TYPES:
         raise TypeError(f"{config_class.__name__}.{name} is {hint}: a flag gives one of "
                         f"{', '.join(kind.__name__ for kind in _FLAG_TYPES)}")

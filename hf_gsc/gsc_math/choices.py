@@ -13,7 +13,7 @@ Selection = Literal["gradient", "random", "reverse", "fisher"]
 MaskSize = Literal["fixed", "adaptive"]
 Approximation = Literal["first_order", "predicted_logit", "exact"]
 
-OPERATIONS: tuple[str, ...] = get_args(Operation)
-SELECTIONS: tuple[str, ...] = get_args(Selection)
-MASK_SIZES: tuple[str, ...] = get_args(MaskSize)
-APPROXIMATIONS: tuple[str, ...] = get_args(Approximation)
+OPERATIONS: tuple[Operation, ...] = get_args(Operation)
+SELECTIONS: tuple[Selection, ...] = get_args(Selection)
+MASK_SIZES: tuple[MaskSize, ...] = get_args(MaskSize)
+APPROXIMATIONS: tuple[Approximation, ...] = get_args(Approximation)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fractions
 import functools
 import math
+from typing import TypeVar
 
 import torch
 
@@ -46,7 +47,11 @@ def num_masked(gradient: torch.Tensor, mask_ratio: float, repeats: int = 1) -> t
     return _mask_sizes(gradient.shape[1], numerator, denominator, repeats, gradient.device).index_select(0, n)
 
 
-def mask_size(n: int | torch.Tensor, numerator: int, denominator: int) -> int | torch.Tensor:
+#: A count: a Python int, or an int64 tensor of counts.
+Count = TypeVar("Count", int, torch.Tensor)
+
+
+def mask_size(n: Count, numerator: int, denominator: int) -> Count:
     """``k = ceil(n * numerator / denominator)`` in integer arithmetic, for an int or an int64 tensor ``n``."""
     return (n * numerator + (denominator - 1)) // denominator
 

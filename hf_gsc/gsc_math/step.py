@@ -38,7 +38,9 @@ import torch
 
 from ..classifier.head_jacobians import LinearizedHead, PooledRead, pool_adjoint
 from ..utils.precision import full_precision
+from ..utils.score_names import Score
 from ..utils.scores import ood_score
+from .choices import Approximation, MaskSize, Operation, Selection
 from .shortcircuit import (
     num_masked,
     num_masked_adaptive,
@@ -55,15 +57,15 @@ class StepSettings(Protocol):
     """The :class:`hf_gsc.GSCConfig` fields the step reads."""
 
     mask_ratio: float
-    mask_size: str
+    mask_size: MaskSize
     gradient_mass: float | None
-    selection: str
-    operation: str
+    selection: Selection
+    operation: Operation
     alpha: float
     clip_bound: float
     beta: float
-    approximation: str
-    score: str
+    approximation: Approximation
+    score: Score
     temperature: float
     seed: int
 
@@ -110,7 +112,7 @@ def ranking_gradient(gradient: torch.Tensor, layer_sizes: Sequence[int] | None =
     if layer_sizes is None:
         return gradient
     parts = []
-    for part in gradient.split(list(layer_sizes), dim=1):
+    for part in torch.split(gradient, list(layer_sizes), dim=1):
         read = (part != 0).sum(dim=1, keepdim=True).clamp_min(1)
         rms = (part.pow(2).sum(dim=1, keepdim=True) / read).sqrt()
         parts.append(part / rms.clamp_min(torch.finfo(part.dtype).tiny))
@@ -211,6 +213,8 @@ def _gsc_step(
         ranking = ranking_gradient(gradient, layer_sizes)
         values = features.flatten(1)
     if settings.mask_size == "adaptive":
+        if settings.gradient_mass is None:
+            raise ValueError("mask_size='adaptive' needs gradient_mass, the mass fraction calibrate_gradient_mass sets")
         k = num_masked_adaptive(ranking, settings.gradient_mass, repeats=positions)
     else:
         k = num_masked(gradient, settings.mask_ratio, repeats=positions)

@@ -34,7 +34,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from ..classifier.split_point_names import validate_split_point_name
 from ..utils.feature_shapings import feature_shaping
@@ -167,8 +167,9 @@ def _with_attributes(doc: str | None, entries: Sequence[tuple[str, Any, Any, str
     return f"{doc}\n\n{indent}Attributes:\n" + "\n".join(lines) + f"\n{indent}"
 
 
-def _default_of(spec: Field) -> Any:
-    return spec.default if spec.default is not MISSING else spec.default_factory()
+def _default_of(spec: Field[Any]) -> Any:
+    # A field has a default or a default factory, never both (``dataclasses`` refuses that).
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
 
 
 def _documented_fields(cls: type) -> list[tuple[str, Any, Any, str]]:
@@ -186,11 +187,11 @@ def _documented_fields(cls: type) -> list[tuple[str, Any, Any, str]]:
     for name, kind in annotations.items():
         if "ClassVar" in str(kind):
             continue
-        spec = cls.__dict__.get(name)
-        if not isinstance(spec, Field) or not {"kind", "check", "help"} <= set(spec.metadata):
+        declared = cls.__dict__.get(name)
+        if not isinstance(declared, Field) or not {"kind", "check", "help"} <= set(declared.metadata):
             raise TypeError(f"{cls.__name__}.{name}: declare each config field with setting(default, check, help) "
                             "(hf_gsc.settings.config), so that it is checked on assignment and documented")
-        entries[name] = (name, kind, _default_of(spec), spec.metadata["help"])
+        entries[name] = (name, kind, _default_of(declared), declared.metadata["help"])
     return list(entries.values())
 
 
@@ -365,7 +366,7 @@ class DetectorConfig:
             raise ValueError(f"{source}: {error}") from None
 
     @classmethod
-    def from_json_file(cls, path: str | os.PathLike) -> DetectorConfig:
+    def from_json_file(cls, path: str | os.PathLike[str]) -> DetectorConfig:
         """A config saved as a flat JSON object of fields (GSC's ``gsc_config.json``, the format before every
         method shared ``detector_config.json``); still read."""
         values = read_json_object(path, f"{cls.__name__} fields")
@@ -426,7 +427,7 @@ def _is_newer(version: Any) -> bool:
 MAX_JSON_BYTES = 64 * 2**20
 
 
-def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
+def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     """The JSON object in ``path``; anything else (not JSON, not an object, nested too deeply, larger than
     :data:`MAX_JSON_BYTES`) is a ``ValueError`` naming the file."""
     size = os.path.getsize(path)
@@ -436,7 +437,7 @@ def read_json_object(path: str | os.PathLike, what: str) -> dict[str, Any]:
         return parse_json_object(handle.read(), path, what)
 
 
-def parse_json_object(text: str | bytes, source: str | os.PathLike, what: str) -> dict[str, Any]:
+def parse_json_object(text: str | bytes, source: str | os.PathLike[str], what: str) -> dict[str, Any]:
     """The JSON object in ``text`` (read from ``source``); anything else is a ``ValueError`` naming ``source``."""
     try:
         values = json.loads(text)
@@ -449,14 +450,14 @@ def parse_json_object(text: str | bytes, source: str | os.PathLike, what: str) -
     return values
 
 
-class ReadOnlyDict(dict):
+class ReadOnlyDict(dict[str, Any]):
     """A dict whose items cannot change after construction (a detector was built from them). Unlike
     ``types.MappingProxyType`` it copies and pickles (``copy.deepcopy(detector)``, ``torch.save``)."""
 
-    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError("a detector's hyperparameters are read-only; build a new detector with other values")
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[ReadOnlyDict], tuple[dict[str, Any]]]:
         return type(self), (dict(self),)

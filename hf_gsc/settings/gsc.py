@@ -10,8 +10,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..gsc_math.choices import APPROXIMATIONS, MASK_SIZES, OPERATIONS, SELECTIONS
-from ..utils.score_names import SCORES
+from ..gsc_math.choices import (
+    APPROXIMATIONS,
+    MASK_SIZES,
+    OPERATIONS,
+    SELECTIONS,
+    Approximation,
+    MaskSize,
+    Operation,
+    Selection,
+)
+from ..utils.score_names import SCORES, Score
 from .config import (
     MIN_TEMPERATURE,
     DetectorConfig,
@@ -51,19 +60,19 @@ class GSCConfig(DetectorConfig):
         "Fraction of the coordinates the head reads (nonzero gradient) to short-circuit; ``k = ceil(mask_ratio * n)`` "
         "per sample (the paper's 5 %). With ``mask_size=\"adaptive\"`` it is the *mean* ratio on ID validation data "
         "that ``calibrate_gradient_mass`` targets.")
-    mask_size: str = setting(
+    mask_size: MaskSize = setting(
         "fixed", choice_check(MASK_SIZES),
         "``fixed`` (``k`` from ``mask_ratio``, the paper) or ``adaptive`` (per sample, the smallest ``k`` whose "
         "top-``k`` ``|g|`` hold ``gradient_mass`` of the total; beyond the paper).")
     gradient_mass: float | None = fitted(
         None, number_check(0.0, 1.0, optional=True),
         "The mass fraction of ``mask_size=\"adaptive\"``, set by ``calibrate_gradient_mass``.")
-    selection: str = setting(
+    selection: Selection = setting(
         "gradient", choice_check(SELECTIONS),
         "``gradient`` (largest ``|g|``, the paper), ``fisher`` (largest ``|g_i|/sqrt(lambda_i)``, diagonal Fisher "
         "fitted on ID training data by ``fit_fisher``; beyond the paper), ``random`` or ``reverse`` (ablation "
         "controls).")
-    operation: str = setting(
+    operation: Operation = setting(
         "zero", choice_check(OPERATIONS),
         "On the masked coordinates: ``zero`` (the paper) | ``perturb`` (``F - alpha*sign(g)``) | ``project`` (remove "
         "the component along ``g``) | ``clip`` (to ``[-clip_bound, clip_bound]``) | ``scale`` (``beta * F``).")
@@ -75,11 +84,11 @@ class GSCConfig(DetectorConfig):
     beta: float = setting(0.5, number_check(0.0, 1.0),
                           "Factor of ``operation=\"scale\"`` (the paper's partial scaling ``beta < 1``, Appendix "
                           "A.1.2, has no value given; 0.5 is this library's).")
-    approximation: str = setting(
+    approximation: Approximation = setting(
         "first_order", choice_check(APPROXIMATIONS),
         "``first_order`` (``y + J(F'-F)`` for all K logits, one Jacobian-vector product), ``predicted_logit`` (only "
         "``y_c`` moves by ``g.(F'-F)``, the paper's O(d) update) or ``exact`` (a second pass through the head only).")
-    score: str = setting(
+    score: Score = setting(
         "energy", choice_check(SCORES),
         "``energy`` (the paper) | ``msp`` | ``max_logit`` on the short-circuited logits; higher = more ID.")
     temperature: float = setting(1.0, number_check(MIN_TEMPERATURE, math.inf),

@@ -8,7 +8,7 @@ the loader ``hf_gsc/__init__.py`` sets, :func:`set_method_loader`).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 
@@ -55,7 +55,7 @@ def register_detector(cls: type[OODDetector]) -> type[OODDetector]:
     return cls
 
 
-def suggest_names(unknown: Sequence[str], known: Sequence[str]) -> str:
+def suggest_names(unknown: Iterable[str], known: Collection[str]) -> str:
     """``" (did you mean 'x' instead of 'y'?)"`` for the first unknown name with a close known one (the same name in
     another case first: ``kNN`` -> ``knn``), else ``""``. The one did-you-mean of methods and hyperparameters."""
     for name in unknown:
@@ -65,7 +65,7 @@ def suggest_names(unknown: Sequence[str], known: Sequence[str]) -> str:
     return ""
 
 
-def closest_name(name: str, known: Sequence[str]) -> str | None:
+def closest_name(name: str, known: Collection[str]) -> str | None:
     """The known name closest to ``name``: the same name in another case, else ``difflib``'s nearest (or ``None``)."""
     lowered = {candidate.lower(): candidate for candidate in known}
     if name.lower() in lowered:

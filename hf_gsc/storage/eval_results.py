@@ -40,8 +40,8 @@ def benchmark_dataset_id(results: Mapping[str, Any]) -> str | None:
             return None
         spec = HUB_BENCHMARKS.get(benchmark)
         return spec.id_builders["test"].dataset_id if spec is not None else None
-    spec = str(results.get("id_dataset") or "")
-    dataset_id = spec.split(":")[0]  # "dataset_id[:config][:split]"
+    id_dataset = str(results.get("id_dataset") or "")
+    dataset_id = id_dataset.split(":")[0]  # "dataset_id[:config][:split]"
     return dataset_id if "/" in dataset_id and is_hub_id(dataset_id) else None
 
 

@@ -69,7 +69,7 @@ def split_kwargs(
     return overrides, hub, rest
 
 
-def hyperparameter_names(cls: type) -> frozenset[str]:
+def hyperparameter_names(cls: type[OODDetector]) -> frozenset[str]:
     """The keywords a detector class takes for its config (:meth:`hf_gsc.DetectorConfig.keyword_names`, as its
     constructor does): its settings, fitted values and base-model reference, so that ``base_model_name_or_path=``
     redirects any saved detector to another copy of its base model."""
@@ -77,7 +77,7 @@ def hyperparameter_names(cls: type) -> frozenset[str]:
 
 
 # ----------------------------------------------------------------------------- load
-def is_detector_dir(directory: str | os.PathLike) -> bool:
+def is_detector_dir(directory: str | os.PathLike[str]) -> bool:
     return any(os.path.isfile(os.path.join(directory, name)) for name in (CONFIG_NAME, LEGACY_GSC_CONFIG_NAME))
 
 
@@ -166,6 +166,7 @@ def load_detector(
         if method is not None and method != saved.method:
             raise ValueError(f"{path} holds a saved {saved.method!r} detector, not {method!r}; load it with "
                              f"AutoOODDetector.from_pretrained({path!r})")
+        assert detector_dir is not None  # saved was read from it
         method, config = saved.method, saved
         saved.base_model_name_or_path = base_in_folder(detector_dir, saved.base_model_name_or_path)
     if config is not None and method is None:
@@ -182,20 +183,26 @@ def load_detector(
     overrides, hub, model_kwargs = split_kwargs(kwargs, hyperparameter_names(cls))
     if saved is not None and "threshold" in overrides:  # a threshold by hand: the saved record is not its record
         overrides.setdefault("calibration", None)
+    base: str | None
     if saved is not None:
+        assert path is not None and detector_dir is not None  # saved was read from the folder path resolved to
         if model is None:
             base, base_hub = _base_reference(path, detector_dir, saved, overrides, hub)
+            model = AutoModelForImageClassification.from_pretrained(base, **base_hub, **model_kwargs)
         else:
             base, base_hub = _processor_reference(path, detector_dir, saved, hub)
     elif path is not None:
         base, base_hub = path, hub
-    else:
+        if model is None:
+            model = AutoModelForImageClassification.from_pretrained(base, **base_hub, **model_kwargs)
+    elif model is not None:
         base, base_hub = _loaded_model_reference(model), {}
         if model_kwargs or hub:
             raise TypeError(f"unknown keyword arguments {sorted({**model_kwargs, **hub})} for a loaded model; "
                             f"{method} takes {', '.join(sorted(hyperparameter_names(cls)))}")
-    if model is None:
-        model = AutoModelForImageClassification.from_pretrained(base, **base_hub, **model_kwargs)
+    else:
+        raise ValueError("load_detector: pass a saved detector or a classifier (a folder, a Hub id or a loaded "
+                         "model), not None")
     # A local classifier folder is referred to by its absolute path: a later save loads from any working directory.
     detector = _build(cls, model, config, overrides, stored_reference(path) if saved is None else None, hub)
     processor = None if base is None else load_image_processor(base, missing_ok=True, **base_hub)
@@ -216,6 +223,7 @@ def load_detector(
             detector.config.base_model_name_or_path = path
             detector.config.base_model_revision = hub.get("revision")
     if saved is not None and not {"threshold", "calibration"} & set(overrides):
+        assert detector_dir is not None  # saved was read from it
         _load_calibration(detector, detector_dir, saved, scores, overrides)
     return detector
 
@@ -236,10 +244,8 @@ def _load_calibration(detector: OODDetector, directory: str, saved: DetectorConf
                       if name in overrides}
     detector.check_loaded_calibration(given_settings)
 
-    return detector
 
-
-def _build(cls: type, model: torch.nn.Module, config: Any, overrides: dict[str, Any], classifier_path: str | None,
+def _build(cls: type[OODDetector], model: torch.nn.Module, config: Any, overrides: dict[str, Any], classifier_path: str | None,
            hub: Mapping[str, Any]) -> OODDetector:
     """The detector, built as its constructor builds it (:meth:`hf_gsc.DetectorConfig.from_kwargs`)."""
     if classifier_path is not None:
@@ -304,7 +310,7 @@ def _processor_reference(
     return None, hub
 
 
-def has_base_weights(directory: str | os.PathLike) -> bool:
+def has_base_weights(directory: str | os.PathLike[str]) -> bool:
     return any(os.path.isfile(os.path.join(directory, name)) for name in BASE_WEIGHTS)
 
 

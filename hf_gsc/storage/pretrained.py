@@ -13,6 +13,7 @@ from .saving import save_detector
 
 if TYPE_CHECKING:
     from ..detectors.interface import OODDetector
+    from .savable import SavableDetector
 
 
 class DetectorFiles:
@@ -28,10 +29,10 @@ class DetectorFiles:
                              expected_class=cls, **kwargs)
 
     def save_pretrained(
-        self,
-        save_directory: str | os.PathLike,
+        self: SavableDetector,
+        save_directory: str | os.PathLike[str],
         save_base_model: bool = False,
-        results_dir: str | os.PathLike | None = None,
+        results_dir: str | os.PathLike[str] | None = None,
         license: str | None = None,
     ) -> str:
         """Write ``detector_config.json`` (method, hyperparameters, threshold, base-model reference), the fitted

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from .eval_results import write_eval_results
 from .model_card import render_model_card
-from .push import HubError, upload_folder_to_hub  # noqa: F401  (HubError: part of this module's interface)
+from .push import HubError, upload_folder_to_hub
 from .repo_ids import is_hub_id
 from .results import copy_results, public_results, read_results
 
 
 def publish_results(
-    results_dir: str | os.PathLike,
+    results_dir: str | os.PathLike[str],
     repo_id: str,
     private: bool = False,
     revision: str | None = None,
@@ -36,7 +36,9 @@ def publish_results(
     results, table = public_results(results, table)  # no local path leaves this machine
     methods = results.get("methods") or {}
     chosen = (results.get("selection") or {}).get("method")
-    method = method or (chosen if chosen in methods else "gsc" if "gsc" in methods else next(iter(methods), "gsc"))
+    if not method:
+        method = (chosen if isinstance(chosen, str) and chosen in methods
+                  else "gsc" if "gsc" in methods else str(next(iter(methods), "gsc")))
     model = str(results.get("model"))
     values = {"method": method, "hyperparameters": (methods.get(method) or {}).get("hyperparameters") or {},
               "base_model_name_or_path": model if is_hub_id(model) else None, "hf_gsc_version": results.get(
@@ -50,3 +52,7 @@ def publish_results(
             folder, repo_id, private, revision, token, "Upload hf_gsc evaluation results",
             kept=f"The results in {results_dir} are intact.",
         )
+
+
+#: HubError: what a failed upload raises here, part of this module's interface.
+__all__ = ["HubError", "publish_results"]

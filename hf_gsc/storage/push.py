@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .eval_results import write_eval_results
 from .model_card import DEFAULT_LICENSE
 from .repo_ids import is_hub_id
 from .results import public_results, read_results
 from .saving import check_savable, save_detector
+
+
+if TYPE_CHECKING:
+    from .savable import SavableDetector
 
 
 class HubError(RuntimeError):
@@ -30,7 +34,7 @@ def _hub_error(action: str, error: BaseException, kept: str) -> HubError:
 
 # ----------------------------------------------------------------------------- push
 def upload_folder_to_hub(
-    folder: str | os.PathLike,
+    folder: str | os.PathLike[str],
     repo_id: str,
     private: bool = False,
     revision: str | None = None,
@@ -80,13 +84,13 @@ class HubPush:
     method: ClassVar[str]
 
     def push_to_hub(
-        self,
+        self: SavableDetector,
         repo_id: str,
         private: bool = False,
         revision: str | None = None,
         token: str | bool | None = None,
         save_base_model: bool = False,
-        results_dir: str | os.PathLike | None = None,
+        results_dir: str | os.PathLike[str] | None = None,
         commit_message: str | None = None,
         license: str = DEFAULT_LICENSE,
     ) -> str:

@@ -16,13 +16,13 @@ from .saved_format import read_config
 
 
 if TYPE_CHECKING:
-    from ..detectors.interface import OODDetector
+    from .savable import SavableDetector
 
 #: The results files of an evaluation output that a detector folder carries (its plots besides).
 RESULT_FILES = ("results.json", "results.md")
 
 
-def read_results(results_dir: str | os.PathLike) -> tuple[dict[str, Any], str | None, list[Path]]:
+def read_results(results_dir: str | os.PathLike[str]) -> tuple[dict[str, Any], str | None, list[Path]]:
     """``results.json`` (parsed), ``results.md`` (text or ``None``) and the plots (paths relative to the folder)
     of an evaluation output folder. A link leading out of the folder is refused (:class:`~hf_gsc.utils.confined_files.LinkError`)."""
     source = Path(results_dir)
@@ -36,7 +36,7 @@ def read_results(results_dir: str | os.PathLike) -> tuple[dict[str, Any], str | 
     return results, table, plots
 
 
-def copy_results(results_dir: str | os.PathLike, directory: Path, plots: list[Path], public: bool = False) -> None:
+def copy_results(results_dir: str | os.PathLike[str], directory: Path, plots: list[Path], public: bool = False) -> None:
     """Copy the results files and ``plots`` into ``directory``, neither reading out of ``results_dir`` nor
     writing out of ``directory`` through a link. ``public`` (a push): the local paths that ``results.json`` names
     are replaced in ``results.json`` and ``results.md`` by :func:`public_results`."""
@@ -49,7 +49,8 @@ def copy_results(results_dir: str | os.PathLike, directory: Path, plots: list[Pa
         if table is not None:
             confined_files.atomic_write_text(Path(directory) / RESULT_FILES[1], table)
         names = []
-    for relative in [*names, *plots]:
+    relatives: list[str | Path] = [*names, *plots]
+    for relative in relatives:
         confined_files.copy_file(source, relative, directory)
 
 
@@ -79,7 +80,7 @@ def public_results(results: Mapping[str, Any], table: str | None) -> tuple[dict[
     return json.loads(public(json.dumps(results))), None if table is None else public(table)
 
 
-def check_results_match(results: Mapping[str, Any], detector: OODDetector, results_dir: str | os.PathLike) -> None:
+def check_results_match(results: Mapping[str, Any], detector: SavableDetector, results_dir: str | os.PathLike[str]) -> None:
     """Refuse results that another model or other settings produced: the card would claim them.
 
     The fingerprint compared is the evaluated model and every hyperparameter that changes ``ood_score``, as recorded

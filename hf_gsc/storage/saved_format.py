@@ -40,7 +40,7 @@ from ..utils.calibration import MAX_KEPT_SCORES, Calibration
 
 
 # ----------------------------------------------------------------------------- the config file
-def read_config(directory: str | os.PathLike) -> DetectorConfig | None:
+def read_config(directory: str | os.PathLike[str]) -> DetectorConfig | None:
     """The config of the detector saved in ``directory`` (``detector_config.json``, or a legacy GSC
     ``gsc_config.json``); ``None`` where there is neither."""
     from ..settings.registry import detector_class
@@ -62,8 +62,8 @@ _LOCAL_SOURCE = re.compile(r"^(?P<kind>folder|file|split '[^']*' of dataset root
 def public_config(values: Mapping[str, Any]) -> dict[str, Any]:
     """``detector_config.json`` as pushed: a calibration ``source`` read from a local path names the folder or file
     only (``"folder test (a local path, not published)"``); everything else as saved."""
-    calibration = values.get("calibration")
-    match = _LOCAL_SOURCE.match(str((calibration or {}).get("source") or ""))
+    calibration = values.get("calibration") or {}
+    match = _LOCAL_SOURCE.match(str(calibration.get("source") or ""))
     if match is None:
         return dict(values)
     source = (f"{match['kind']} {Path(match['path']).name} (a local path, not published)"
@@ -71,7 +71,7 @@ def public_config(values: Mapping[str, Any]) -> dict[str, Any]:
     return {**values, "calibration": {**calibration, "source": source}}
 
 
-def write_config(values: Mapping[str, Any], directory: str | os.PathLike) -> Path:
+def write_config(values: Mapping[str, Any], directory: str | os.PathLike[str]) -> Path:
     path = Path(directory) / CONFIG_NAME
     confined_files.atomic_write_text(path, json.dumps(values, indent=2, sort_keys=True))
     return path
@@ -82,11 +82,11 @@ def write_config(values: Mapping[str, Any], directory: str | os.PathLike) -> Pat
 CALIBRATION_SCORES_KEY = "calibration_scores"
 
 
-def save_state(state: Mapping[str, torch.Tensor], path: str | os.PathLike) -> None:
+def save_state(state: Mapping[str, torch.Tensor], path: str | os.PathLike[str]) -> None:
     confined_files.save_file(state, path)
 
 
-def read_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The tensors of a ``detector_state.safetensors``; a truncated or foreign file is a ``ValueError`` naming it."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -120,7 +120,7 @@ def check_state(
             raise ValueError(f"{where} holds NaN or infinite values; fit the detector again")
 
 
-def read_state_and_scores(directory: str | os.PathLike) -> tuple[dict[str, torch.Tensor] | None, torch.Tensor | None]:
+def read_state_and_scores(directory: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor] | None, torch.Tensor | None]:
     """The fitted tensors of ``directory``'s ``detector_state.safetensors`` (``None`` without one) and, apart, its kept
     calibration scores (``None`` when it keeps none)."""
     path = os.path.join(directory, STATE_FILE)
@@ -131,7 +131,7 @@ def read_state_and_scores(directory: str | os.PathLike) -> tuple[dict[str, torch
     return state, state.pop(CALIBRATION_SCORES_KEY, None)
 
 
-def check_kept_count(path: str | os.PathLike) -> None:
+def check_kept_count(path: str | os.PathLike[str]) -> None:
     """Refuse, before reading them, more kept calibration scores than the format keeps
     (:data:`hf_gsc.utils.calibration.MAX_KEPT_SCORES`): no folder makes a load slow."""
     from safetensors import SafetensorError, safe_open
@@ -149,7 +149,7 @@ def check_kept_count(path: str | os.PathLike) -> None:
                          "(a sorted sample beyond); calibrate the detector again and save it")
 
 
-def read_calibration(directory: str | os.PathLike, saved: DetectorConfig,
+def read_calibration(directory: str | os.PathLike[str], saved: DetectorConfig,
                      scores: torch.Tensor | None) -> Calibration | None:
     """The calibration saved in ``directory`` (``saved``: its config; ``scores``: the kept scores of its state file),
     checked as one unit (:meth:`hf_gsc.utils.calibration.Calibration.from_dict`).

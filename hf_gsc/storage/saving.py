@@ -17,11 +17,11 @@ from .saved_format import CALIBRATION_SCORES_KEY, public_config, save_state, wri
 
 
 if TYPE_CHECKING:
-    from ..detectors.interface import OODDetector
+    from .savable import SavableDetector
 
 
 def saved_base_reference(
-    detector: OODDetector, save_base_model: bool, repo_id: str | None
+    detector: SavableDetector, save_base_model: bool, repo_id: str | None
 ) -> tuple[str | None, str | None]:
     """The base-model reference written to a saved detector. A detector saved with its base weights refers to itself
     when pushed (``repo_id``); saved locally with its weights it keeps a Hub id but never a local path (the folder is
@@ -37,7 +37,7 @@ def saved_base_reference(
     return None, None
 
 
-def check_savable(detector: OODDetector, results_dir: str | os.PathLike | None = None) -> None:
+def check_savable(detector: SavableDetector, results_dir: str | os.PathLike[str] | None = None) -> None:
     """Refuse to save (or push) a detector that needs a fit and has none (it would be saved without its state and
     fail only when loaded), or with a ``results_dir`` that is not this detector's or links outside itself: the local
     checks a push makes before it reaches the Hub. First the detector is brought in line with its config
@@ -51,10 +51,10 @@ def check_savable(detector: OODDetector, results_dir: str | os.PathLike | None =
 
 
 def save_detector(
-    detector: OODDetector,
-    directory: str | os.PathLike,
+    detector: SavableDetector,
+    directory: str | os.PathLike[str],
     save_base_model: bool = False,
-    results_dir: str | os.PathLike | None = None,
+    results_dir: str | os.PathLike[str] | None = None,
     repo_id: str | None = None,
     license: str | None = None,
 ) -> Path:
@@ -98,11 +98,15 @@ def save_detector(
             state[CALIBRATION_SCORES_KEY] = calibration.scores
         if state:
             save_state(state, staged / STATE_FILE)
-        base_config = getattr(detector.model, "config", None)
-        if hasattr(base_config, "save_pretrained"):
-            base_config.save_pretrained(staged)
+        save_base_config = getattr(getattr(detector.model, "config", None), "save_pretrained", None)
+        if callable(save_base_config):
+            save_base_config(staged)
         if save_base_model:
-            detector.model.save_pretrained(staged)
+            save_model = getattr(detector.model, "save_pretrained", None)
+            if not callable(save_model):
+                raise ValueError(f"save_base_model=True: the base model ({type(detector.model).__name__}) has no "
+                                 "save_pretrained (a transformers model has); save the detector without its base")
+            save_model(staged)
             if detector.image_processor is not None:
                 detector.image_processor.save_pretrained(staged)
         if results_dir is not None:

@@ -110,7 +110,7 @@ class Calibration:
     record: dict[str, Any] | None = None
     scores: torch.Tensor | None = None
     missing_scores: str | None = None
-    _on_device: dict = field(default_factory=dict, repr=False)
+    _on_device: dict[torch.device, torch.Tensor] = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------------ made
     @classmethod
@@ -236,7 +236,8 @@ class Calibration:
         if "digest" in kept and kept["digest"] != scores_digest(scores):
             disagree.append("calibration scores other than the recorded ones (their digest differs)")
         try:
-            cut = threshold_for(scores, record.get("tpr"), record.get("delta"))
+            # The record is read from a file: its tpr is checked here (a missing or non-number one is a disagreement).
+            cut = threshold_for(scores, check_tpr(record.get("tpr")), record.get("delta"))
         except (TypeError, ValueError) as error:
             disagree.append(f"no cut of the scores for the record's tpr {record.get('tpr')!r} ({error})")
         else:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Union
 
 
-PathLike = Union[str, os.PathLike]
+PathLike = Union[str, "os.PathLike[str]"]
 
 
 class LinkError(ValueError):

@@ -35,7 +35,7 @@ def _feature_type(feature: Any) -> str:
     if isinstance(feature, datasets.Image):
         return "Image"
     if isinstance(feature, datasets.Value):
-        return feature.dtype
+        return str(feature.dtype)
     return type(feature).__name__
 
 

@@ -44,12 +44,12 @@ class _Reached(Exception):
 @dataclass
 class _Request:
     """What the calling thread wants in its current forward: the ``targets`` to capture (then the forward stops
-    when ``stop`` and all are captured), or one module's output replaced by ``replacement``."""
+    when ``stop`` and all are captured), or one module's output replaced (``replacing``: the module and the tensor
+    put in place of its output)."""
 
     targets: tuple[Target, ...] = ()
     stop: bool = True
-    replace: nn.Module | None = None
-    replacement: torch.Tensor | None = None
+    replacing: tuple[nn.Module, torch.Tensor] | None = None
     captured: dict[Target, torch.Tensor] = field(default_factory=dict)
 
     def record(self, target: Target, value: torch.Tensor) -> None:
@@ -81,8 +81,8 @@ def _after_forward(module: nn.Module, args: Any, output: Any) -> Any:
     request = _REQUESTS.request
     if request is None:
         return None
-    if request.replace is module:
-        return _replace_first(output, request.replacement)
+    if request.replacing is not None and request.replacing[0] is module:
+        return _replace_first(output, request.replacing[1])
     request.record((module, False), _first_tensor(output))
     return None
 
@@ -112,8 +112,8 @@ def _requesting(request: _Request) -> Iterator[_Request]:
     if not torch.compiler.is_compiling():
         for module, _ in request.targets:
             install_hooks(module)
-        if request.replace is not None:
-            install_hooks(request.replace)
+        if request.replacing is not None:
+            install_hooks(request.replacing[0])
     previous = _REQUESTS.request
     _REQUESTS.request = request
     try:
@@ -146,5 +146,5 @@ def capture(run: Callable[[], Any], module: nn.Module, module_input: bool = Fals
 def with_replaced_output(run: Callable[[], Any], module: nn.Module, replacement: torch.Tensor) -> Any:
     """``run()``, with the output of ``module`` (its first element when it returns a tuple) replaced by
     ``replacement`` in the calling thread's forward."""
-    with _requesting(_Request(replace=module, replacement=replacement)):
+    with _requesting(_Request(replacing=(module, replacement))):
         return run()

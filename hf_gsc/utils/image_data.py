@@ -253,20 +253,22 @@ def _dataset_rows(data: Any, name: str, label2id: Mapping[str, int] | None, need
         else:
             labels = [mapping[index[label]] if isinstance(label, str) else -1 for label in labels]
         class_names = None
+    mapping = None
     if class_names and labels is not None:
         _refuse_ambiguous(name, list(class_names), model_names, need_labels)
-    mapping = class_label_mapping(list(class_names), label2id, model_names) if class_names and labels is not None else None
-    if mapping is not None:
-        labels = [mapping[label] if label >= 0 else label for label in labels]
-    elif need_labels and class_names and generic_labels(label2id):
-        raise ValueError(f"{name}: {generic_labels_error(list(class_names), list(label2id or {}))}")
-    elif need_labels and class_names and label2id and _shares_a_name(class_names, label2id):
-        # Some names match and some do not: the dataset's indices are not the model's, and no order is safe.
-        raise ValueError(f"{name}: the dataset's class names cannot be mapped to the model's labels: "
-                         f"{unknown_names(list(class_names), label2id, key=name_key)}")
-    elif need_labels and labels is None:
-        raise ValueError(f"{name}: the dataset has no 'label' column, and this method fits per-class statistics "
-                         f"(columns: {', '.join(columns)}; name another with label_column=)")
+        mapping = class_label_mapping(list(class_names), label2id, model_names)
+        if mapping is not None:
+            labels = [mapping[label] if label >= 0 else label for label in labels]
+    if mapping is None and need_labels:
+        if class_names and generic_labels(label2id):
+            raise ValueError(f"{name}: {generic_labels_error(list(class_names), list(label2id or {}))}")
+        if class_names and label2id and _shares_a_name(class_names, label2id):
+            # Some names match and some do not: the dataset's indices are not the model's, and no order is safe.
+            raise ValueError(f"{name}: the dataset's class names cannot be mapped to the model's labels: "
+                             f"{unknown_names(list(class_names), label2id, key=name_key)}")
+        if labels is None:
+            raise ValueError(f"{name}: the dataset has no 'label' column, and this method fits per-class statistics "
+                             f"(columns: {', '.join(columns)}; name another with label_column=)")
     return ImageRows(data, labels, name, column=image_column)
 
 

@@ -7,4 +7,4 @@ from typing import Literal, get_args
 
 
 Score = Literal["energy", "msp", "max_logit"]
-SCORES: tuple[str, ...] = get_args(Score)
+SCORES: tuple[Score, ...] = get_args(Score)

@@ -104,7 +104,7 @@ def check_delta(delta: float | None) -> float | None:
     return value
 
 
-def check_tpr(tpr: float) -> float:
+def check_tpr(tpr: object) -> float:
     """Return ``tpr`` as a float after checking it is a number (:func:`check_number`) in ``(0, 1]``."""
     value = check_number("tpr", tpr)
     # ``not (0 < value <= 1)`` also rejects NaN.
@@ -214,7 +214,7 @@ def threshold_for(id_scores: ScoresLike, tpr: float = 0.95, delta: float | None 
 
 
 def calibration_record(
-    split: str, num_samples: int, tpr: float, delta: float | None = None, **extra: Any
+    split: str | None, num_samples: int, tpr: float, delta: float | None = None, **extra: Any
 ) -> dict[str, Any]:
     """What a threshold was calibrated on: the record of :class:`hf_gsc.utils.calibration.Calibration` (stored in
     every detector's ``DetectorConfig.calibration``), before the kept scores' count and digest are added.

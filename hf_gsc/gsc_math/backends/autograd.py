@@ -79,13 +79,16 @@ def in_model_dtype(
 def use_eager_attention_for_first_order(model: torch.nn.Module, config: Any) -> None:
     """A head made of encoder blocks contains attention; ``J t`` there takes a double backward, which the fused
     SDPA kernels lack. Eager attention computes the same function and has one."""
-    if config.approximation == "first_order" and getattr(getattr(model, "config", None), "_attn_implementation", None) == "sdpa":
+    from transformers import PreTrainedModel  # the models that have an attention implementation to choose
+
+    if (config.approximation == "first_order" and isinstance(model, PreTrainedModel)
+            and getattr(model.config, "_attn_implementation", None) == "sdpa"):
         model.set_attn_implementation("eager")
 
 
 class AutogradHead(Backend):
     def linearize_at(
-        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
+        self, features: torch.Tensor, pixel_values: torch.Tensor | None, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
         head = linearize_with_autograd(in_model_dtype(self.split_point.head, self.split_point.model), features,
                                        pixel_values, keep_graph)

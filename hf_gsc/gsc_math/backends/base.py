@@ -90,7 +90,7 @@ class Backend(ABC):
 
     @abstractmethod
     def linearize_at(
-        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
+        self, features: torch.Tensor, pixel_values: torch.Tensor | None, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
         """:meth:`linearize` at given ``features``; the returned head computes in the dtype of ``features`` (for a
         closed-form head) or at least float32 (autograd heads, see :func:`hf_gsc.gsc_math.backends.autograd.in_model_dtype`)."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ...classifier.head_jacobians import PoolNormLinearHead, pool, restrict_to_read_part
-from ...classifier.heads import submodule
+from ...classifier.heads import HeadSpec, submodule
 from ...classifier.split_points import SplitPoint
 from .base import Backend, Linearization
 
@@ -18,11 +18,15 @@ from .base import Backend, Linearization
 class ClosedFormHead(Backend):
     def __init__(self, split_point: SplitPoint) -> None:
         super().__init__(split_point)
+        if split_point.head_spec is None:
+            raise ValueError(f"split point {split_point.name!r} has no registered head form (HeadSpec) for the "
+                             "closed form; its head is linearised by autograd")
+        self.head_spec: HeadSpec = split_point.head_spec
         # (key, folded head): the last fold, reused while the head's parameters are the same tensors, unchanged.
         self._folded: tuple[tuple[Any, ...], PoolNormLinearHead] | None = None
 
     def linearize_at(
-        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
+        self, features: torch.Tensor, pixel_values: torch.Tensor | None, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
         read = "identity" if whole_feature else self.split_point.read_pool
         head = self.folded_head(features.dtype, read != "identity")
@@ -43,7 +47,7 @@ class ClosedFormHead(Backend):
         split = self.split_point
         if torch.compiler.is_compiling():
             return _read_part(in_dtype(split.bound_head(), dtype), on_read_part)
-        key = _parameter_key(split, dtype, on_read_part)
+        key = _parameter_key(split.model, self.head_spec, dtype, on_read_part)
         cached = self._folded
         if key is not None and cached is not None and _same_key(cached[0], key):
             return cached[1]
@@ -57,12 +61,12 @@ def _read_part(head: PoolNormLinearHead, on_read_part: bool) -> PoolNormLinearHe
     return restrict_to_read_part(head) if on_read_part else head
 
 
-def _parameter_key(split: SplitPoint, dtype: torch.dtype, on_read_part: bool) -> tuple[Any, ...] | None:
+def _parameter_key(model: torch.nn.Module, spec: HeadSpec, dtype: torch.dtype,
+                   on_read_part: bool) -> tuple[Any, ...] | None:
     """What a folded head depends on: each parameter tensor with its storage and version, the LayerNorm's epsilon
     and the dtype; ``None`` where a version cannot be read (parameters made under ``torch.inference_mode``)."""
-    spec = split.head_spec
-    parameters = spec.parameters(split.model)
-    norm = None if spec.layernorm is None else submodule(split.model, spec.layernorm)
+    parameters = spec.parameters(model)
+    norm = None if spec.layernorm is None else submodule(model, spec.layernorm)
     try:
         state = tuple(None if p is None else (p, p.data_ptr(), p._version, p.dtype, p.device, p.shape)
                       for p in parameters)
@@ -92,7 +96,7 @@ def in_dtype(head: PoolNormLinearHead, dtype: torch.dtype) -> PoolNormLinearHead
     def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
         return None if tensor is None else tensor.to(dtype)
 
-    return PoolNormLinearHead(head.pool, cast(head.weight), cast(head.bias), head.norm_eps, head.norm_before_pool,
+    return PoolNormLinearHead(head.pool, head.weight.to(dtype), cast(head.bias), head.norm_eps, head.norm_before_pool,
                               cast(head.centered_weight))
 
 

@@ -32,7 +32,7 @@ class MultiLayerHead(Backend):
         return self.earlier
 
     def linearize_at(
-        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
+        self, features: torch.Tensor, pixel_values: torch.Tensor | None, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
         # The blocks and the head run in the model's parameter dtype; F1, F2_0 and the step in at least float32.
         dtype = parameter_dtype(self.split_point.model)
@@ -44,7 +44,7 @@ class MultiLayerHead(Backend):
         head = self.split_point.head
 
         def joint_head(joint: torch.Tensor, pixel_values: torch.Tensor | None) -> torch.Tensor:
-            f1, f2 = joint.split(sizes, dim=1)
+            f1, f2 = torch.split(joint, list(sizes), dim=1)
             moved = self.run_blocks(f1.reshape(-1, *shapes[0])) + (f2.reshape(-1, *shapes[1]) - final_0).to(dtype)
             return head(moved, pixel_values)
 

@@ -43,7 +43,7 @@ class ShapedFeatures(Backend):
             return self.shaping(features.flatten(1).to(step_dtype(features.dtype))).view(features.shape)
 
     def linearize_at(
-        self, features: torch.Tensor, pixel_values: torch.Tensor, whole_feature: bool, keep_graph: bool
+        self, features: torch.Tensor, pixel_values: torch.Tensor | None, whole_feature: bool, keep_graph: bool
     ) -> Linearization:
         return self.inner.linearize_at(features, pixel_values, whole_feature, keep_graph)
 
