@@ -15,7 +15,10 @@ of the methods fitted there (ReAct, Residual, VRA), so with the defaults (256 pe
 full table forwards ``(256 + 256 + 512) / (256 + 512) = 1.33`` times KNN's images before any method does any work of
 its own; the JSON records that ratio (``forwarded_images_relative_to_knn``) beside the measured ones. Each run also
 records its process CPU seconds (user and system, every thread), which other programs on a shared machine disturb
-far less than the wall time: the CPU-time ratios tell how noisy the wall-time ones are.
+far less than the wall time: the CPU-time ratios tell how noisy the wall-time ones are. With several torch threads
+on a machine other jobs keep busy, both are noise (threads wait for one another, the waiting counted as CPU time,
+and small LAPACK calls such as RankFeat's eigendecompositions suffer most); ``--threads 1`` keeps the rounds
+apart from that load.
 
 The model is a random-weight ViT at 224 px, patch 16, 12 layers (``--model vit-ti``, the default: ViT-Ti widths,
 hidden 192, 3 heads), so the backbone dominates a pass while the feature methods' fits stay within the data
@@ -24,7 +27,7 @@ hidden 192, 3 heads), so the backbone dominates a pass while the feature methods
 
 Example::
 
-    python scripts/benchmark_shared_pass.py --output docs/results/shared_pass/cpu2.json
+    python scripts/benchmark_shared_pass.py --threads 1 --output docs/results/shared_pass/cpu2_threads1.json
 """
 
 from __future__ import annotations
