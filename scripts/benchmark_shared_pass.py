@@ -9,6 +9,17 @@ medians. ``knn,react`` is one method per fit split: KNN fits on ID train, ReAct 
 table fits every method from one pass over each of those two splits, so it needs exactly the passes of that pair. It also checks that KNN's score files are byte-for-byte the same scores alone and within the full table.
 Nothing here asserts a speed.
 
+The target is the full table at most :data:`TARGET` times KNN alone. The images the backbone must forward bound it
+from below: KNN alone forwards its fit split and every scored split, the full table also the ID validation fit split
+of the methods fitted there (ReAct, Residual, VRA), so with the defaults (256 per fit split, 128 per scored split and 64 per OOD validation set) the
+full table forwards ``(256 + 256 + 512) / (256 + 512) = 1.33`` times KNN's images before any method does any work of
+its own; the JSON records that ratio (``forwarded_images_relative_to_knn``) beside the measured ones. Each run also
+records its process CPU seconds (user and system, every thread), which other programs on a shared machine disturb
+far less than the wall time: the CPU-time ratios tell how noisy the wall-time ones are. With several torch threads
+on a machine other jobs keep busy, both are noise (threads wait for one another, the waiting counted as CPU time,
+and small LAPACK calls such as RankFeat's eigendecompositions suffer most); ``--threads 1`` keeps the rounds
+apart from that load.
+
 The model is a random-weight ViT at 224 px, patch 16, 12 layers (``--model vit-ti``, the default: ViT-Ti widths,
 hidden 192, 3 heads), so the backbone dominates a pass while the feature methods' fits stay within the data
 (Mahalanobis needs hidden + classes fitting samples); ``--model vit-b16`` takes ViT-B/16's widths (hidden 768,
@@ -16,7 +27,7 @@ hidden 192, 3 heads), so the backbone dominates a pass while the feature methods
 
 Example::
 
-    python scripts/benchmark_shared_pass.py --output docs/results/shared_pass/cpu2.json
+    python scripts/benchmark_shared_pass.py --threads 1 --output docs/results/shared_pass/cpu2_threads1.json
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,6 +53,10 @@ from hf_gsc.detectors import DETECTORS
 #: input and run passes of their own (ODIN, AdaSCALE); one that cannot be built on the benchmark's ViT (BATS) is left
 #: out when the run starts (:func:`buildable`), and the JSON says why.
 SHARED_METHODS = tuple(sorted(name for name, cls in DETECTORS.items() if cls.one_pass))
+
+
+#: The target: every one-pass method together at most this many times KNN alone (``seconds.total``).
+TARGET = 1.3
 
 
 #: ``--model`` -> the ViT's widths (224 px, patch 16, 12 layers).
@@ -96,11 +112,22 @@ def run(model: Path, methods: str, output_dir: Path, args: argparse.Namespace) -
             "--methods", methods, "--max-samples", str(args.max_samples), "--max-fit-samples", str(args.max_fit_samples),
             "--batch-size", str(args.batch_size), "--num-workers", "0", "--no-plots", "--output-dir", str(output_dir),
             "--labels-by-order"]  # a random model names no classes: its accuracy is not what is measured
-    begin = time.perf_counter()
+    begin, cpu_begin = time.perf_counter(), time.process_time()
     results = OODEvaluator(args=parse_arguments(argv)).evaluate().to_dict()
-    return {"wall_seconds": round(time.perf_counter() - begin, 3), "seconds_total": results["seconds"]["total"],
-            "splits_scored": results["seconds"]["splits_scored"],
+    seconds = results["seconds"]
+    return {"wall_seconds": round(time.perf_counter() - begin, 3), "cpu_seconds": round(time.process_time() - cpu_begin, 3),
+            "seconds_total": seconds["total"], "phases": {phase: seconds[phase] for phase in PHASES if phase in seconds},
+            # the images the backbone forwarded: every fit pass's and every scored split's
+            "images_forwarded": sum(seconds.get("fit_images_per_process", []))
+            + sum(split["num_samples"] for split in seconds["splits_scored"].values()),
+            "scoring_main_process": {name: round(sum(per_split.values()), 3)
+                                     for name, per_split in seconds["scoring_main_process"].items()},
+            "splits_scored": seconds["splits_scored"],
             "split_sizes": results["split_sizes"]}
+
+
+#: The phases of ``seconds`` that each run records.
+PHASES = ("fit", "tune", "selection", "score", "save")
 
 
 def same_scores(alone: Path, together: Path, method: str) -> bool:
@@ -164,20 +191,30 @@ def main() -> int:
     def median(name: str) -> float:
         return statistics.median(r[name]["seconds_total"] for r in rounds)
 
-    ratio_knn = [r["one_pass_methods"]["seconds_total"] / r["knn"]["seconds_total"] for r in rounds]
-    ratio_msp = [r["one_pass_methods"]["seconds_total"] / r["msp"]["seconds_total"] for r in rounds]
-    ratio_passes = [r["one_pass_methods"]["seconds_total"] / r["knn_react"]["seconds_total"] for r in rounds]
+    def relative(base: str, key: str = "seconds_total") -> dict[str, Any]:
+        """The full table's ``key`` over ``base``'s, per round and their median."""
+        ratios = [r["one_pass_methods"][key] / r[base][key] for r in rounds]
+        return {"per_round": [round(ratio, 3) for ratio in ratios], "median": round(statistics.median(ratio for ratio in ratios), 3)}
+
+    ratio_knn = relative("knn")
+    floor = relative("knn", "images_forwarded")["median"]
     summary = {
         "methods": methods,
         "num_methods": len(methods),
         "left_out": left_out,
         "median_seconds": {name: median(name) for name in configurations},
-        "all_relative_to_knn": {"per_round": [round(r, 3) for r in ratio_knn], "median": round(statistics.median(ratio_knn), 3)},
-        "all_relative_to_msp": {"per_round": [round(r, 3) for r in ratio_msp], "median": round(statistics.median(ratio_msp), 3)},
-        "all_relative_to_knn_react": {"per_round": [round(r, 3) for r in ratio_passes],
-                                      "median": round(statistics.median(ratio_passes), 3)},
-        "target": {"what": "every one-pass method (all but ODIN, AdaSCALE) <= 1.5x KNN alone (seconds.total)", "threshold": 1.5,
-                   "met": statistics.median(ratio_knn) <= 1.5},
+        "all_relative_to_knn": ratio_knn,
+        "all_relative_to_msp": relative("msp"),
+        "all_relative_to_knn_react": relative("knn_react"),
+        "cpu_seconds_all_relative_to_knn": relative("knn", "cpu_seconds"),
+        "cpu_seconds_all_relative_to_knn_react": relative("knn_react", "cpu_seconds"),
+        "forwarded_images_relative_to_knn": floor,
+        "target": {"what": f"every one-pass method together <= {TARGET}x KNN alone (seconds.total, median of the rounds)",
+                   "threshold": TARGET, "met": ratio_knn["median"] <= TARGET,
+                   "reachable": floor <= TARGET,
+                   "why_not_reachable": None if floor <= TARGET else
+                   f"the full table forwards {floor}x KNN's images (its ID validation fit pass, for the methods fitted "
+                   "there, comes on top of KNN's passes), before any method's own work"},
         "knn_scores_equal_alone_and_together": all(r["knn_scores_equal_alone_and_together"] for r in rounds),
         "rounds": rounds,
         "setup": {"model": f"random ViT 224/16, 12 layers, hidden {WIDTHS[args.model]['hidden_size']}, "
@@ -190,7 +227,8 @@ def main() -> int:
     }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({k: summary[k] for k in ("median_seconds", "all_relative_to_knn", "target")}, indent=2))
+    print(json.dumps({k: summary[k] for k in ("median_seconds", "all_relative_to_knn", "all_relative_to_knn_react",
+                                              "cpu_seconds_all_relative_to_knn", "target")}, indent=2))
     return 0
 
 

@@ -296,7 +296,13 @@ def test_a_cached_rerun_keeps_the_timings_of_the_run_that_scored(tiny, tmp_path)
         assert entry["cached"] is False and kept[split]["cached"] is True
         assert {k: v for k, v in kept[split].items() if k != "cached"} == {k: v for k, v in entry.items() if k != "cached"}
     assert again["seconds"]["scoring_main_process"] == first["seconds"]["scoring_main_process"]
+    # The shared backbone pass of each split apart from each method's own work, kept with the cached timings too.
+    backbone = first["seconds"]["scoring_main_process"]["_backbone"]
+    assert set(backbone) == set(scored)
+    assert all(backbone[split] == entry["backbone_seconds"] > 0 for split, entry in scored.items())
     # One method scored again: its splits report the new pass, and only that method.
     third = evaluate_argv(_argv(tiny, tmp_path / "run", "--methods", "msp,energy,max_logit"))
     assert {entry["methods"][0] for entry in third["seconds"]["splits_scored"].values()} == {"max_logit"}
     assert third["seconds"]["scoring_main_process"]["msp"] == first["seconds"]["scoring_main_process"]["msp"]
+    assert third["seconds"]["scoring_main_process"]["_backbone"] == {
+        split: entry["backbone_seconds"] for split, entry in third["seconds"]["splits_scored"].items()}

@@ -23,15 +23,29 @@ from .interface import register_detector
 
 
 def remove_rank_one(features: torch.Tensor) -> torch.Tensor:
-    """Each sample's feature matrix minus its rank-1 component, ``X - s_1 u_1 v_1^T`` (the authors' ``torch.linalg.svd``
-    and ``feat - s[:, 0:1].unsqueeze(2) * u[:, :, 0:1].bmm(v[:, 0:1, :])``). The matrix is ``(C, H W)`` of a feature
-    map ``(B, C, H, W)`` and ``(T, D)`` of tokens ``(B, T, D)``; the result has the input's shape."""
+    """Each sample's feature matrix minus its rank-1 component, ``X - s_1 u_1 v_1^T`` (the authors'
+    ``feat - s[:, 0:1].unsqueeze(2) * u[:, :, 0:1].bmm(v[:, 0:1, :])`` after ``torch.linalg.svd``). The matrix is
+    ``(C, H W)`` of a feature map ``(B, C, H, W)`` and ``(T, D)`` of tokens ``(B, T, D)``; the result has the input's
+    shape.
+
+    Computed from the top eigenvector of the Gram matrix of the smaller side instead of a full SVD: with ``v_1`` the
+    top eigenvector of ``X^T X``, ``s_1 u_1 v_1^T = X v_1 v_1^T`` (with ``u_1`` that of ``X X^T``, ``u_1 u_1^T X``),
+    the same matrix whatever the singular vectors' signs. The symmetric eigendecomposition of a ``min(rows, columns)``
+    square matrix takes a half to a quarter of the SVD's time on the CPU (measured on batches of ViT tokens, 197 x 192
+    and 197 x 768, and ResNet-50 maps, 2048 x 49 and 1024 x 196), and its top eigenvector is as accurate: the Gram
+    matrix's rounding is about ``eps s_1^2`` against an eigenvalue gap ``s_1^2 - s_2^2``, a ratio no larger than the
+    SVD's ``eps s_1 / (s_1 - s_2)``."""
     if features.dim() not in (3, 4):
         raise ValueError(f"rankfeat: a feature map (B, C, H, W) or tokens (B, T, D) expected, got shape "
                          f"{tuple(features.shape)}: a vector has no rank-1 component to remove")
     matrix = features.flatten(2)
-    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
-    return (matrix - s[:, 0:1].unsqueeze(2) * u[:, :, 0:1].bmm(vh[:, 0:1, :])).view_as(features)
+    if matrix.shape[2] <= matrix.shape[1]:
+        right = torch.linalg.eigh(matrix.mT @ matrix).eigenvectors[..., -1:]  # v_1 (B, columns, 1), eigenvalues ascend
+        removed = matrix - (matrix @ right) @ right.mT
+    else:
+        left = torch.linalg.eigh(matrix @ matrix.mT).eigenvectors[..., -1:]  # u_1 (B, rows, 1)
+        removed = matrix - left @ (left.mT @ matrix)
+    return removed.view_as(features)
 
 
 def pools_spatially(model: nn.Module) -> bool:
@@ -102,9 +116,10 @@ class RankFeatDetector(BaselineDetector):
 
     Left out: the power iteration both codes offer instead of the SVD (OpenOOD's ``accelerate``, off in its yml;
     commented out in the authors' ViT script): its start is drawn at random each batch, so its scores are an
-    approximation that changes from run to run. The SVD runs in float32 or wider with autocast off.
+    approximation that changes from run to run. The rank-1 removal runs in float32 or wider with autocast off.
 
-    Cost: one SVD per sample and split point, and the rest of the model after each split point except the final
+    Cost: one symmetric eigendecomposition per sample and split point (:func:`remove_rank_one`: the SVD's rank-1
+    component from the Gram matrix of the smaller side), and the rest of the model after each split point except the final
     encoder output (the second-to-last block's removal runs the last block again; where the encoder's blocks need
     more than the hidden states, Swin's, the model is replayed with that block's output replaced).
 
@@ -138,7 +153,7 @@ class RankFeatDetector(BaselineDetector):
         return self.splits
 
     def score_batch(self, batch: BackbonePass) -> torch.Tensor:
-        """The SVDs and the energy in float32 or wider with autocast off (:mod:`hf_gsc.utils.precision`); the rest of
+        """The rank-1 removals and the energy in float32 or wider with autocast off (:mod:`hf_gsc.utils.precision`); the rest of
         the model in its own dtype."""
         logits = []
         for split in self.splits:

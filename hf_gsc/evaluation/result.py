@@ -17,6 +17,7 @@ from .json_files import jsonable
 from .models import image_backend_of
 from .plan import ID_TEST, ID_VALIDATION, OOD_PREFIX
 from .score_cache import NUM_SKIPPED_KEY, PREDICTIONS_KEY, SCORE_KEY
+from .scoring import BACKBONE_KEY, BACKBONE_SECONDS
 from .timings import split_timings, update_timings
 
 
@@ -180,8 +181,11 @@ def run_details(args: EvaluationArguments, state: EvaluationState, context: RunC
         versions=package_versions(),
         created=created,
     )
+    # The shared backbone pass of each split's pass first, then each method's own work after it.
+    backbone = {split: entry[BACKBONE_SECONDS] for split, entry in splits_scored.items() if BACKBONE_SECONDS in entry}
     state.seconds.update(splits_scored=splits_scored, scoring_main_process={
-        m: v for m, v in method_seconds.items() if m in state.detectors})
+        **({BACKBONE_KEY: backbone} if backbone else {}),
+        **{m: v for m, v in method_seconds.items() if m in state.detectors}})
     return details
 
 

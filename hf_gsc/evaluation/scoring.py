@@ -40,8 +40,9 @@ def score_missing(
     is not written, and it is not scored on the later splits; the other methods go on.
 
     Returns ``(method -> split -> scoring seconds of that method on this process (the shared backbone pass is
-    :data:`BACKBONE_KEY`), split -> {"seconds", "num_samples", "images_per_second"})``: the split's wall time covers
-    loading, preprocessing, the backbone, every method and the gathering across processes.
+    :data:`BACKBONE_KEY`), split -> {"seconds", "num_samples", "images_per_second", "backbone_seconds"})``: the
+    split's wall time covers loading, preprocessing, the backbone, every method and the gathering across processes;
+    ``backbone_seconds`` is the shared backbone pass's part of it on this process.
     """
     accelerator = context.accelerator
     seconds: dict[str, dict[str, float]] = {name: {} for name in [BACKBONE_KEY, *detectors]}
@@ -65,7 +66,8 @@ def score_missing(
         elapsed = time.perf_counter() - begin
         count = int(outputs["labels"].shape[0])
         throughput[split] = {"seconds": round(elapsed, 3), "num_samples": count,
-                             "images_per_second": round(count / elapsed, 2) if elapsed > 0 else None}
+                             "images_per_second": round(count / elapsed, 2) if elapsed > 0 else None,
+                             BACKBONE_SECONDS: round(seconds[BACKBONE_KEY].get(split, 0.0), 3)}
         for name in names:  # on every process (they hold the same gathered scores), before any file is written
             if name != BASE_MODEL:
                 try:
@@ -87,6 +89,8 @@ def score_missing(
 SHARED = "backbone_pass"
 #: Key of the shared backbone pass in the per-method scoring seconds.
 BACKBONE_KEY = "_backbone"
+#: Key of the shared backbone pass's seconds in a split's timing (``seconds.splits_scored``).
+BACKBONE_SECONDS = "backbone_seconds"
 
 
 def batch_scorer(
@@ -138,4 +142,4 @@ def batch_scorer(
     return score
 
 
-__all__ = ["BACKBONE_KEY", "PREDICTIONS_KEY", "batch_scorer", "score_missing"]
+__all__ = ["BACKBONE_KEY", "BACKBONE_SECONDS", "PREDICTIONS_KEY", "batch_scorer", "score_missing"]

@@ -42,7 +42,8 @@ def update_timings(
         scores_dir: the score cache folder.
         fingerprints: ``(method, split)`` -> fingerprint of its score file in this run's plan.
         scored: split -> the methods scored in this run.
-        passes: split -> ``{"seconds", "num_samples", "images_per_second"}`` of this run's pass over it.
+        passes: split -> ``{"seconds", "num_samples", "images_per_second", "backbone_seconds"}`` of this run's pass
+            over it.
         method_seconds: method -> split -> that method's scoring seconds on the main process.
     """
     path = Path(scores_dir) / TIMINGS_FILE
@@ -102,8 +103,10 @@ def split_timings(
             passes.setdefault((record["created"], tuple(record["methods"])), []).append(record)
         best = max(passes.values(), key=len)[0]
         splits[split] = {"seconds": best["seconds"], "num_samples": best["num_samples"],
-                         "images_per_second": best["images_per_second"], "methods": list(best["methods"]),
-                         "cached": True, "created": best["created"]}
+                         "images_per_second": best["images_per_second"],
+                         # a record written before the backbone's seconds were kept has none
+                         **({"backbone_seconds": best["backbone_seconds"]} if "backbone_seconds" in best else {}),
+                         "methods": list(best["methods"]), "cached": True, "created": best["created"]}
     return splits, seconds
 
 
