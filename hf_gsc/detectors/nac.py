@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..classifier.architectures import architecture_for, encoder_blocks
-from ..classifier.split_point_names import validate_split_point_name
+from ..classifier.split_point_names import split_point_name_list
 from ..classifier.split_points import resolve_split_point
 from ..settings.config import DetectorConfig, setting
 from ..utils.feature_capture import Target, capture_many
@@ -160,17 +160,7 @@ def default_layers(model: nn.Module) -> tuple[str, ...]:
 
 def _layer_names(name: str, value: Any) -> Any:
     """``None`` or a non-empty list of distinct layer names, held as a tuple (saved as a JSON list)."""
-    if value is None:
-        return None
-    if isinstance(value, str) or not isinstance(value, Sequence) or not value or len(set(value)) != len(value):
-        raise ValueError(f"{name} must be None or a non-empty list of distinct layers such as "
-                         f"['penultimate', 'resnet.encoder.stages.2'], got {value!r}")
-    for layer in value:
-        try:
-            validate_split_point_name(layer)
-        except ValueError as error:
-            raise ValueError(f"{name}: {error}") from None
-    return tuple(value)
+    return split_point_name_list(name, value, "['penultimate', 'resnet.encoder.stages.2']", distinct=True)
 
 
 def _per_layer(kind: str) -> Any:

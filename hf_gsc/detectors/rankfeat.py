@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -12,7 +11,7 @@ from torch import nn
 
 from ..classifier.architectures import architecture_for, encoder_blocks
 from ..classifier.heads import HeadSpec, ModuleHead
-from ..classifier.split_point_names import validate_split_point_name
+from ..classifier.split_point_names import split_point_name_list
 from ..classifier.split_points import SplitPoint, resolve_split_point
 from ..settings.config import MIN_TEMPERATURE, DetectorConfig, number_check, setting
 from ..utils.precision import full_precision, parameter_dtype, step_dtype
@@ -70,20 +69,13 @@ def default_split_points(model: nn.Module) -> tuple[str, ...]:
 
 def _split_points(name: str, value: Any) -> Any:
     """``None`` or a non-empty list of split point names, held as a tuple (saved as a JSON list)."""
-    if value is None:
+    points = split_point_name_list(name, value, "['final_encoder_output', 'resnet.encoder.stages.-2']")
+    if points is None:
         return None
-    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
-        raise ValueError(f"{name} must be None or a non-empty list of split points such as "
-                         f"['final_encoder_output', 'resnet.encoder.stages.-2'], got {value!r}")
-    for point in value:
-        try:
-            validate_split_point_name(point)
-        except ValueError as error:
-            raise ValueError(f"{name}: {error}") from None
-    if "penultimate" in value:
+    if "penultimate" in points:
         raise ValueError(f"{name}: 'penultimate' is a vector per sample, which has no rank-1 component to remove; "
                          "name feature maps or token outputs (blocks of the encoder, 'final_encoder_output')")
-    return tuple(value)
+    return points
 
 
 @dataclass
