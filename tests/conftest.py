@@ -64,6 +64,15 @@ def make_tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     return model.double().eval()
 
 
+def float64_fit_batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """96 float64 images of the tiny models' size in batches of 32, labels cycling over the classes: the fitting data
+    of the tests that compare a method with its authors' code in float64."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(96, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
+    y = torch.arange(96) % NUM_LABELS
+    return [(x[i:i + 32], y[i:i + 32]) for i in range(0, 96, 32)]
+
+
 @pytest.fixture
 def pixel_values() -> torch.Tensor:
     generator = torch.Generator().manual_seed(1)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import sklearn.covariance
 import torch
-from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
+from conftest import IMAGE_SIZE, NUM_LABELS, float64_fit_batches, make_tiny_model
 
 from hf_gsc import AutoOODDetector
 from hf_gsc.detectors import DETECTORS, get_detector
@@ -91,13 +91,6 @@ def openood_mds_ensemble(model, fit_batches, data, layers, alpha, magnitude, std
     return torch.matmul(scores, torch.tensor(alpha, dtype=torch.float64)).detach().numpy()
 
 
-def fit_batches():
-    generator = torch.Generator().manual_seed(5)
-    x = torch.randn(96, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
-    y = torch.arange(96) % NUM_LABELS
-    return [(x[i:i + 32], y[i:i + 32]) for i in range(0, 96, 32)]
-
-
 def scored_inputs():
     return 1.5 * torch.randn(6, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(6),
                              dtype=torch.float64)
@@ -107,7 +100,7 @@ def scored_inputs():
 @pytest.mark.parametrize("layers, alpha, noise", [((0,), None, 0.0014), ((0, -1), (0.3, 2.0), 0.0014),
                                                   ((1, -1), None, 0.0), ((0, -1), (1.0, 1.0), 0.05)])
 def test_mds_ensemble_matches_openood(arch, layers, alpha, noise):
-    model, batches, inputs = make_tiny_model(arch), fit_batches(), scored_inputs()
+    model, batches, inputs = make_tiny_model(arch), float64_fit_batches(), scored_inputs()
     weights = alpha or (1.0,) * len(layers)
     expected = openood_mds_ensemble(model, batches, inputs, layers, weights, noise)
     detector = get_detector("mds_ensemble", model, layers=list(layers), alpha=alpha, noise=noise).fit(batches)
@@ -139,13 +132,13 @@ def test_the_base_model_stays_picklable():
     import pickle
 
     model = make_tiny_model("vit")
-    get_detector("mds_ensemble", model, layers=[0, -1]).fit(fit_batches()).score(scored_inputs())
+    get_detector("mds_ensemble", model, layers=[0, -1]).fit(float64_fit_batches()).score(scored_inputs())
     pickle.dumps(model)
 
 
 def test_a_load_with_other_layers_than_the_fitted_ones_is_refused(tmp_path):
     model = make_tiny_model("vit")
-    detector = get_detector("mds_ensemble", model, layers=[0, 2]).fit(fit_batches())
+    detector = get_detector("mds_ensemble", model, layers=[0, 2]).fit(float64_fit_batches())
     detector.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"fitted on layers \[0, 2\], not \[1, 2\]"):
         AutoOODDetector.from_pretrained(tmp_path, model=model, layers=[1, 2])

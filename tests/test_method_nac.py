@@ -17,7 +17,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import IMAGE_SIZE, NUM_LABELS, make_tiny_model
+from conftest import IMAGE_SIZE, NUM_LABELS, float64_fit_batches, make_tiny_model
 from transformers import ResNetConfig, ResNetForImageClassification
 
 from hf_gsc import AutoOODDetector
@@ -130,17 +130,10 @@ def authors_nac(model, fit_batches, x, modules, firsts, layer_kwargs):
 
 
 # --------------------------------------------------------------------------- the data
-def fit_batches():
-    generator = torch.Generator().manual_seed(5)
-    x = torch.randn(96, 3, IMAGE_SIZE, IMAGE_SIZE, generator=generator, dtype=torch.float64)
-    y = torch.arange(96) % NUM_LABELS
-    return [(x[i:i + 32], y[i:i + 32]) for i in range(0, 96, 32)]
-
-
 def scored_inputs():
     """Four fitting images, and eight others at three scales."""
     other = torch.randn(8, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
-    return torch.cat([fit_batches()[0][0][:4], other * torch.tensor([0.5, 1.0, 2.0, 3.0] * 2)[:, None, None, None]])
+    return torch.cat([float64_fit_batches()[0][0][:4], other * torch.tensor([0.5, 1.0, 2.0, 3.0] * 2)[:, None, None, None]])
 
 
 #: The authors' layer names on the tiny models, as the reference reads them: (module, first token only).
@@ -158,7 +151,7 @@ OUR_LAYERS = {
 
 
 def compare(arch, layers, kwargs):
-    model, batches, inputs = make_tiny_model(arch), fit_batches(), scored_inputs()
+    model, batches, inputs = make_tiny_model(arch), float64_fit_batches(), scored_inputs()
     modules, firsts = zip(*(AUTHORS_LAYERS[arch][layer] for layer in layers))
     expected = authors_nac(model, batches, inputs, modules, firsts, kwargs)
     detector = get_detector("nac", model, layers=[OUR_LAYERS[arch][layer] for layer in layers],
@@ -194,7 +187,7 @@ def test_the_defaults_are_the_authors_imagenet_settings(arch):
     assert detector.hyperparameters == {
         "layers": tuple(OUR_LAYERS[arch][layer] for layer in layers), "bins": tuple(k["M"] for k in kwargs),
         "min_count": tuple(float(k["O"]) for k in kwargs), "alpha": tuple(float(k["sig_alpha"]) for k in kwargs)}
-    model, batches, inputs = make_tiny_model(arch), fit_batches(), scored_inputs()
+    model, batches, inputs = make_tiny_model(arch), float64_fit_batches(), scored_inputs()
     modules, firsts = zip(*(AUTHORS_LAYERS[arch][layer] for layer in layers))
     expected = authors_nac(model, batches, inputs, modules, firsts, kwargs)
     np.testing.assert_allclose(get_detector("nac", model).fit(batches).score(inputs).double().numpy(), expected,
@@ -243,7 +236,7 @@ def test_a_model_without_an_encoder_is_refused_with_the_reason():
 
 
 def test_min_count_applies_without_a_refit_and_a_load_with_other_bins_is_refused(tmp_path):
-    model, batches, inputs = make_tiny_model("vit"), fit_batches(), scored_inputs()
+    model, batches, inputs = make_tiny_model("vit"), float64_fit_batches(), scored_inputs()
     kwargs = [{"O": 4, "M": 50, "sig_alpha": 10}, {"O": 2, "M": 500, "sig_alpha": 1}]
     layers = ["penultimate", "vit.layers.1.layernorm_after"]
     detector = get_detector("nac", model, layers=layers, bins=[50, 500], min_count=[4, 2], alpha=[10, 1]).fit(batches)
@@ -289,4 +282,4 @@ def test_a_layer_the_logits_do_not_depend_on_is_refused_naming_it():
     detector = get_detector("nac", model, layers=["penultimate", "unused"], bins=[50, 50], min_count=[1, 1],
                             alpha=[1, 1])
     with pytest.raises(ValueError, match=r"do not depend on the output of layers \['unused'\]"):
-        detector.fit(fit_batches())
+        detector.fit(float64_fit_batches())
